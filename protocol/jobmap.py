@@ -1,0 +1,191 @@
+"""The job map of ``submit`` (PROTOCOL.md "The job map"), validated into a ``JobSpec``.
+
+Validation happens once, at the edge, before any state changes: everything downstream
+(policy, journal, runner) can trust a ``JobSpec``. Every rejection names the field.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+from uniun.protocol.errors import InvalidField
+
+DEFAULT_KINDS: tuple[str, ...] = ("chat", "extract", "nataraj", "gana")
+DEFAULT_MAX_NEW_TOKENS = 128
+MAX_JOB_ID_CHARS = 128
+MAX_MESSAGES = 256
+ROLES = ("system", "user", "assistant")
+
+_KNOWN_KEYS = frozenset({
+    "job_id", "kind", "model_id", "messages", "prompt", "max_new_tokens", "deadline",
+    "foreground_hint", "flow", "stream", "sampling",
+})
+_SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "seed"})
+
+
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is chosen. ``temperature == 0`` means greedy."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+
+@dataclass(frozen=True)
+class JobSpec:
+    """A valid job, as the client asked for it (defaults filled in)."""
+
+    job_id: str
+    kind: str
+    model_id: str
+    messages: tuple[tuple[str, str], ...] | None = None
+    prompt: str | None = None
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    deadline: float | None = None
+    foreground_hint: bool = False
+    flow: str = ""
+    stream: bool = True
+    sampling: Sampling = field(default_factory=Sampling)
+
+    def to_map(self) -> dict[str, Any]:
+        """Back to a wire job map (used by the journal and for idempotency checks)."""
+        out: dict[str, Any] = {
+            "job_id": self.job_id, "kind": self.kind, "model_id": self.model_id,
+            "max_new_tokens": self.max_new_tokens, "deadline": self.deadline,
+            "foreground_hint": self.foreground_hint, "flow": self.flow,
+            "stream": self.stream, "sampling": asdict(self.sampling),
+        }
+        if self.messages is not None:
+            out["messages"] = [{"role": r, "content": c} for r, c in self.messages]
+        else:
+            out["prompt"] = self.prompt
+        return out
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def _check_str(raw: Mapping[str, Any], key: str, *, max_chars: int) -> str:
+    value = raw[key]
+    if not isinstance(value, str) or not value:
+        raise InvalidField(key, "must be a non-empty string")
+    if len(value) > max_chars:
+        raise InvalidField(key, f"must be at most {max_chars} characters")
+    return value
+
+
+def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
+    if not isinstance(value, list) or not value:
+        raise InvalidField("messages", "must be a non-empty list of {role, content} maps")
+    if len(value) > MAX_MESSAGES:
+        raise InvalidField("messages", f"at most {MAX_MESSAGES} messages")
+    out = []
+    for i, item in enumerate(value):
+        if not isinstance(item, dict):
+            raise InvalidField(f"messages[{i}]", "must be a map with role and content")
+        role, content = item.get("role"), item.get("content")
+        if role not in ROLES:
+            raise InvalidField(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
+        if not isinstance(content, str):
+            raise InvalidField(f"messages[{i}].content", "must be a string")
+        out.append((role, content))
+    return tuple(out)
+
+
+def _parse_sampling(value: Any) -> Sampling:
+    if value is None:
+        return Sampling()
+    if not isinstance(value, dict):
+        raise InvalidField("sampling", "must be a map")
+    unknown = set(value) - _SAMPLING_KEYS
+    if unknown:
+        raise InvalidField(f"sampling.{sorted(map(str, unknown))[0]}", "unknown sampling key")
+    temperature = value.get("temperature", 0.0)
+    if not _is_number(temperature) or not 0.0 <= temperature <= 10.0:
+        raise InvalidField("sampling.temperature", "must be a number in [0, 10]")
+    top_p = value.get("top_p", 1.0)
+    if not _is_number(top_p) or not 0.0 < top_p <= 1.0:
+        raise InvalidField("sampling.top_p", "must be a number in (0, 1]")
+    top_k = value.get("top_k", 0)
+    if not _is_int(top_k) or top_k < 0:
+        raise InvalidField("sampling.top_k", "must be an integer >= 0 (0 = off)")
+    seed = value.get("seed")
+    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
+        raise InvalidField("sampling.seed", "must be an integer in [0, 2^63) or nil")
+    return Sampling(float(temperature), float(top_p), int(top_k), seed)
+
+
+def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAULT_KINDS,
+                 max_new_tokens_cap: int = 4096, max_prompt_chars: int = 200_000) -> JobSpec:
+    """Check a wire job map and return the ``JobSpec`` it describes.
+
+    Raises :class:`InvalidField` naming the first offending field. Unknown keys are
+    rejected too, so that a misspelt ``dead_line`` does not silently do nothing.
+    """
+    if not isinstance(raw, dict):
+        raise InvalidField("job", "must be a map")
+    unknown = [k for k in raw if k not in _KNOWN_KEYS]
+    if unknown:
+        raise InvalidField(str(unknown[0]), "unknown job field")
+    for key in ("job_id", "kind"):
+        if key not in raw:
+            raise InvalidField(key, "is required")
+    job_id = _check_str(raw, "job_id", max_chars=MAX_JOB_ID_CHARS)
+    try:
+        kind = _check_str(raw, "kind", max_chars=64)
+        if kind not in kinds:
+            raise InvalidField("kind", f"must be one of {', '.join(kinds)}")
+        model_id = default_model
+        if raw.get("model_id") is not None:
+            model_id = _check_str(raw, "model_id", max_chars=128)
+        has_messages, has_prompt = raw.get("messages") is not None, raw.get("prompt") is not None
+        if has_messages == has_prompt:
+            raise InvalidField("messages" if has_messages else "prompt",
+                               "give exactly one of messages or prompt")
+        messages = _parse_messages(raw["messages"]) if has_messages else None
+        prompt = None
+        if has_prompt:
+            prompt = raw["prompt"]
+            if not isinstance(prompt, str):
+                raise InvalidField("prompt", "must be a string")
+        text_len = len(prompt or "") + sum(len(c) for _, c in messages or ())
+        if text_len > max_prompt_chars:
+            raise InvalidField("messages" if messages else "prompt",
+                               f"input is longer than {max_prompt_chars} characters")
+        max_new = raw.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        if max_new is None:
+            max_new = DEFAULT_MAX_NEW_TOKENS
+        if not _is_int(max_new) or max_new < 1:
+            raise InvalidField("max_new_tokens", "must be an integer >= 1")
+        if max_new > max_new_tokens_cap:
+            raise InvalidField("max_new_tokens", f"must be at most {max_new_tokens_cap}")
+        deadline = raw.get("deadline")
+        if deadline is not None and (not _is_number(deadline) or deadline < 0):
+            raise InvalidField("deadline", "must be unix seconds (a number >= 0) or nil")
+        hint = raw.get("foreground_hint", False)
+        if not isinstance(hint, bool):
+            raise InvalidField("foreground_hint", "must be a boolean")
+        flow = kind
+        if raw.get("flow") is not None:
+            flow = _check_str(raw, "flow", max_chars=128)
+        stream = raw.get("stream", True)
+        if not isinstance(stream, bool):
+            raise InvalidField("stream", "must be a boolean")
+        sampling = _parse_sampling(raw.get("sampling"))
+    except InvalidField as err:
+        err.job_id = job_id
+        raise
+    return JobSpec(job_id=job_id, kind=kind, model_id=model_id, messages=messages,
+                   prompt=prompt, max_new_tokens=int(max_new),
+                   deadline=None if deadline is None else float(deadline),
+                   foreground_hint=hint, flow=flow, stream=stream, sampling=sampling)
