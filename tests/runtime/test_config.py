@@ -1,0 +1,112 @@
+"""The configuration file: defaults, overrides, and errors that name the key and file."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from uniun.runtime.config import (
+    ConfigError, RuntimeConfig, load_config, load_config_text,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNIUN_HOME", str(tmp_path))
+    monkeypatch.delenv("UNIUN_CONFIG", raising=False)
+    config = load_config(None)
+    assert config.home == tmp_path
+    assert config.front.endpoint == f"ipc://{tmp_path}/run/front.sock"
+    assert config.policy.name == "uniun"
+    assert config.models.chat_model == "smollm2-135m-instruct"
+    assert config.limits.max_frame_bytes == 1024 * 1024
+    assert config.runner.intra_op_threads == 2
+    assert (config.supervisor.max_restarts, config.supervisor.restart_window_s) == (5, 60.0)
+    assert config.supervisor.missed_heartbeats == 3
+    assert config.embed.workers == 2
+
+
+def test_file_overrides_only_what_it_names(tmp_path: Path) -> None:
+    path = tmp_path / "u.toml"
+    path.write_text('[policy]\nname = "fcfs"\n[supervisor]\nstop_grace_s = 2\n'
+                    '[front]\nendpoint = "tcp://127.0.0.1:5599"\n')
+    config = load_config(path)
+    assert config.policy.name == "fcfs"
+    assert config.supervisor.stop_grace_s == 2.0
+    assert isinstance(config.supervisor.stop_grace_s, float)
+    assert config.supervisor.max_restarts == 5
+    assert config.front.endpoint == "tcp://127.0.0.1:5599"
+    assert config.source == path
+
+
+def test_uniun_home_env_wins_over_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("UNIUN_HOME", str(tmp_path / "env-home"))
+    config = load_config_text(f'home = "{tmp_path / "file-home"}"\n')
+    assert config.home == tmp_path / "env-home"
+    monkeypatch.delenv("UNIUN_HOME")
+    config = load_config_text(f'home = "{tmp_path / "file-home"}"\n')
+    assert config.home == tmp_path / "file-home"
+    assert config.front.endpoint == f"ipc://{tmp_path}/file-home/run/front.sock"
+
+
+@pytest.mark.parametrize("text, key", [
+    ("[supervisor]\nstop_grace = 5\n", "supervisor.stop_grace"),
+    ("[nonsense]\nx = 1\n", "nonsense"),
+    ("[supervisor]\nmax_restarts = \"five\"\n", "supervisor.max_restarts"),
+    ("[supervisor]\nmax_restarts = true\n", "supervisor.max_restarts"),
+    ("[supervisor]\nheartbeat_interval_s = 0\n", "supervisor.heartbeat_interval_s"),
+    ("[policy]\nname = \"lottery\"\n", "policy.name"),
+    ("[policy]\nno_such_knob = 1\n", "policy.no_such_knob"),
+    ("[front]\nendpoint = \"http://x\"\n", "front.endpoint"),
+    ("[front]\nendpoint = \"tcp://127.0.0.1\"\n", "front.endpoint"),
+    ("[limits]\nmax_frame_bytes = -1\n", "limits.max_frame_bytes"),
+    ("[jobs]\nkinds = [\"extract\"]\n", "jobs.kinds"),
+    ("[logging]\nlevel = \"LOUD\"\n", "logging.level"),
+    ("front = 3\n", "front"),
+])
+def test_bad_config_names_key_and_file(tmp_path: Path, text: str, key: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as info:
+        load_config(path)
+    assert info.value.key == key
+    assert str(path) in str(info.value) and key in str(info.value)
+
+
+def test_not_toml_and_missing_file(tmp_path: Path) -> None:
+    path = tmp_path / "broken.toml"
+    path.write_text("[front\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(path)
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.toml")
+
+
+def test_dump_round_trips(tmp_path: Path) -> None:
+    config = load_config_text('[policy]\nname = "fcfs"\n[runner]\nintra_op_threads = 1\n')
+    again = load_config_text(config.to_toml())
+    assert _sans_source(again) == _sans_source(config)
+    assert _sans_source(load_config_text(config.to_toml(comments=False))) == _sans_source(config)
+
+
+def test_with_overrides_is_validated() -> None:
+    config = load_config_text("")
+    changed = config.with_overrides(policy={"name": "fcfs"},
+                                    front={"endpoint": "tcp://127.0.0.1:7000"})
+    assert changed.policy.name == "fcfs" and changed.front.endpoint == "tcp://127.0.0.1:7000"
+    with pytest.raises(ConfigError):
+        config.with_overrides(front={"endpoint": "udp://x"})
+
+
+def test_example_file_is_the_documented_defaults() -> None:
+    """examples/uniun.toml lists every key with its default; it must stay in step."""
+    example = (ROOT / "examples" / "uniun.toml").read_text()
+    assert example == load_config_text("").to_toml(portable=True)
+    assert _sans_source(load_config_text(example)) == _sans_source(load_config_text(""))
+
+
+def _sans_source(config: RuntimeConfig) -> RuntimeConfig:
+    import dataclasses
+    return dataclasses.replace(config, source=None)
