@@ -21,3 +21,31 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     home = tmp_path_factory.mktemp("uniun-home")
     os.environ["UNIUN_HOME"] = str(home)
     return home
+
+
+# -- models (issue 3): built or pulled into the shared store once, then reused ------------
+@pytest.fixture(scope="session")
+def tiny_model() -> str:
+    """Model id ``tiny-1``: the tiny synthetic decoder, built in the store if absent."""
+    from uniun.models.store import ensure_model
+
+    ensure_model("tiny-1")
+    return "tiny-1"
+
+
+@pytest.fixture(scope="session")
+def tiny_model_b() -> str:
+    """Model id ``tiny-2``: a second tiny model (other weights), for model-swap tests."""
+    from uniun.models.store import ensure_model
+
+    ensure_model("tiny-2")
+    return "tiny-2"
+
+
+@pytest.fixture(scope="session")
+def smollm2() -> str:
+    """Model id ``smollm2-135m-instruct``, pulled and converted on first use (~1 min)."""
+    from uniun.models.store import ensure_model
+
+    ensure_model("smollm2-135m-instruct")
+    return "smollm2-135m-instruct"

@@ -1,0 +1,284 @@
+"""Build an ONNX graph for a Llama-style decoder from a weights dict and a config.
+
+One builder serves every source (the tiny synthetic model, the GGUF conversion), so
+every model in the store has the same graph shape and the same I/O contract, the one
+optimum and onnxruntime-genai exports use (so imported folders look the same too):
+
+- inputs: ``input_ids`` int64 [batch, seq]; ``attention_mask`` int64
+  [batch, past_seq + seq]; ``position_ids`` int64 [batch, seq];
+  ``past_key_values.{i}.key`` / ``.value`` float32 [batch, kv_heads, past_seq, head_dim]
+- outputs: ``logits`` float32 [batch, seq, vocab]; ``present.{i}.key`` / ``.value``
+  float32 [batch, kv_heads, past_seq + seq, head_dim]
+
+Theory of operation: the graph uses the opset-23 ``RMSNormalization``,
+``RotaryEmbedding`` (HF "rotate half" layout, position-id indexed cos/sin tables) and
+``Attention`` (GQA via ``q_num_heads``/``kv_num_heads``, past/present KV, bottom-right
+causal alignment with ``is_causal=1``; ``attention_mask`` becomes a boolean key mask
+so left padding works). A linear weight is either a float matrix (plain ``MatMul``) or
+a :class:`BlockQuantized` matrix (``com.microsoft.MatMulNBits``), which lets a GGUF's
+Q4_1 / Q8_0 blocks run as they are instead of being inflated to float32 — the choice
+that decodes fastest here (see docs/models.md).
+
+Weights use Hugging Face names (``model.layers.{i}.self_attn.q_proj.weight``, shape
+[out, in]) so a reader can check them against any HF checkpoint.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 23
+MS_DOMAIN = "com.microsoft"
+EXTERNAL_DATA_NAME = "model.onnx.data"
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The architecture numbers, named as in a Hugging Face ``config.json``."""
+
+    num_hidden_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The ``config.json`` a Hugging Face Llama loader (and our importer) expects."""
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "hidden_act": "silu", "torch_dtype": "float32", **asdict(self)}
+
+    @classmethod
+    def from_hf_dict(cls, raw: Mapping[str, Any]) -> DecoderConfig:
+        """Read a HF ``config.json``; ``head_dim`` defaults to hidden / heads as in HF."""
+        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
+        if "head_dim" not in values:
+            values["head_dim"] = int(raw["hidden_size"]) // int(raw["num_attention_heads"])
+        eos = values.get("eos_token_id")
+        if isinstance(eos, list):
+            values["eos_token_id"] = int(eos[0])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class BlockQuantized:
+    """A linear weight [n, k] in ``MatMulNBits`` layout: value = (code - zero) * scale.
+
+    ``packed`` is uint8 [n, k / block, block * bits / 8], codes packed low-first along
+    k; ``scales`` float32 [n, k / block]; ``zero_points`` float32 [n, k / block] or
+    None (then the op's default ``2 ** (bits - 1)`` applies).
+    """
+
+    packed: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+    bits: int
+    block_size: int
+    shape: tuple[int, int]
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 matrix [n, k] these blocks stand for."""
+        n, k = self.shape
+        if self.bits == 8:
+            codes = self.packed.reshape(n, -1, self.block_size).astype(np.float32)
+        elif self.bits == 4:
+            lo = self.packed & 0x0F
+            hi = self.packed >> 4
+            codes = np.stack([lo, hi], axis=-1).reshape(n, -1, self.block_size)
+            codes = codes.astype(np.float32)
+        else:
+            raise ValueError(f"unsupported bits={self.bits}")
+        zero = (self.zero_points if self.zero_points is not None
+                else np.float32(2 ** (self.bits - 1)))
+        zero = np.asarray(zero, dtype=np.float32)
+        if zero.ndim:
+            zero = zero[..., None]
+        values = (codes - zero) * self.scales[..., None]
+        return values.reshape(n, -1)[:, :k].astype(np.float32)
+
+
+Weight = np.ndarray | BlockQuantized
+Progress = Callable[[int], None]
+
+
+def rope_tables(config: DecoderConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [max_positions, head_dim / 2] for the HF default RoPE."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2
+                                            / config.head_dim))
+    angles = np.outer(np.arange(config.max_position_embeddings, dtype=np.float64), inv_freq)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class _Graph:
+    """Collects nodes and initializers; names every intermediate uniquely."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self._count = 0
+
+    def name(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], hint: str, *, outputs: int = 1,
+           out_names: list[str] | None = None, domain: str = "", **attrs: Any) -> list[str]:
+        names = out_names or [self.name(hint) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=self.name(op_type),
+                                           domain=domain or None, **attrs))
+        return names
+
+    def linear(self, x: str, weight: Weight, name: str) -> str:
+        """x @ weight.T, as MatMul (float) or MatMulNBits (block-quantized)."""
+        if isinstance(weight, BlockQuantized):
+            n, k = weight.shape
+            inputs = [x, self.const(f"{name}.qweight", weight.packed),
+                      self.const(f"{name}.scales", weight.scales.astype(np.float32))]
+            if weight.zero_points is not None:
+                inputs.append(self.const(f"{name}.qzeros",
+                                         weight.zero_points.astype(np.float32)))
+            # accuracy_level 4: int8 activations, the fast MLAS path on AVX-512 VNNI.
+            return self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, K=k, N=n,
+                           bits=weight.bits, block_size=weight.block_size,
+                           accuracy_level=4)[0]
+        w_t = self.const(f"{name}.weight_t", np.ascontiguousarray(weight.T, dtype=np.float32))
+        return self.op("MatMul", [x, w_t], name)[0]
+
+
+def _io(config: DecoderConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
+    kv_shape = ["batch", config.num_key_value_heads, "past_seq", config.head_dim]
+    present_shape = ["batch", config.num_key_value_heads, "total_seq", config.head_dim]
+    int64, f32 = TensorProto.INT64, TensorProto.FLOAT
+    inputs = [helper.make_tensor_value_info("input_ids", int64, ["batch", "seq"]),
+              helper.make_tensor_value_info("attention_mask", int64, ["batch", "total_seq"]),
+              helper.make_tensor_value_info("position_ids", int64, ["batch", "seq"])]
+    outputs = [helper.make_tensor_value_info("logits", f32,
+                                             ["batch", "seq", config.vocab_size])]
+    for i in range(config.num_hidden_layers):
+        for kind in ("key", "value"):
+            inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32,
+                                                        kv_shape))
+            outputs.append(helper.make_tensor_value_info(f"present.{i}.{kind}", f32,
+                                                         present_shape))
+    return inputs, outputs
+
+
+def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
+                  progress: Progress | None = None) -> onnx.ModelProto:
+    """The decoder graph for ``config`` with ``weights`` (HF names) as initializers.
+
+    ``progress(n)`` is called after each layer so long conversions can show a bar.
+    """
+    g = _Graph()
+    cfg = config
+    eps = float(cfg.rms_norm_eps)
+    cos, sin = rope_tables(cfg)
+    g.const("rope.cos", cos)
+    g.const("rope.sin", sin)
+
+    embed = weights["model.embed_tokens.weight"]
+    if isinstance(embed, BlockQuantized):
+        embed = embed.dequantize()
+    hidden = g.op("Gather", [g.const("model.embed_tokens.weight", embed), "input_ids"],
+                  "embed", axis=0)[0]
+    # Boolean key mask [batch, 1, 1, total_seq]; Attention composes it with is_causal.
+    mask = g.op("Cast", ["attention_mask"], "mask_bool", to=TensorProto.BOOL)[0]
+    mask = g.op("Unsqueeze", [mask, g.const("axes_1_2", np.array([1, 2], np.int64))],
+                "mask4d")[0]
+    # onnxruntime wants the mask's query axis spelled out: expand to [batch, 1, seq, total].
+    seq = g.op("Shape", ["input_ids"], "seq_len", start=1, end=2)[0]
+    target = g.op("Concat", [g.const("ones_2", np.array([1, 1], np.int64)), seq,
+                             g.const("ones_1", np.array([1], np.int64))], "mask_shape", axis=0)[0]
+    mask = g.op("Expand", [mask, target], "mask_full")[0]
+
+    for i in range(cfg.num_hidden_layers):
+        p = f"model.layers.{i}"
+        normed = g.op("RMSNormalization",
+                      [hidden, g.const(f"{p}.input_layernorm.weight",
+                                       np.asarray(weights[f"{p}.input_layernorm.weight"],
+                                                  np.float32))],
+                      f"l{i}_ln1", epsilon=eps, axis=-1)[0]
+        q = g.linear(normed, weights[f"{p}.self_attn.q_proj.weight"], f"{p}.self_attn.q_proj")
+        k = g.linear(normed, weights[f"{p}.self_attn.k_proj.weight"], f"{p}.self_attn.k_proj")
+        v = g.linear(normed, weights[f"{p}.self_attn.v_proj.weight"], f"{p}.self_attn.v_proj")
+        q = g.op("RotaryEmbedding", [q, "rope.cos", "rope.sin", "position_ids"], f"l{i}_qrot",
+                 num_heads=cfg.num_attention_heads, interleaved=0)[0]
+        k = g.op("RotaryEmbedding", [k, "rope.cos", "rope.sin", "position_ids"], f"l{i}_krot",
+                 num_heads=cfg.num_key_value_heads, interleaved=0)[0]
+        attn = g.op("Attention",
+                    [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
+                    f"l{i}_attn",
+                    out_names=[g.name(f"l{i}_attn"), f"present.{i}.key", f"present.{i}.value"],
+                    q_num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads,
+                    is_causal=1, scale=float(cfg.head_dim) ** -0.5)[0]
+        attn = g.linear(attn, weights[f"{p}.self_attn.o_proj.weight"], f"{p}.self_attn.o_proj")
+        hidden = g.op("Add", [hidden, attn], f"l{i}_res1")[0]
+        normed = g.op("RMSNormalization",
+                      [hidden, g.const(f"{p}.post_attention_layernorm.weight",
+                                       np.asarray(weights[f"{p}.post_attention_layernorm.weight"],
+                                                  np.float32))],
+                      f"l{i}_ln2", epsilon=eps, axis=-1)[0]
+        gate = g.linear(normed, weights[f"{p}.mlp.gate_proj.weight"], f"{p}.mlp.gate_proj")
+        up = g.linear(normed, weights[f"{p}.mlp.up_proj.weight"], f"{p}.mlp.up_proj")
+        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"l{i}_sig")[0]], f"l{i}_silu")[0]
+        mlp = g.linear(g.op("Mul", [act, up], f"l{i}_gated")[0],
+                       weights[f"{p}.mlp.down_proj.weight"], f"{p}.mlp.down_proj")
+        hidden = g.op("Add", [hidden, mlp], f"l{i}_res2")[0]
+        if progress:
+            progress(1)
+
+    normed = g.op("RMSNormalization",
+                  [hidden, g.const("model.norm.weight",
+                                   np.asarray(weights["model.norm.weight"], np.float32))],
+                  "final_norm", epsilon=eps, axis=-1)[0]
+    head = weights.get("lm_head.weight")
+    if head is None:
+        if not cfg.tie_word_embeddings:
+            raise KeyError("lm_head.weight missing and tie_word_embeddings is false")
+        head = weights["model.embed_tokens.weight"]
+    logits = g.linear(normed, head, "lm_head")
+    g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits_out"))
+
+    inputs, outputs = _io(cfg)
+    graph = helper.make_graph(g.nodes, "uniun_decoder", inputs, outputs, g.initializers)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
+                                                   helper.make_opsetid(MS_DOMAIN, 1)],
+                              producer_name="uniun")
+    model.ir_version = 10
+    return model
+
+
+def save_decoder(model: onnx.ModelProto, folder: Path, *, external: bool) -> list[Path]:
+    """Write ``model.onnx`` (plus ``model.onnx.data`` when ``external``) into ``folder``.
+
+    Large models keep weights in one external data file: the protobuf limit is 2 GB and
+    onnxruntime maps the data file instead of copying it.
+    """
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    if external:
+        onnx.save_model(model, str(path), save_as_external_data=True,
+                        all_tensors_to_one_file=True, location=EXTERNAL_DATA_NAME,
+                        size_threshold=1024)
+        return [path, folder / EXTERNAL_DATA_NAME]
+    onnx.save_model(model, str(path))
+    return [path]

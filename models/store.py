@@ -1,0 +1,316 @@
+"""The model store: one folder per model id under ``models_dir()``.
+
+Rules of the store (they are what lets a runner trust a folder without re-checking it
+by hand):
+
+- A model folder is complete if and only if it holds ``uniun-manifest.json``. The
+  manifest is written last, inside a staging folder, and the staging folder is renamed
+  into place in one step — so a reader sees either no model or a whole one, never half.
+- The manifest lists every file with its size and sha256. :meth:`ModelStore.path`
+  verifies them (once per process per unchanged file), so a truncated or altered file
+  raises :class:`ModelCorrupt` instead of being loaded; :func:`ensure_model` then
+  removes the folder and builds it again when it knows how.
+- Installs of one id are serialised by a lock file, so two processes asking for the
+  same model build it once.
+
+Model ids are short lowercase names (``smollm2-135m-instruct``, ``tiny-1``); the store
+knows how to make some of them (see :data:`RECIPES` and :func:`ensure_model`); others
+arrive through ``models import``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shutil
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from uniun.runtime.paths import models_dir
+
+MANIFEST_NAME = "uniun-manifest.json"
+MANIFEST_VERSION = 1
+_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_TINY_RE = re.compile(r"^tiny-([0-9]{1,6})$")
+
+
+class ModelStoreError(Exception):
+    """Something about a stored model is wrong; the message says what and what to do."""
+
+
+class ModelNotFound(ModelStoreError):
+    """No complete model with that id is in the store."""
+
+
+class ModelCorrupt(ModelStoreError):
+    """A stored file is missing, truncated or altered (size or sha256 mismatch)."""
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """One line of ``models list``."""
+
+    model_id: str
+    path: Path
+    kind: str
+    source: dict[str, Any]
+    weight_format: str
+    size_bytes: int
+    created: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.model_id, "path": str(self.path), "kind": self.kind,
+                "source": self.source, "weight_format": self.weight_format,
+                "size_bytes": self.size_bytes, "created": self.created}
+
+
+def check_model_id(model_id: str) -> str:
+    """Return ``model_id`` if it is a valid store name (no paths, no dots first)."""
+    if not isinstance(model_id, str) or not _ID_RE.match(model_id):
+        raise ModelStoreError(
+            f"invalid model id {model_id!r}: use 1-64 characters a-z 0-9 . _ - "
+            "starting with a letter or digit")
+    return model_id
+
+
+def sha256_file(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as fh:
+        for chunk in iter(lambda: fh.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+class ModelStore:
+    """The folder of models; every method is safe to call from several processes."""
+
+    def __init__(self, root: Path | None = None) -> None:
+        self.root = Path(root) if root is not None else models_dir()
+        # (path, size, mtime_ns) -> sha256 already verified in this process.
+        self._verified: dict[tuple[str, int, int], str] = {}
+
+    # -- reading ----------------------------------------------------------------------
+    def folder(self, model_id: str) -> Path:
+        """Where ``model_id`` lives (whether or not it is installed)."""
+        return self.root / check_model_id(model_id)
+
+    def has(self, model_id: str) -> bool:
+        """True if a complete (manifest-bearing) install exists; does not hash files."""
+        return (self.folder(model_id) / MANIFEST_NAME).is_file()
+
+    def manifest(self, model_id: str) -> dict[str, Any]:
+        path = self.folder(model_id) / MANIFEST_NAME
+        if not path.is_file():
+            raise ModelNotFound(
+                f"model {model_id!r} is not in the store ({self.root}); "
+                f"try `uniun-runtime models pull {model_id}` or `models import DIR`")
+        try:
+            manifest = json.loads(path.read_text())
+            manifest["files"]  # noqa: B018 - presence check
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ModelCorrupt(f"model {model_id!r}: unreadable manifest {path}: {exc}") from exc
+        return manifest
+
+    def verify(self, model_id: str) -> None:
+        """Check every file in the manifest by size and sha256; raise :class:`ModelCorrupt`."""
+        folder = self.folder(model_id)
+        for name, meta in self.manifest(model_id)["files"].items():
+            path = folder / name
+            try:
+                stat = path.stat()
+            except FileNotFoundError:
+                raise ModelCorrupt(f"model {model_id!r}: file {name} is missing") from None
+            if stat.st_size != meta["size"]:
+                raise ModelCorrupt(f"model {model_id!r}: file {name} has {stat.st_size} bytes, "
+                                   f"the manifest says {meta['size']} (truncated or altered)")
+            key = (str(path), stat.st_size, stat.st_mtime_ns)
+            if self._verified.get(key) == meta["sha256"]:
+                continue
+            if sha256_file(path) != meta["sha256"]:
+                raise ModelCorrupt(f"model {model_id!r}: file {name} fails its sha256 check "
+                                   "(altered or partly written)")
+            self._verified[key] = meta["sha256"]
+
+    def path(self, model_id: str, *, verify: bool = True) -> Path:
+        """The folder of a complete, checksum-verified model; raises if absent or corrupt."""
+        self.manifest(model_id)
+        if verify:
+            self.verify(model_id)
+        return self.folder(model_id)
+
+    def list(self) -> list[ModelInfo]:
+        """Complete models, sorted by id (incomplete or foreign folders are skipped)."""
+        infos = []
+        if not self.root.is_dir():
+            return infos
+        for entry in sorted(self.root.iterdir()):
+            if entry.name.startswith(".") or not (entry / MANIFEST_NAME).is_file():
+                continue
+            try:
+                m = self.manifest(entry.name)
+            except ModelStoreError as exc:
+                logger.warning("skipping {}: {}", entry, exc)
+                continue
+            infos.append(ModelInfo(
+                model_id=entry.name, path=entry, kind=m.get("kind", "decoder"),
+                source=m.get("source", {}), weight_format=m.get("weight_format", "?"),
+                size_bytes=sum(int(f["size"]) for f in m["files"].values()),
+                created=float(m.get("created", 0.0))))
+        return infos
+
+    # -- writing ----------------------------------------------------------------------
+    @contextlib.contextmanager
+    def lock(self, model_id: str) -> Iterator[None]:
+        """Exclusive, cross-process lock for installing or removing ``model_id``."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        lock_path = self.root / f".{check_model_id(model_id)}.lock"
+        with lock_path.open("a") as fh:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(fh, fcntl.LOCK_UN)
+
+    @contextlib.contextmanager
+    def install(self, model_id: str, *, kind: str, source: dict[str, Any],
+                weight_format: str, extra: dict[str, Any] | None = None) -> Iterator[Path]:
+        """Yield an empty staging folder; on a clean exit, publish it as ``model_id``.
+
+        The caller writes the model files into the staging folder. On success the
+        manifest (files, sizes, sha256, I/O contract) is written last and the folder is
+        renamed into place, replacing any previous install. On an exception the staging
+        folder is deleted and the store is unchanged. Call it while holding
+        :meth:`lock`.
+        """
+        final = self.folder(model_id)
+        self.root.mkdir(parents=True, exist_ok=True)
+        staging = self.root / f".staging-{model_id}-{uuid.uuid4().hex[:8]}"
+        staging.mkdir()
+        try:
+            yield staging
+            manifest = {"manifest_version": MANIFEST_VERSION, "id": model_id, "kind": kind,
+                        "source": source, "weight_format": weight_format,
+                        "created": time.time(), **(extra or {})}
+            if (staging / "model.onnx").is_file():
+                manifest["io"] = io_contract(staging / "model.onnx")
+            manifest["files"] = {
+                p.name: {"size": p.stat().st_size, "sha256": sha256_file(p)}
+                for p in sorted(staging.iterdir()) if p.is_file() and p.name != MANIFEST_NAME}
+            tmp = staging / (MANIFEST_NAME + ".tmp")
+            tmp.write_text(json.dumps(manifest, indent=2, sort_keys=True))
+            os.replace(tmp, staging / MANIFEST_NAME)
+            if final.exists():
+                self._discard(final)
+            os.replace(staging, final)
+            logger.info("installed model {} at {}", model_id, final)
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+
+    def remove(self, model_id: str) -> None:
+        """Delete ``model_id`` (complete or not); raises :class:`ModelNotFound` if absent."""
+        folder = self.folder(model_id)
+        with self.lock(model_id):
+            if not folder.exists():
+                raise ModelNotFound(f"model {model_id!r} is not in the store ({self.root})")
+            self._discard(folder)
+        logger.info("removed model {}", model_id)
+
+    def _discard(self, folder: Path) -> None:
+        """Rename away first (one atomic step), then delete at leisure."""
+        trash = self.root / f".trash-{folder.name}-{uuid.uuid4().hex[:8]}"
+        os.replace(folder, trash)
+        shutil.rmtree(trash, ignore_errors=True)
+
+    def clean_stale(self, model_id: str) -> None:
+        """Remove staging/trash leftovers of ``model_id`` (call under :meth:`lock`)."""
+        for pattern in (f".staging-{model_id}-*", f".trash-{model_id}-*"):
+            for leftover in self.root.glob(pattern):
+                shutil.rmtree(leftover, ignore_errors=True)
+
+
+def io_contract(onnx_path: Path) -> dict[str, Any]:
+    """Names, element types and shapes (symbolic dims as strings) of a graph's I/O."""
+    import onnx
+
+    model = onnx.load(str(onnx_path), load_external_data=False)
+
+    def describe(values: Any) -> dict[str, Any]:
+        out = {}
+        for v in values:
+            t = v.type.tensor_type
+            dims = [d.dim_param or d.dim_value for d in t.shape.dim]
+            out[v.name] = {"dtype": onnx.TensorProto.DataType.Name(t.elem_type).lower(),
+                           "shape": dims}
+        return out
+
+    return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
+
+
+# -- models the store knows how to make ------------------------------------------------
+Recipe = Callable[["ModelStore", str], None]
+
+
+def _recipe(model_id: str) -> Recipe | None:
+    """How to build ``model_id`` from nothing, or None (imported models)."""
+    if _TINY_RE.match(model_id):
+        from uniun.models.tiny import install_tiny
+        return lambda store, mid: install_tiny(store, int(_TINY_RE.match(mid).group(1)))
+    if model_id in RECIPES:
+        module_name, func_name = RECIPES[model_id].split(":")
+        import importlib
+        return getattr(importlib.import_module(module_name), func_name)
+    return None
+
+
+# id -> "module:function(store, model_id)"; each installs the model under its lock.
+RECIPES: dict[str, str] = {
+    "smollm2-135m-instruct": "uniun.models.pull:install_pulled",
+}
+
+
+def known_model_ids() -> list[str]:
+    return sorted(RECIPES) + ["tiny-N (N = seed)"]
+
+
+def ensure_model(model_id: str, store: ModelStore | None = None) -> Path:
+    """The verified folder of ``model_id``, building or pulling it first if needed.
+
+    A corrupt install of a model the store can make is removed and made again; a
+    corrupt imported model raises :class:`ModelCorrupt` (we cannot remake it). An id
+    that is neither installed nor known raises :class:`ModelNotFound`.
+    """
+    store = store or ModelStore()
+    check_model_id(model_id)
+    recipe = _recipe(model_id)
+    try:
+        return store.path(model_id)
+    except ModelCorrupt as exc:
+        if recipe is None:
+            raise ModelCorrupt(f"{exc}; re-import it with `uniun-runtime models import DIR`") \
+                from exc
+        logger.warning("{}; rebuilding it", exc)
+    except ModelNotFound:
+        if recipe is None:
+            raise ModelNotFound(
+                f"unknown model {model_id!r}: not in the store ({store.root}) and not one "
+                f"the store can make ({', '.join(known_model_ids())}); "
+                "import it with `uniun-runtime models import DIR`") from None
+    with store.lock(model_id):
+        try:  # another process may have built it while we waited for the lock
+            return store.path(model_id)
+        except ModelStoreError:
+            pass
+        store.clean_stale(model_id)
+        recipe(store, model_id)
+    return store.path(model_id)

@@ -1,0 +1,117 @@
+"""The model store: atomic installs, checksums, clear errors, the CLI around it.
+
+Each test uses its own store folder so corrupting a model here can never disturb the
+shared cache other tests (and other test runs) read.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from uniun.models.store import (
+    MANIFEST_NAME,
+    ModelCorrupt,
+    ModelNotFound,
+    ModelStore,
+    ModelStoreError,
+    ensure_model,
+)
+
+
+@pytest.fixture()
+def store(tmp_path: Path) -> ModelStore:
+    return ModelStore(tmp_path / "models")
+
+
+def test_build_tiny_installs_a_complete_verified_folder(store: ModelStore) -> None:
+    path = ensure_model("tiny-1", store)
+    assert path == store.root / "tiny-1"
+    manifest = json.loads((path / MANIFEST_NAME).read_text())
+    for name in ("model.onnx", "config.json", "tokenizer.json", "tokenizer_config.json"):
+        assert name in manifest["files"]
+    io = manifest["io"]
+    assert io["inputs"]["input_ids"]["dtype"] == "int64"
+    assert io["inputs"]["past_key_values.1.value"]["shape"] == ["batch", 2, "past_seq", 16]
+    assert io["outputs"]["present.0.key"]["shape"] == ["batch", 2, "total_seq", 16]
+    assert not [p for p in store.root.iterdir() if p.name.startswith(".staging")]
+    assert [i.model_id for i in store.list()] == ["tiny-1"]
+
+
+def test_seeds_give_different_models(store: ModelStore) -> None:
+    a = (ensure_model("tiny-1", store) / "model.onnx").read_bytes()
+    b = (ensure_model("tiny-2", store) / "model.onnx").read_bytes()
+    assert a != b
+
+
+def test_truncated_file_is_detected_and_ensure_model_rebuilds(store: ModelStore) -> None:
+    path = ensure_model("tiny-1", store)
+    good = (path / "model.onnx").read_bytes()
+    (path / "model.onnx").write_bytes(good[: len(good) // 2])
+    fresh = ModelStore(store.root)
+    with pytest.raises(ModelCorrupt, match="model.onnx has .* bytes"):
+        fresh.path("tiny-1")
+    assert ensure_model("tiny-1", fresh) == path
+    assert (path / "model.onnx").read_bytes() == good
+
+
+def test_altered_byte_fails_the_checksum(store: ModelStore) -> None:
+    path = ensure_model("tiny-1", store)
+    data = bytearray((path / "tokenizer.json").read_bytes())
+    data[100] ^= 0x01
+    (path / "tokenizer.json").write_bytes(bytes(data))
+    with pytest.raises(ModelCorrupt, match="tokenizer.json fails its sha256"):
+        ModelStore(store.root).path("tiny-1")
+
+
+def test_failed_install_leaves_nothing_behind(store: ModelStore) -> None:
+    with pytest.raises(RuntimeError):
+        with store.install("half", kind="decoder", source={}, weight_format="x") as staging:
+            (staging / "model.onnx").write_bytes(b"partial")
+            raise RuntimeError("conversion died")
+    assert not store.has("half")
+    assert list(store.root.iterdir()) == []
+
+
+def test_folder_without_manifest_is_not_a_model(store: ModelStore) -> None:
+    (store.root / "tiny-1").mkdir(parents=True)
+    (store.root / "tiny-1" / "model.onnx").write_bytes(b"junk")
+    assert store.list() == []
+    with pytest.raises(ModelNotFound):
+        store.path("tiny-1")
+    path = ensure_model("tiny-1", store)  # an unfinished folder is replaced, not used
+    assert (path / MANIFEST_NAME).is_file()
+
+
+def test_unknown_and_invalid_ids_get_clear_errors(store: ModelStore) -> None:
+    with pytest.raises(ModelNotFound, match="unknown model 'no-such-model'.*models import"):
+        ensure_model("no-such-model", store)
+    for bad in ("../etc", "Tiny", "", "a/b"):
+        with pytest.raises(ModelStoreError, match="invalid model id"):
+            ensure_model(bad, store)
+
+
+def _cli(*args: str, models: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "UNIUN_MODELS": str(models)}
+    return subprocess.run([sys.executable, "-m", "uniun.runtime", "models", *args],
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def test_cli_build_list_json_and_rm(tmp_path: Path) -> None:
+    models = tmp_path / "cli-models"
+    assert _cli("build-tiny", "--seed", "7", models=models).returncode == 0
+    listed = _cli("list", "--json", models=models)
+    assert listed.returncode == 0
+    doc = json.loads(listed.stdout)
+    assert [m["id"] for m in doc["models"]] == ["tiny-7"]
+    assert doc["models"][0]["size_bytes"] > 0
+    assert _cli("rm", "tiny-7", models=models).returncode == 0
+    assert json.loads(_cli("list", "--json", models=models).stdout)["models"] == []
+    again = _cli("rm", "tiny-7", models=models)
+    assert again.returncode == 1
+    assert "not in the store" in again.stderr
