@@ -276,6 +276,7 @@ def _recipe(model_id: str) -> Recipe | None:
 # id -> "module:function(store, model_id)"; each installs the model under its lock.
 RECIPES: dict[str, str] = {
     "smollm2-135m-instruct": "uniun.models.pull:install_pulled",
+    "all-minilm-l6-v2": "uniun.models.embedding_convert:install_pulled",
 }
 
 
