@@ -1,0 +1,320 @@
+"""Per-job KV state, owned by the caller: what "pause, don't discard" parks.
+
+A job's state has two halves, kept apart on purpose:
+
+* :class:`JobProgress` — everything that does not depend on a loaded model session:
+  prompt ids, generated ids, the text already streamed, sampling parameters and the
+  effective seed, stop rules, ``static_prefix`` (how many leading positions are the
+  shared system prompt). It is small and msgpack/JSON-safe (:meth:`JobProgress.to_record`),
+  so a job can always be resumed from it alone by *recompute* (re-prefill of prompt +
+  generated ids), even on a freshly started runner process.
+* :class:`KVCache` — the keys and values for positions ``[0, length)``, one
+  ``(key, value)`` pair of float32 arrays ``[1, kv_heads, length, head_dim]`` per layer
+  (the Hugging Face / optimum decoder layout). Arrays coming out of the session are
+  zero-copy views of onnxruntime's output buffers; nothing here ever writes into them, so
+  a snapshot is a matter of keeping references, and a KV can be shared by readers.
+
+:class:`ParkedState` joins the two for a paused job. Its KV can be trimmed to the static
+prefix (:meth:`ParkedState.evict_to_prefix`), dropped (:meth:`ParkedState.drop_kv`),
+spilled to one file under ``run_dir()/snapshots`` (:meth:`ParkedState.spill`) and read
+back, also by another process (:meth:`ParkedState.load`). Whatever happens to the KV,
+the progress stays, so no generated token is ever lost: resume feeds the positions the
+KV lacks — one token after a full snapshot, the tail after a partial eviction,
+everything after a drop.
+
+Spill file format (``.kvsnap``, little-endian)::
+
+    b"UNIUNKV1" | u32 header length | header JSON | payload
+    header = {"version": 1, "progress": <record>, "kv": null | {"length", "layers",
+              "kv_heads", "head_dim", "dtype": "float32"}, "crc32": <payload crc>}
+    payload = for each layer: key bytes then value bytes, C order
+
+No pickle anywhere: a spill file from a bad disk or a bad actor can fail to load, but
+cannot run code. A file that fails its checksum raises :class:`SnapshotCorrupt`; the
+caller then resumes by recompute from the progress it still has.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+import uuid
+import zlib
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from uniun.models.sampling import SamplingParams
+
+__all__ = ["JobProgress", "KVCache", "ParkedState", "SnapshotCorrupt", "snapshots_dir"]
+
+_MAGIC = b"UNIUNKV1"
+_VERSION = 1
+
+
+class SnapshotCorrupt(ValueError):
+    """A spilled snapshot cannot be read back (truncated, wrong magic, bad checksum)."""
+
+
+def snapshots_dir() -> Path:
+    """Where parked KV states are spilled: ``$UNIUN_HOME/run/snapshots`` (owner-only)."""
+    from uniun.runtime.paths import ensure_private_dir, run_dir
+
+    return ensure_private_dir(run_dir() / "snapshots")
+
+
+@dataclass
+class JobProgress:
+    """The session-independent state of one generation (see module doc)."""
+
+    prompt_ids: list[int]
+    max_new_tokens: int
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    seed: int = 0  # the effective seed (SamplingParams.seed, or one drawn at start)
+    generated_ids: list[int] = field(default_factory=list)
+    text: str = ""  # text already handed to the caller (streamed)
+    stop: tuple[str, ...] = ()
+    eos_ids: tuple[int, ...] = ()
+    static_prefix: int = 0  # leading prompt positions worth keeping (system prompt)
+    finished: bool = False
+    finish_reason: str | None = None  # "stop" | "length"
+    job_id: str | None = None
+    model_id: str = ""
+
+    @property
+    def all_ids(self) -> list[int]:
+        return self.prompt_ids + self.generated_ids
+
+    @property
+    def total_tokens(self) -> int:
+        return len(self.prompt_ids) + len(self.generated_ids)
+
+    def to_record(self) -> dict[str, Any]:
+        """A plain map (msgpack- and JSON-safe) that :meth:`from_record` turns back."""
+        return {
+            "prompt_ids": list(self.prompt_ids), "max_new_tokens": self.max_new_tokens,
+            "sampling": self.sampling.to_map(), "seed": str(self.seed),
+            "generated_ids": list(self.generated_ids), "text": self.text,
+            "stop": list(self.stop), "eos_ids": list(self.eos_ids),
+            "static_prefix": self.static_prefix, "finished": self.finished,
+            "finish_reason": self.finish_reason, "job_id": self.job_id,
+            "model_id": self.model_id,
+        }
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> JobProgress:
+        try:
+            return cls(
+                prompt_ids=[int(t) for t in record["prompt_ids"]],
+                max_new_tokens=int(record["max_new_tokens"]),
+                sampling=SamplingParams.coerce(record.get("sampling")),
+                seed=int(record.get("seed", 0)),
+                generated_ids=[int(t) for t in record.get("generated_ids", [])],
+                text=str(record.get("text", "")),
+                stop=tuple(record.get("stop", ())),
+                eos_ids=tuple(int(t) for t in record.get("eos_ids", ())),
+                static_prefix=int(record.get("static_prefix", 0)),
+                finished=bool(record.get("finished", False)),
+                finish_reason=record.get("finish_reason"),
+                job_id=record.get("job_id"),
+                model_id=str(record.get("model_id", "")),
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a job progress record: {exc}") from exc
+
+
+@dataclass
+class KVCache:
+    """Keys/values for positions ``[0, length)``: per layer ``(key, value)`` float32 arrays."""
+
+    layers: list[tuple[np.ndarray, np.ndarray]]
+
+    @property
+    def length(self) -> int:
+        return int(self.layers[0][0].shape[2]) if self.layers else 0
+
+    @property
+    def nbytes(self) -> int:
+        return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """(layers, kv_heads, head_dim): what must match a model to be resumed on it."""
+        key = self.layers[0][0]
+        return len(self.layers), int(key.shape[1]), int(key.shape[3])
+
+    def prefix(self, n: int) -> KVCache:
+        """A compact copy of the first ``n`` positions (the original is left alone)."""
+        n = max(0, min(n, self.length))
+        return KVCache([(np.ascontiguousarray(k[:, :, :n, :]), np.ascontiguousarray(v[:, :, :n, :]))
+                        for k, v in self.layers])
+
+
+class ParkedState:
+    """A paused job: its progress plus whatever of its KV was kept (in memory or on disk)."""
+
+    def __init__(self, progress: JobProgress, kv: KVCache | None = None) -> None:
+        self.progress = progress
+        self.kv: KVCache | None = kv if kv is not None and kv.length > 0 else None
+        self.spill_path: Path | None = None
+        self._spilled_length = 0
+
+    # -- what is kept -------------------------------------------------------------
+    @property
+    def nbytes(self) -> int:
+        """Bytes held in memory by the KV (0 once spilled or dropped)."""
+        return self.kv.nbytes if self.kv is not None else 0
+
+    @property
+    def kv_length(self) -> int:
+        """Positions a resume can start from (in memory or in the spill file)."""
+        if self.kv is not None:
+            return self.kv.length
+        return self._spilled_length if self.spill_path is not None else 0
+
+    @property
+    def spilled(self) -> bool:
+        return self.kv is None and self.spill_path is not None
+
+    @property
+    def job_id(self) -> str | None:
+        return self.progress.job_id
+
+    def __repr__(self) -> str:
+        return (f"ParkedState(job={self.progress.job_id!r}, tokens={self.progress.total_tokens}, "
+                f"kv_length={self.kv_length}, nbytes={self.nbytes}, spilled={self.spilled})")
+
+    # -- shrinking ----------------------------------------------------------------
+    def evict_to_prefix(self, prefix_tokens: int | None = None) -> int:
+        """Keep only the first ``prefix_tokens`` positions (default: the static prefix).
+
+        Returns the bytes freed from memory. A spilled state holds no memory, so it is
+        left alone (0 freed).
+        """
+        if self.kv is None:
+            return 0
+        n = self.progress.static_prefix if prefix_tokens is None else prefix_tokens
+        if n >= self.kv.length:
+            return 0
+        before = self.kv.nbytes
+        self.kv = self.kv.prefix(n) if n > 0 else None
+        return before - self.nbytes
+
+    def drop_kv(self) -> int:
+        """Forget the KV entirely (memory and spill file); resume will recompute."""
+        freed = self.nbytes
+        self.kv = None
+        self.discard_spill()
+        return freed
+
+    # -- disk ---------------------------------------------------------------------
+    def spill(self, path: Path | None = None) -> Path:
+        """Write progress + KV to one file and release the KV's memory. Atomic."""
+        if path is None:
+            name = self.progress.job_id or uuid.uuid4().hex
+            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100]
+            path = snapshots_dir() / f"{safe}-{uuid.uuid4().hex[:8]}.kvsnap"
+        kv = self.load_kv()
+        write_snapshot(path, self.progress, kv)
+        if self.spill_path is not None and self.spill_path != path:
+            self.discard_spill()
+        self.spill_path = Path(path)
+        self._spilled_length = kv.length if kv is not None else 0
+        self.kv = None
+        return self.spill_path
+
+    def load_kv(self) -> KVCache | None:
+        """The kept KV, read from the spill file if it is there (memory is not kept)."""
+        if self.kv is not None:
+            return self.kv
+        if self.spill_path is not None:
+            return read_snapshot(self.spill_path)[1]
+        return None
+
+    def discard_spill(self) -> None:
+        """Delete the spill file, if any (call once the job has resumed or is done)."""
+        if self.spill_path is not None:
+            try:
+                self.spill_path.unlink()
+            except FileNotFoundError:
+                pass
+            self.spill_path = None
+            self._spilled_length = 0
+
+    @classmethod
+    def load(cls, path: Path) -> ParkedState:
+        """Read a spilled state (e.g. in a fresh process); the KV comes back into memory."""
+        progress, kv = read_snapshot(Path(path))
+        return cls(progress, kv)
+
+    @classmethod
+    def from_record(cls, record: dict[str, Any]) -> ParkedState:
+        """A state with no KV at all: resuming it recomputes prompt + generated ids."""
+        return cls(JobProgress.from_record(record))
+
+    def copy_progress(self) -> JobProgress:
+        return replace(self.progress, prompt_ids=list(self.progress.prompt_ids),
+                       generated_ids=list(self.progress.generated_ids))
+
+
+def write_snapshot(path: Path, progress: JobProgress, kv: KVCache | None) -> None:
+    """Write one ``.kvsnap`` file atomically (temp file + rename)."""
+    path = Path(path)
+    crc = 0
+    if kv is not None:
+        for k, v in kv.layers:
+            crc = zlib.crc32(np.ascontiguousarray(k).data, crc)
+            crc = zlib.crc32(np.ascontiguousarray(v).data, crc)
+        layers, heads, dim = kv.shape
+        kv_meta: dict[str, Any] | None = {"length": kv.length, "layers": layers,
+                                          "kv_heads": heads, "head_dim": dim, "dtype": "float32"}
+    else:
+        kv_meta = None
+    header = json.dumps({"version": _VERSION, "progress": progress.to_record(),
+                         "kv": kv_meta, "crc32": crc}).encode()
+    tmp = path.with_name(path.name + f".tmp-{os.getpid()}")
+    with open(tmp, "wb") as out:
+        out.write(_MAGIC + struct.pack("<I", len(header)) + header)
+        if kv is not None:
+            for k, v in kv.layers:
+                out.write(np.ascontiguousarray(k, dtype=np.float32).data)
+                out.write(np.ascontiguousarray(v, dtype=np.float32).data)
+    os.replace(tmp, path)
+
+
+def read_snapshot(path: Path) -> tuple[JobProgress, KVCache | None]:
+    """Read a ``.kvsnap`` file; raise :class:`SnapshotCorrupt` if it is not whole."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(len(_MAGIC) + 4)
+            if len(head) < len(_MAGIC) + 4 or head[: len(_MAGIC)] != _MAGIC:
+                raise SnapshotCorrupt(f"{path}: not a UNIUN KV snapshot")
+            (header_len,) = struct.unpack("<I", head[len(_MAGIC):])
+            header = json.loads(f.read(header_len))
+            if header.get("version") != _VERSION:
+                raise SnapshotCorrupt(f"{path}: unsupported snapshot version {header.get('version')!r}")
+            progress = JobProgress.from_record(header["progress"])
+            meta = header.get("kv")
+            if meta is None:
+                return progress, None
+            n, layers, heads, dim = (int(meta[k]) for k in ("length", "layers", "kv_heads", "head_dim"))
+            each = heads * n * dim
+            payload = bytearray(2 * layers * each * 4)
+            if f.readinto(payload) != len(payload) or f.read(1):
+                raise SnapshotCorrupt(f"{path}: payload has the wrong size")
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        if isinstance(exc, SnapshotCorrupt):
+            raise
+        raise SnapshotCorrupt(f"{path}: {exc}") from exc
+    if zlib.crc32(payload) != int(header["crc32"]):
+        raise SnapshotCorrupt(f"{path}: checksum mismatch")
+    flat = np.frombuffer(payload, dtype=np.float32)
+    pairs = []
+    for i in range(layers):
+        k = flat[(2 * i) * each:(2 * i + 1) * each].reshape(1, heads, n, dim)
+        v = flat[(2 * i + 1) * each:(2 * i + 2) * each].reshape(1, heads, n, dim)
+        pairs.append((k, v))
+    return progress, KVCache(pairs)

@@ -1,0 +1,332 @@
+"""The decoder session: one ONNX decoder loaded, many jobs' KV states owned by the caller.
+
+Theory of operation — the runner process owns one of these::
+
+    session = DecoderSession.load(model_dir, threads=2)       # load_s, resident_bytes
+    gen = session.start(messages=[...] | prompt="..." | prompt_ids=[...],
+                        max_new_tokens=128, sampling=SamplingParams(...), stop=("\\n\\n",),
+                        job_id="j1")
+    while not gen.finished:
+        ev = session.step(gen)          # ONE token per call: check control messages between
+        send(ev.seq, ev.text_delta)     # TokenEvent(seq, token_id, text_delta, finished, finish_reason)
+        if preempted:
+            parked = session.park(gen)  # ParkedState: progress + KV (zero-copy), .nbytes
+            break
+    ...
+    gen = session.resume(parked)        # continues exactly where it stopped (seq too)
+    parked.evict_to_prefix(n) / parked.spill(path) / ParkedState.load(path)
+    gen = session.recompute(record)     # from JobProgress.to_record() alone: re-prefill
+
+The session is stateless between calls apart from the loaded model and the optional
+:class:`~uniun.models.prefix_cache.PrefixCache`: every job's state lives in its
+:class:`~uniun.models.generate.Generation` (live) or
+:class:`~uniun.models.kv.ParkedState` (paused), which the caller holds. Batch size 1:
+one job steps at a time, which is what a single-user device does.
+
+The model is any decoder with the Hugging Face / optimum I/O contract: inputs
+``input_ids``, ``attention_mask``, ``position_ids``, ``past_key_values.{i}.key/value``
+[1, kv_heads, past, head_dim]; outputs ``logits`` [1, seq, vocab] and
+``present.{i}.key/value``. The hot path uses ``run_with_ort_values`` and keeps the
+outputs as zero-copy numpy views of onnxruntime's buffers, which become the next step's
+inputs as they are: no KV bytes are copied in Python, and a snapshot is free.
+
+A step on a long uncovered tail (a long prompt, a recompute) is one forward pass; a
+caller that wants to stay responsive during it can feed it in chunks with
+:meth:`DecoderSession.prefill` first.
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from loguru import logger
+
+from uniun.models.chat_template import encode_chat, encode_prompt
+from uniun.models.generate import FinishedError, Generation, TokenEvent
+from uniun.models.kv import JobProgress, KVCache, ParkedState
+from uniun.models.prefix_cache import PrefixCache
+from uniun.models.sampling import Sampler, SamplingParams
+
+__all__ = ["DecoderSession", "Generation", "TokenEvent", "FinishedError", "rss_bytes",
+           "MIN_CACHED_PREFIX"]
+
+MIN_CACHED_PREFIX = 16  # static prefixes shorter than this (tokens) are not worth caching
+
+
+def rss_bytes() -> int:
+    """This process's resident set size now (Linux ``/proc``; 0 where unknown)."""
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+def _load_tokenizer(model_dir: Path) -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(model_dir))
+
+
+def _eos_ids(model_dir: Path, config: Mapping[str, Any], tokenizer: Any) -> tuple[int, ...]:
+    """Every id that ends a generation: tokenizer EOS + config/generation_config EOS."""
+    ids: set[int] = set()
+    sources: list[Any] = [config.get("eos_token_id"), getattr(tokenizer, "eos_token_id", None)]
+    gen_cfg = model_dir / "generation_config.json"
+    if gen_cfg.is_file():
+        sources.append(json.loads(gen_cfg.read_text()).get("eos_token_id"))
+    for value in sources:
+        for item in value if isinstance(value, list) else [value]:
+            if isinstance(item, int):
+                ids.add(item)
+    return tuple(sorted(ids))
+
+
+class DecoderSession:
+    """A loaded decoder plus tokenizer; runs any number of jobs, one step at a time."""
+
+    def __init__(self, model_dir: Path | str, *, threads: int = 2, model_id: str | None = None,
+                 prefix_cache_bytes: int | None = None, spinning: bool = True) -> None:
+        import onnxruntime as ort
+
+        self.model_dir = Path(model_dir)
+        self.model_id = model_id or self.model_dir.name
+        rss0, t0 = rss_bytes(), time.perf_counter()
+        self.config: dict[str, Any] = json.loads((self.model_dir / "config.json").read_text())
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = max(1, int(threads))
+        options.inter_op_num_threads = 1
+        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+        if not spinning:  # friendlier to other processes on a 2-core machine, a bit slower
+            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        self._ort = ort
+        self._sess = ort.InferenceSession(str(self.model_dir / "model.onnx"), options,
+                                          providers=["CPUExecutionProvider"])
+        self.tokenizer = _load_tokenizer(self.model_dir)
+        self._check_io()
+        self.eos_ids = _eos_ids(self.model_dir, self.config, self.tokenizer)
+        self.max_positions = int(self.config.get("max_position_embeddings") or 0) or None
+        # None: the default cap; 0: no prefix cache at all.
+        self.prefix_cache: PrefixCache | None = (
+            PrefixCache() if prefix_cache_bytes is None
+            else PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None)
+        self.load_s = time.perf_counter() - t0
+        self.resident_bytes = max(0, rss_bytes() - rss0)
+        self.threads = options.intra_op_num_threads
+        logger.info("loaded {} in {:.2f}s ({} layers, {} kv heads x {}, +{:.0f} MB resident)",
+                    self.model_id, self.load_s, self.num_layers, self.kv_heads, self.head_dim,
+                    self.resident_bytes / 1e6)
+
+    @classmethod
+    def load(cls, model_dir: Path | str, threads: int = 2, **kwargs: Any) -> DecoderSession:
+        """Load a model folder (``model.onnx``, ``config.json``, tokenizer files)."""
+        return cls(model_dir, threads=threads, **kwargs)
+
+    def _check_io(self) -> None:
+        inputs = {i.name: i for i in self._sess.get_inputs()}
+        outputs = [o.name for o in self._sess.get_outputs()]
+        for name in ("input_ids", "attention_mask", "position_ids"):
+            if name not in inputs:
+                raise ValueError(f"{self.model_dir}: model.onnx has no input {name!r}")
+        layers = 0
+        while f"past_key_values.{layers}.key" in inputs:
+            layers += 1
+        if layers == 0 or "logits" not in outputs:
+            raise ValueError(f"{self.model_dir}: model.onnx lacks past_key_values.N / logits")
+        shape = inputs["past_key_values.0.key"].shape
+        heads = shape[1] if isinstance(shape[1], int) else self.config.get("num_key_value_heads")
+        dim = shape[3] if isinstance(shape[3], int) else self.config.get("head_dim") or (
+            self.config["hidden_size"] // self.config["num_attention_heads"])
+        self.num_layers, self.kv_heads, self.head_dim = layers, int(heads), int(dim)
+        self.kv_bytes_per_token = 2 * layers * self.kv_heads * self.head_dim * 4
+        self._output_names = ["logits"] + [f"present.{i}.{kv}" for i in range(layers)
+                                           for kv in ("key", "value")]
+        missing = [n for n in self._output_names if n not in outputs]
+        if missing:
+            raise ValueError(f"{self.model_dir}: model.onnx lacks outputs {missing}")
+        self._empty = np.zeros((1, self.kv_heads, 0, self.head_dim), np.float32)
+
+    def unload(self) -> None:
+        """Free the model (the caller's parked states stay valid as data)."""
+        self._sess = None  # type: ignore[assignment]
+        if self.prefix_cache is not None:
+            self.prefix_cache.clear()
+        gc.collect()
+
+    # -- the forward pass ------------------------------------------------------------------
+    def forward(self, ids: Sequence[int], kv: KVCache | None) -> tuple[np.ndarray, KVCache]:
+        """Feed ``ids`` after ``kv``; return the last position's logits and the longer KV."""
+        if getattr(self, "_sess", None) is None:
+            raise RuntimeError(f"model {self.model_id} is unloaded")
+        past = kv.length if kv is not None else 0
+        n = len(ids)
+        ort_value = self._ort.OrtValue.ortvalue_from_numpy
+        feeds = {
+            "input_ids": ort_value(np.asarray(ids, dtype=np.int64).reshape(1, n)),
+            "attention_mask": ort_value(np.ones((1, past + n), np.int64)),
+            "position_ids": ort_value(np.arange(past, past + n, dtype=np.int64).reshape(1, n)),
+        }
+        for i in range(self.num_layers):
+            k, v = kv.layers[i] if kv is not None else (self._empty, self._empty)
+            feeds[f"past_key_values.{i}.key"] = ort_value(k)
+            feeds[f"past_key_values.{i}.value"] = ort_value(v)
+        outs = self._sess.run_with_ort_values(self._output_names, feeds)
+        logits = np.array(outs[0].numpy()[0, -1], dtype=np.float32)  # small copy; frees the rest
+        layers = [(outs[1 + 2 * i].numpy(), outs[2 + 2 * i].numpy()) for i in range(self.num_layers)]
+        return logits, KVCache(layers)
+
+    # -- jobs ------------------------------------------------------------------------------
+    def encode(self, *, prompt: str | None = None,
+               messages: Iterable[Mapping[str, Any] | Sequence[str]] | None = None
+               ) -> tuple[list[int], int]:
+        """Token ids and static-prefix length for a raw prompt or chat messages."""
+        if (prompt is None) == (messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        if messages is not None:
+            return encode_chat(self.tokenizer, messages)
+        return encode_prompt(self.tokenizer, prompt), 0  # type: ignore[arg-type]
+
+    def start(self, prompt: str | None = None, *,
+              messages: Iterable[Mapping[str, Any] | Sequence[str]] | None = None,
+              prompt_ids: Sequence[int] | None = None, max_new_tokens: int = 128,
+              sampling: Any = None, stop: Sequence[str] = (), job_id: str | None = None,
+              static_prefix: int | None = None, use_prefix_cache: bool = True) -> Generation:
+        """A new generation (nothing runs yet; the first :meth:`step` prefills).
+
+        Exactly one of ``prompt`` (raw text), ``messages`` (rendered with the chat
+        template) or ``prompt_ids``. ``sampling``: :class:`SamplingParams`, the protocol's
+        ``Sampling``, a map, or None (greedy). ``static_prefix`` overrides the detected
+        system-prompt length (positions kept by partial eviction, shared by the cache).
+        """
+        if prompt_ids is not None:
+            if prompt is not None or messages is not None:
+                raise ValueError("give exactly one of prompt, messages or prompt_ids")
+            ids, static = [int(t) for t in prompt_ids], 0
+            if not ids:
+                raise ValueError("prompt_ids must not be empty")
+        else:
+            ids, static = self.encode(prompt=prompt, messages=messages)
+        if max_new_tokens < 1:
+            raise ValueError("max_new_tokens must be >= 1")
+        if self.max_positions is not None and len(ids) >= self.max_positions:
+            raise ValueError(f"prompt of {len(ids)} tokens does not fit the model's "
+                             f"{self.max_positions}-position context")
+        params = SamplingParams.coerce(sampling)
+        progress = JobProgress(
+            prompt_ids=ids, max_new_tokens=int(max_new_tokens), sampling=params,
+            seed=Sampler(params).seed, stop=tuple(stop), eos_ids=self.eos_ids,
+            static_prefix=min(static if static_prefix is None else int(static_prefix), len(ids) - 1),
+            job_id=job_id, model_id=self.model_id)
+        gen = self._generation(progress, None)
+        if use_prefix_cache and self.prefix_cache is not None:
+            n, kv = self.prefix_cache.lookup(ids)
+            if kv is not None:
+                gen.kv, gen.prefix_cache_tokens = kv, n
+        gen.cache_prefix = use_prefix_cache
+        return gen
+
+    def _generation(self, progress: JobProgress, kv: KVCache | None) -> Generation:
+        return Generation(progress, self.tokenizer, kv, max_positions=self.max_positions)
+
+    def prefill(self, gen: Generation, max_tokens: int | None = None) -> int:
+        """Feed up to ``max_tokens`` uncovered positions, keeping at least one for the step.
+
+        Optional: :meth:`step` feeds whatever is left. Returns the positions fed. When the
+        feed crosses the static prefix, the prefix KV is put in the prefix cache.
+        """
+        gen.check_live()
+        pending = gen.pending_ids()
+        budget = len(pending) - 1 if max_tokens is None else min(max_tokens, len(pending) - 1)
+        fed = 0
+        while fed < budget:
+            start = gen.kv_length
+            chunk_end = start + budget - fed
+            prefix = gen.progress.static_prefix
+            if self._should_cache_prefix(gen) and start < prefix < chunk_end:
+                chunk_end = prefix  # stop exactly at the prefix so its KV can be cached as is
+            ids = gen.progress.all_ids[start:chunk_end]
+            _, gen.kv = self.forward(ids, gen.kv)
+            fed += len(ids)
+            self._maybe_cache_prefix(gen)
+        return fed
+
+    def step(self, gen: Generation) -> TokenEvent:
+        """Feed the uncovered positions, sample ONE token, return what to stream."""
+        gen.check_live()
+        p = gen.progress
+        if self._should_cache_prefix(gen) and gen.kv_length < p.static_prefix:
+            self.prefill(gen, p.static_prefix - gen.kv_length)
+        logits, gen.kv = self.forward(gen.pending_ids(), gen.kv)
+        token = gen.sampler.pick(logits, len(p.generated_ids))
+        return gen.accept(token)
+
+    def _should_cache_prefix(self, gen: Generation) -> bool:
+        return (self.prefix_cache is not None and gen.cache_prefix
+                and gen.progress.static_prefix >= MIN_CACHED_PREFIX)
+
+    def _maybe_cache_prefix(self, gen: Generation) -> None:
+        p = gen.progress
+        if (self._should_cache_prefix(gen) and gen.kv is not None
+                and gen.kv.length == p.static_prefix
+                and p.prompt_ids[: p.static_prefix] not in self.prefix_cache):  # type: ignore[operator]
+            self.prefix_cache.put(p.prompt_ids[: p.static_prefix], gen.kv)  # type: ignore[union-attr]
+
+    def generate(self, gen: Generation) -> Iterable[TokenEvent]:
+        """Step until finished (for callers that never pause, e.g. ``models run``)."""
+        while not gen.finished:
+            yield self.step(gen)
+
+    # -- pause / resume --------------------------------------------------------------------
+    def park(self, gen: Generation) -> ParkedState:
+        """Pause a job: its progress and its KV (kept by reference, no copy) leave ``gen``.
+
+        ``gen`` must not be stepped afterwards; :meth:`resume` the returned state instead.
+        """
+        gen.check_live()
+        parked = ParkedState(gen.progress, gen.kv)
+        gen.kv = None
+        gen.parked = True
+        return parked
+
+    def resume(self, parked: ParkedState) -> Generation:
+        """A live generation from a parked state: snapshot, partial KV, spill, or nothing."""
+        p = parked.progress
+        if p.finished:
+            raise FinishedError(f"job {p.job_id!r} already finished ({p.finish_reason})")
+        if p.model_id and p.model_id != self.model_id:
+            raise ValueError(f"job {p.job_id!r} was parked on model {p.model_id!r}, "
+                             f"not {self.model_id!r}")
+        kv = parked.load_kv()
+        if kv is not None and kv.shape != (self.num_layers, self.kv_heads, self.head_dim):
+            raise ValueError(f"job {p.job_id!r}: parked KV shape {kv.shape} does not fit "
+                             f"{self.model_id}")
+        if kv is not None and kv.length >= p.total_tokens:
+            kv = kv.prefix(p.total_tokens - 1)  # defensive: always leave a position to feed
+        parked.discard_spill()
+        parked.kv = None
+        gen = self._generation(p, kv)
+        gen.recomputed_tokens = p.total_tokens - 1 - gen.kv_length
+        gen.cache_prefix = True
+        if gen.kv is None and self.prefix_cache is not None:
+            n, cached = self.prefix_cache.lookup(p.all_ids)
+            if cached is not None:
+                gen.kv, gen.prefix_cache_tokens = cached, n
+                gen.recomputed_tokens = p.total_tokens - 1 - n
+        logger.bind(job=p.job_id).debug("resumed at {} tokens, {} kept, {} to recompute",
+                                        p.total_tokens, gen.kv_length, gen.recomputed_tokens)
+        return gen
+
+    def recompute(self, record: Mapping[str, Any] | JobProgress) -> Generation:
+        """Resume from progress alone (e.g. a record kept by a restarted runner)."""
+        progress = record if isinstance(record, JobProgress) else JobProgress.from_record(dict(record))
+        if not progress.model_id:
+            progress.model_id = self.model_id
+        return self.resume(ParkedState(progress))
