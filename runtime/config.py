@@ -392,7 +392,9 @@ def _build_policy(table: dict[str, Any], source: Path | None) -> PolicySection:
                 raise ConfigError(f"unknown policy setting (known: name, "
                                   f"{', '.join(sorted(known))})",
                                   key=f"policy.{key}", source=source)
-            overrides[key] = _coerce(f"policy.{key}", value, getattr(defaults, key), source)
+            value = _coerce(f"policy.{key}", value, getattr(defaults, key), source)
+            if value != getattr(defaults, key):  # keep only real changes: dumps round-trip
+                overrides[key] = value
         try:
             dataclasses.replace(defaults, **overrides)
         except (TypeError, ValueError) as err:
@@ -401,12 +403,15 @@ def _build_policy(table: dict[str, Any], source: Path | None) -> PolicySection:
 
 
 def _policy_config_class() -> type | None:
-    try:
-        from uniun.actors import policy as policy_pkg
-    except ImportError:  # pragma: no cover - the policy room is part of the product
-        return None
-    cls = getattr(policy_pkg, "PolicyConfig", None)
-    return cls if dataclasses.is_dataclass(cls) else None
+    import importlib
+    for module in ("uniun.actors.policy", "uniun.actors.policy.config"):
+        try:
+            cls = getattr(importlib.import_module(module), "PolicyConfig", None)
+        except ImportError:  # pragma: no cover - the policy room is part of the product
+            continue
+        if isinstance(cls, type) and dataclasses.is_dataclass(cls):
+            return cls
+    return None
 
 
 def _coerce(key: str, value: Any, default: Any, source: Path | None) -> Any:

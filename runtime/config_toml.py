@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import inspect
 import math
+import re
 import textwrap
 from typing import Any, Mapping
 
@@ -81,6 +83,7 @@ def _policy_lines(section: cfg.PolicySection, comments: bool) -> list[str]:
             lines.append(f"{key} = {toml_value(value)}")
         return lines
     effective = dataclasses.replace(cls(), **dict(section.overrides))
+    docs = field_comments(cls)
     for f in dataclasses.fields(cls):
         value = getattr(effective, f.name)
         try:
@@ -88,9 +91,35 @@ def _policy_lines(section: cfg.PolicySection, comments: bool) -> list[str]:
         except ValueError:
             continue  # not expressible in TOML (e.g. a callable); keep the default
         if comments:
-            lines += _comment(f.metadata.get("doc", ""))
+            lines += _comment(f.metadata.get("doc", "") or docs.get(f.name, ""))
         lines.append(f"{f.name} = {rendered}")
     return lines
+
+
+def field_comments(cls: type) -> dict[str, str]:
+    """The ``#`` comment lines written directly above each field of a dataclass.
+
+    The policy room documents its defaults as source comments (CFS style); reading them
+    back keeps one source for those docs too.
+    """
+    try:
+        source = inspect.getsource(cls)
+    except (OSError, TypeError):
+        return {}
+    out: dict[str, str] = {}
+    pending: list[str] = []
+    for line in source.splitlines()[1:]:
+        stripped = line.strip()
+        if stripped.startswith("#"):
+            text = stripped.lstrip("#").strip()
+            if not text.startswith("---"):  # skip "# --- rule 4 ----" section rulers
+                pending.append(text)
+            continue
+        match = re.match(r"([A-Za-z_][A-Za-z0-9_]*)\s*:", stripped)
+        if match and pending:
+            out[match.group(1)] = " ".join(pending)
+        pending = []
+    return out
 
 
 def dump_config(config: cfg.RuntimeConfig, *, comments: bool = True,

@@ -103,7 +103,9 @@ def test_with_overrides_is_validated() -> None:
 def test_example_file_is_the_documented_defaults() -> None:
     """examples/uniun.toml lists every key with its default; it must stay in step."""
     example = (ROOT / "examples" / "uniun.toml").read_text()
-    assert example == load_config_text("").to_toml(portable=True)
+    assert example == load_config_text("").to_toml(portable=True), (
+        "examples/uniun.toml is out of date; regenerate it with "
+        "`uniun-runtime config --example > examples/uniun.toml`")
     assert _sans_source(load_config_text(example)) == _sans_source(load_config_text(""))
 
 

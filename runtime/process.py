@@ -1,0 +1,187 @@
+"""The one entry every runtime child process goes through.
+
+``python -m uniun.runtime.process NAME --config FILE`` is what the supervisor spawns.
+It gives every process the same life: die with the supervisor (``PR_SET_PDEATHSIG``),
+log to ``$UNIUN_HOME/logs/NAME.log``, load the effective config, heartbeat to the
+supervisor, turn SIGTERM into a graceful stop, then call the entry point registered for
+NAME: ``main(config: RuntimeConfig) -> int``.
+
+The registry maps a process name to ``"module:function"``; the module is imported only
+in the process that needs it (the scheduler never imports onnxruntime). Numbered
+instances share an entry: ``embed-0`` and ``embed-1`` both run ``embed``;
+:func:`current_name` tells the entry point which one it is. Later rooms add their
+processes with :func:`register_process` from a module listed in
+``UNIUN_PROCESS_PLUGINS`` (comma-separated module names, imported by the supervisor and
+by this entry) — tests use that to add ``fake-*`` children, which product defaults never
+contain.
+
+Graceful stop: the first SIGTERM (or SIGINT) sets :data:`STOPPING` and calls the
+callbacks registered with :func:`on_stop` (they run in the signal handler, so they must
+only set flags or ``tell`` actors). With no callback registered it raises
+``KeyboardInterrupt`` in the main thread, which every Python program already handles.
+The supervisor sends SIGKILL after its grace period either way.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import importlib
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from loguru import logger
+
+from uniun.runtime.config import ConfigError, RuntimeConfig, load_config
+from uniun.runtime.heartbeat import HeartbeatSender
+from uniun.runtime.logging_setup import configure_logging
+
+EntryPoint = Callable[[RuntimeConfig], int]
+PLUGINS_ENV = "UNIUN_PROCESS_PLUGINS"
+PARENT_ENV = "UNIUN_SUPERVISOR_PID"
+NAME_ENV = "UNIUN_PROCESS_NAME"
+
+_REGISTRY: dict[str, str | EntryPoint] = {
+    "scheduler": "uniun.runtime.scheduler_main:main",
+    "runner": "uniun.runtime.runner_main:main",
+}
+
+STOPPING = threading.Event()
+_stop_callbacks: list[Callable[[], None]] = []
+_PR_SET_PDEATHSIG = 1
+
+
+def register_process(name: str, target: str | EntryPoint) -> None:
+    """Add (or replace) the entry point of process ``name``."""
+    if not name or "/" in name or name[-1].isdigit():
+        raise ValueError(f"bad process name {name!r} (numbered instances are NAME-0, NAME-1)")
+    _REGISTRY[name] = target
+
+
+def registered() -> dict[str, str | EntryPoint]:
+    """A copy of the registry (after loading plugins)."""
+    load_plugins()
+    return dict(_REGISTRY)
+
+
+def load_plugins() -> None:
+    """Import the modules named in ``UNIUN_PROCESS_PLUGINS`` (they register processes)."""
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        importlib.import_module(module)
+
+
+def base_name(name: str) -> str:
+    """``embed-1`` -> ``embed``; names without an instance number are their own base."""
+    head, sep, tail = name.rpartition("-")
+    return head if sep and tail.isdigit() else name
+
+
+def is_known(name: str) -> bool:
+    load_plugins()
+    return base_name(name) in _REGISTRY
+
+
+def resolve(name: str) -> EntryPoint:
+    """The entry point for ``name``; ``KeyError`` naming the known ones if there is none."""
+    load_plugins()
+    target = _REGISTRY.get(base_name(name))
+    if target is None:
+        raise KeyError(f"no process named {name!r} (known: {', '.join(sorted(_REGISTRY))})")
+    if callable(target):
+        return target
+    module_name, _, func = target.partition(":")
+    return getattr(importlib.import_module(module_name), func)
+
+
+def current_name() -> str:
+    """This process's name as the supervisor gave it (``embed-1``, ``runner``, ...)."""
+    return os.environ.get(NAME_ENV, "")
+
+
+def on_stop(callback: Callable[[], None]) -> None:
+    """Run ``callback`` on SIGTERM instead of raising KeyboardInterrupt."""
+    _stop_callbacks.append(callback)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to SIGKILL us when the supervisor dies, and exit if it already has."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    except (OSError, AttributeError):  # not Linux: the supervisor's process groups remain
+        return
+    expected = os.environ.get(PARENT_ENV)
+    if expected and os.getppid() != int(expected):
+        # The supervisor died between fork and prctl: nobody would ever stop us.
+        os._exit(1)
+
+
+def _handle_stop(signum: int, _frame: object) -> None:
+    if STOPPING.is_set():
+        return
+    STOPPING.set()
+    logger.info("received {}; stopping", signal.Signals(signum).name)
+    if not _stop_callbacks:
+        raise KeyboardInterrupt
+    for callback in list(_stop_callbacks):
+        try:
+            callback()
+        except Exception:
+            logger.exception("stop callback failed")
+
+
+def run(name: str, config: RuntimeConfig) -> int:
+    """Heartbeat, then run ``name``'s entry point; a graceful stop exits 0."""
+    entry = resolve(name)
+    beats = HeartbeatSender(name, interval_s=config.supervisor.heartbeat_interval_s).start()
+    try:
+        return int(entry(config) or 0)
+    except KeyboardInterrupt:
+        return 0 if STOPPING.is_set() else 130
+    finally:
+        beats.stop()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m uniun.runtime.process",
+                                     description="Run one runtime process (the supervisor "
+                                                 "spawns these; not for everyday use).")
+    parser.add_argument("name", help="process name, e.g. scheduler, runner, embed-0")
+    parser.add_argument("--config", type=Path, default=None, help="effective config TOML")
+    args = parser.parse_args(argv)
+    die_with_parent()
+    os.environ[NAME_ENV] = args.name
+    try:
+        config = load_config(args.config)
+    except ConfigError as err:
+        print(f"uniun {args.name}: {err}", file=sys.stderr)
+        return 2
+    os.environ["UNIUN_HOME"] = str(config.home)
+    configure_logging(args.name, log_file=config.logs_dir / f"{args.name}.log",
+                      level=config.logging.level.upper())
+    signal.signal(signal.SIGTERM, _handle_stop)
+    signal.signal(signal.SIGINT, _handle_stop)
+    try:
+        resolve(args.name)
+    except (KeyError, ImportError, AttributeError) as err:
+        logger.error("cannot start: {}", err)
+        return 2
+    logger.info("starting (pid {})", os.getpid())
+    try:
+        rc = run(args.name, config)
+    except Exception:
+        logger.exception("crashed")
+        return 1
+    logger.info("exited with code {}", rc)
+    return rc
+
+
+if __name__ == "__main__":
+    # Run the *imported* module, not this ``__main__`` copy: plugins register into, and
+    # entry points wait on, ``uniun.runtime.process``'s registry and STOPPING event.
+    from uniun.runtime import process as _process
+    sys.exit(_process.main())

@@ -1,0 +1,62 @@
+"""Fake child processes for the supervisor tests (never part of the product's registry).
+
+Loaded only through ``UNIUN_PROCESS_PLUGINS=fake_children`` with this folder on
+``PYTHONPATH``; each registers a ``fake-*`` process whose misbehaviour is its name.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.process import STOPPING, register_process
+
+
+def _idle() -> int:
+    while not STOPPING.is_set():
+        time.sleep(0.05)
+    return 0
+
+
+def fake_sleeper(config: RuntimeConfig) -> int:
+    """Behaves: beats and idles until told to stop."""
+    return _idle()
+
+
+def fake_crasher(config: RuntimeConfig) -> int:
+    """Exits with an error at once, every time (a crash loop)."""
+    return 3
+
+
+def fake_hanger(config: RuntimeConfig) -> int:
+    """Freezes (SIGSTOP, so its heartbeat thread stops too) in its first incarnation only."""
+    marker = config.home / "fake-hanger.froze"
+    if not marker.exists():
+        marker.write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGSTOP)
+    return _idle()
+
+
+def fake_parent(config: RuntimeConfig) -> int:
+    """Starts a grandchild (a sleeping process) and records its pid, then idles."""
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    Path(config.home / "fake-grandchild.pid").write_text(str(grandchild.pid))
+    return _idle()
+
+
+def fake_stubborn(config: RuntimeConfig) -> int:
+    """Ignores SIGTERM, so only the supervisor's SIGKILL after the grace period stops it."""
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    while True:
+        time.sleep(0.05)
+
+
+for _name, _fn in (("fake-sleeper", fake_sleeper), ("fake-crasher", fake_crasher),
+                   ("fake-hanger", fake_hanger), ("fake-parent", fake_parent),
+                   ("fake-stubborn", fake_stubborn)):
+    register_process(_name, _fn)
