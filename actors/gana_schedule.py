@@ -1,0 +1,156 @@
+"""Ganas: their definitions (``$UNIUN_HOME/ganas.toml``) and the fire-time arithmetic.
+
+No I/O beyond reading the TOML text, no clock: ``now`` is always passed in, so the
+schedule math is tested with plain numbers.
+
+Theory of operation. A Gana fires on a grid of *slots* ``last + k * every``. The next
+slot to fire is the **latest** grid slot that is due, so a Gana whose fires were missed
+while the runtime was down fires once on start, not once per missed interval; the grid
+then continues from that slot. A Gana that never fired fires at once (slot = now).
+A slot is *due* ``lead_s`` seconds before its time: gana-cron submits it early with
+``deadline`` = the slot, so it runs in the fair pool (T4) and is promoted to T3 (EDF)
+only if it has not run by its fire time. Who fires a slot (gana-cron or the
+background-Gana process) is settled by a claim in the results database; both use
+:func:`due_slot` on the last *claimed* slot inside the claiming transaction.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+GANA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+DEFAULT_MAX_NEW_TOKENS = 128
+_KEYS = frozenset({"id", "prompt", "every_minutes", "model_id", "max_new_tokens", "system"})
+
+
+class GanaConfigError(ValueError):
+    """ganas.toml is not valid; the message names the Gana and the field."""
+
+
+@dataclass(frozen=True)
+class GanaDef:
+    """One user-defined agent task."""
+
+    id: str
+    prompt: str
+    every_minutes: float
+    model_id: str | None = None  # None: the runtime's configured chat model
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    system: str | None = None  # optional system message
+
+    @property
+    def every_s(self) -> float:
+        return self.every_minutes * 60.0
+
+
+def parse_ganas(data: dict[str, Any], *, source: str = "ganas.toml") -> list[GanaDef]:
+    """Ganas from a parsed TOML document with ``[[gana]]`` tables."""
+    unknown_top = set(data) - {"gana"}
+    if unknown_top:
+        raise GanaConfigError(f"{source}: unknown top-level key {sorted(unknown_top)[0]!r}"
+                              " (Ganas are [[gana]] tables)")
+    items = data.get("gana", [])
+    if not isinstance(items, list):
+        raise GanaConfigError(f"{source}: 'gana' must be an array of tables ([[gana]])")
+    out: list[GanaDef] = []
+    seen: set[str] = set()
+    for i, item in enumerate(items):
+        where = f"{source}: gana #{i + 1}"
+        if not isinstance(item, dict):
+            raise GanaConfigError(f"{where}: must be a table")
+        gid = item.get("id")
+        if not isinstance(gid, str) or not GANA_ID_RE.match(gid):
+            raise GanaConfigError(f"{where}: id must be 1-64 of letters, digits, '_', '-', '.'")
+        where = f"{source}: gana {gid!r}"
+        if gid in seen:
+            raise GanaConfigError(f"{where}: id is used twice")
+        seen.add(gid)
+        unknown = set(item) - _KEYS
+        if unknown:
+            raise GanaConfigError(f"{where}: unknown field {sorted(unknown)[0]!r}")
+        prompt = item.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise GanaConfigError(f"{where}: prompt must be a non-empty string")
+        every = item.get("every_minutes")
+        if (not isinstance(every, (int, float)) or isinstance(every, bool)
+                or not math.isfinite(every) or every <= 0):
+            raise GanaConfigError(f"{where}: every_minutes must be a number > 0")
+        model_id = item.get("model_id")
+        if model_id is not None and (not isinstance(model_id, str) or not model_id):
+            raise GanaConfigError(f"{where}: model_id must be a non-empty string")
+        max_new = item.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
+        if not isinstance(max_new, int) or isinstance(max_new, bool) or max_new < 1:
+            raise GanaConfigError(f"{where}: max_new_tokens must be an integer >= 1")
+        system = item.get("system")
+        if system is not None and not isinstance(system, str):
+            raise GanaConfigError(f"{where}: system must be a string")
+        out.append(GanaDef(gid, prompt, float(every), model_id, max_new, system))
+    return out
+
+
+def load_ganas(path: Path) -> list[GanaDef]:
+    """Ganas from a file; a missing file means no Ganas."""
+    if not path.exists():
+        return []
+    try:
+        data = tomllib.loads(path.read_text(encoding="utf-8"))
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as err:
+        raise GanaConfigError(f"{path}: not valid TOML: {err}") from err
+    return parse_ganas(data, source=str(path))
+
+
+def due_slot(last_slot: float | None, every_s: float, now: float,
+             lead_s: float = 0.0) -> float | None:
+    """The slot to fire now, or None if none is due.
+
+    ``last_slot`` is the last slot fired (claimed) for this Gana, None if it never
+    fired. Missed slots collapse into the latest one: after a long downtime this returns
+    one slot, the most recent grid slot that is due.
+    """
+    if every_s <= 0:
+        raise ValueError("every_s must be > 0")
+    if last_slot is None:
+        return now
+    k = math.floor((now + lead_s - last_slot) / every_s)
+    if k < 1:
+        return None
+    return last_slot + k * every_s
+
+
+def next_slot(last_slot: float | None, every_s: float, now: float) -> float:
+    """When the next slot is (for display and for sleeping until it)."""
+    if last_slot is None:
+        return now
+    k = max(1, math.floor((now - last_slot) / every_s) + 1)
+    return last_slot + k * every_s
+
+
+def fire_job_id(gana_id: str, slot: float) -> str:
+    """Stable job id of one fire: the same slot always gets the same id."""
+    return f"gana-{gana_id}-{int(round(slot * 1000))}"
+
+
+def gana_messages(gana: GanaDef) -> list[dict[str, str]]:
+    messages = [] if gana.system is None else [{"role": "system", "content": gana.system}]
+    messages.append({"role": "user", "content": gana.prompt})
+    return messages
+
+
+def gana_job(gana: GanaDef, *, job_id: str, deadline: float | None,
+             max_new_tokens_cap: int | None = None) -> dict[str, Any]:
+    """The wire job map of one Gana run (``flow`` = its id, so Ganas share fairly)."""
+    max_new = gana.max_new_tokens
+    if max_new_tokens_cap is not None:
+        max_new = min(max_new, max_new_tokens_cap)
+    job: dict[str, Any] = {
+        "job_id": job_id, "kind": "gana", "messages": gana_messages(gana),
+        "max_new_tokens": max_new, "deadline": deadline, "flow": gana.id,
+    }
+    if gana.model_id is not None:
+        job["model_id"] = gana.model_id
+    return job
