@@ -1,0 +1,90 @@
+"""What the scheduler's host remembers about each job beyond the policy's view.
+
+The policy owns *scheduling* state (tiers, status, vruntime). This table owns the rest of
+a job's life as the client sees it: who is subscribed to its events, the tokens already
+streamed (ids for a resume, texts for the final ``done``), timings, and, once the job
+has ended, its terminal event, kept for a while so that an ``attach`` or an idempotent
+re-``submit`` gets the outcome instead of ``not_found``.
+
+No I/O here; the policy host writes the journal and sends the events.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from uniun.protocol.jobmap import JobSpec
+
+__all__ = ["JobRecord", "JobTable"]
+
+
+@dataclass(eq=False)
+class JobRecord:
+    """One accepted job. Times are unix seconds (they survive a scheduler restart)."""
+
+    spec: JobSpec
+    accepted_at: float
+    subscribers: set[bytes] = field(default_factory=set)
+    token_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    tail: str = ""  # text released only at the end
+    seed: int | None = None
+    started_at: float | None = None
+    first_token_at: float | None = None
+    prompt_tokens: int = 0
+    preemptions: int = 0
+    tier: int = 4
+    state: str = "queued"  # queued | loading | running | pausing | paused | cancelling | ended
+    on_runner: bool = False  # the current runner holds a record of this job
+    started: bool = False  # a segment has started at least once (for chat: interrupted?)
+    final: dict[str, Any] | None = None  # the terminal event once ended
+
+    @property
+    def job_id(self) -> str:
+        return self.spec.job_id
+
+    @property
+    def generated(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def text(self) -> str:
+        return "".join(self.texts) + self.tail
+
+    @property
+    def ended(self) -> bool:
+        return self.final is not None
+
+
+class JobTable:
+    """Live jobs by id, plus the most recent ended ones (bounded)."""
+
+    def __init__(self, keep_ended: int = 1000) -> None:
+        self.live: dict[str, JobRecord] = {}
+        self._ended: OrderedDict[str, JobRecord] = OrderedDict()
+        self._keep_ended = keep_ended
+
+    def __len__(self) -> int:
+        return len(self.live)
+
+    def get(self, job_id: str) -> JobRecord | None:
+        return self.live.get(job_id) or self._ended.get(job_id)
+
+    def add(self, record: JobRecord) -> None:
+        self.live[record.job_id] = record
+
+    def end(self, record: JobRecord, final: dict[str, Any]) -> None:
+        """Move a job to the ended list with its terminal event."""
+        record.final = final
+        record.state = "ended"
+        record.on_runner = False
+        self.live.pop(record.job_id, None)
+        self._ended[record.job_id] = record
+        while len(self._ended) > self._keep_ended:
+            self._ended.popitem(last=False)
+
+    def drop_subscriber(self, conn: bytes) -> None:
+        for record in self.live.values():
+            record.subscribers.discard(conn)

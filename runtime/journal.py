@@ -1,0 +1,170 @@
+"""The job journal: every acknowledged job, on disk, until it is done.
+
+Titanic's rule (zguide): persist a request *before* acknowledging it. The scheduler
+writes a job here, commits, and only then sends ``accepted``; so a job a client was told
+about survives a scheduler crash. While the job runs, every streamed token is appended
+(id and text), so a restarted scheduler knows exactly what the client has already seen
+and the job continues after it: no token is lost and none is generated twice.
+
+When a job ends its row is marked with its terminal event (``done`` or ``error``) and
+its tokens are deleted; the last ``keep_done`` finished rows are kept so that an
+``attach`` or an idempotent re-``submit`` after a restart still gets the outcome.
+
+SQLite in WAL mode with ``synchronous=NORMAL``: a commit is durable against a process
+crash (what the journal is for); an OS crash may lose the last few commits. One
+connection, used only by the thread that opened it (the policy-host actor).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgpack
+from loguru import logger
+
+from uniun.protocol.jobmap import JobSpec, validate_job
+
+__all__ = ["Journal", "JournalEntry"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS jobs (
+    job_id      TEXT PRIMARY KEY,
+    spec        BLOB NOT NULL,      -- msgpack of JobSpec.to_map()
+    accepted_at REAL NOT NULL,      -- unix seconds
+    seed        INTEGER,            -- effective sampling seed, once drawn
+    started     INTEGER NOT NULL DEFAULT 0,  -- 1 once a segment started
+    preemptions INTEGER NOT NULL DEFAULT 0,
+    first_token_at REAL,
+    started_at  REAL,
+    final       BLOB,               -- msgpack of the terminal event; NULL while active
+    finished_at REAL
+);
+CREATE INDEX IF NOT EXISTS jobs_active ON jobs (final, accepted_at);
+CREATE TABLE IF NOT EXISTS tokens (
+    job_id   TEXT NOT NULL,
+    seq      INTEGER NOT NULL,
+    token_id INTEGER NOT NULL,
+    text     TEXT NOT NULL,
+    PRIMARY KEY (job_id, seq)
+) WITHOUT ROWID;
+"""
+
+
+@dataclass
+class JournalEntry:
+    """One journaled job as replayed after a restart."""
+
+    spec: JobSpec
+    accepted_at: float
+    seed: int | None = None
+    started: bool = False
+    preemptions: int = 0
+    started_at: float | None = None
+    first_token_at: float | None = None
+    token_ids: list[int] = field(default_factory=list)
+    texts: list[str] = field(default_factory=list)
+    final: dict[str, Any] | None = None
+
+
+class Journal:
+    """SQLite-backed journal of accepted jobs (see module docstring)."""
+
+    def __init__(self, path: Path, *, keep_done: int = 1000) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.keep_done = keep_done
+        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.executescript(_SCHEMA)
+        self._finished_since_prune = 0
+
+    def close(self) -> None:
+        self._db.close()
+
+    # ---- writes (each one committed on return) ------------------------------------
+
+    def accept(self, spec: JobSpec, accepted_at: float) -> None:
+        """Persist a newly accepted job; call before sending ``accepted``."""
+        blob = msgpack.packb(spec.to_map(), use_bin_type=True)
+        self._db.execute("INSERT INTO jobs (job_id, spec, accepted_at) VALUES (?, ?, ?)",
+                         (spec.job_id, blob, accepted_at))
+
+    def started(self, job_id: str, seed: int, at: float) -> None:
+        self._db.execute(
+            "UPDATE jobs SET started = 1, seed = ?, started_at = COALESCE(started_at, ?) "
+            "WHERE job_id = ?", (seed, at, job_id))
+
+    def token(self, job_id: str, seq: int, token_id: int, text: str, at: float) -> None:
+        """Record one streamed token (``INSERT OR IGNORE``: a replayed seq is harmless)."""
+        self._db.execute("INSERT OR IGNORE INTO tokens VALUES (?, ?, ?, ?)",
+                         (job_id, seq, token_id, text))
+        if seq == 0:
+            self._db.execute("UPDATE jobs SET first_token_at = ? WHERE job_id = ? "
+                             "AND first_token_at IS NULL", (at, job_id))
+
+    def paused(self, job_id: str, preemptions: int) -> None:
+        self._db.execute("UPDATE jobs SET preemptions = ? WHERE job_id = ?",
+                         (preemptions, job_id))
+
+    def finish(self, job_id: str, final: dict[str, Any], at: float) -> None:
+        """Mark a job ended with its terminal event; drop its tokens."""
+        blob = msgpack.packb(final, use_bin_type=True)
+        with self._db:  # one transaction: both or neither
+            self._db.execute("BEGIN")
+            self._db.execute("UPDATE jobs SET final = ?, finished_at = ? WHERE job_id = ?",
+                             (blob, at, job_id))
+            self._db.execute("DELETE FROM tokens WHERE job_id = ?", (job_id,))
+        self._finished_since_prune += 1
+        if self._finished_since_prune >= 100:
+            self.prune()
+
+    def prune(self) -> None:
+        """Keep only the newest ``keep_done`` finished jobs."""
+        self._finished_since_prune = 0
+        self._db.execute(
+            "DELETE FROM jobs WHERE final IS NOT NULL AND job_id NOT IN ("
+            "SELECT job_id FROM jobs WHERE final IS NOT NULL "
+            "ORDER BY finished_at DESC LIMIT ?)", (self.keep_done,))
+
+    # ---- replay ---------------------------------------------------------------------
+
+    def replay(self, *, default_model: str, kinds: tuple[str, ...],
+               max_new_tokens_cap: int) -> list[JournalEntry]:
+        """Every journaled job, oldest first: active ones with their tokens, and the
+        kept finished ones with their terminal event."""
+        started = time.monotonic()
+        out: list[JournalEntry] = []
+        rows = self._db.execute(
+            "SELECT job_id, spec, accepted_at, seed, started, preemptions, started_at, "
+            "first_token_at, final FROM jobs ORDER BY accepted_at, rowid").fetchall()
+        for (job_id, blob, accepted_at, seed, was_started, preemptions, started_at,
+             first_token_at, final) in rows:
+            try:
+                raw = msgpack.unpackb(blob, raw=False)
+                spec = validate_job(raw, default_model=default_model, kinds=kinds,
+                                    max_new_tokens_cap=max(max_new_tokens_cap,
+                                                           int(raw.get("max_new_tokens", 1))))
+            except Exception as err:  # a row we cannot read must not stop the others
+                logger.bind(job=job_id).error("journal row unreadable, dropped: {}", err)
+                self._db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+                continue
+            entry = JournalEntry(spec=spec, accepted_at=accepted_at, seed=seed,
+                                 started=bool(was_started), preemptions=preemptions,
+                                 started_at=started_at, first_token_at=first_token_at)
+            if final is not None:
+                entry.final = msgpack.unpackb(final, raw=False)
+            else:
+                for token_id, text in self._db.execute(
+                        "SELECT token_id, text FROM tokens WHERE job_id = ? ORDER BY seq",
+                        (job_id,)):
+                    entry.token_ids.append(token_id)
+                    entry.texts.append(text)
+            out.append(entry)
+        logger.info("journal replayed {} jobs ({} active) in {:.3f} s", len(out),
+                    sum(e.final is None for e in out), time.monotonic() - started)
+        return out

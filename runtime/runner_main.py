@@ -1,0 +1,70 @@
+"""Entry point of the runner process: ``main(config) -> int``.
+
+The supervisor starts it through ``python -m uniun.runtime.process runner``, which has
+already set up logging, the supervisor heartbeat and SIGTERM handling. This function
+wires the one actor that does the work (:class:`~uniun.actors.runner_worker.RunnerWorker`,
+which owns the decoder session, the parked snapshots and the socket to the scheduler)
+and waits until it is told to stop or the actor dies. An actor's death is the process's
+death (STYLE.md, pykka): the supervisor restarts the process and the scheduler tells the
+new runner what was in flight.
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import zmq
+from loguru import logger
+
+from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.paths import ensure_private_dir, run_dir
+from uniun.runtime import runner_protocol as rp
+
+__all__ = ["main", "spill_dir"]
+
+
+def spill_dir(config: RuntimeConfig) -> Path:
+    """Where parked snapshots spill: ``[runner] spill_dir``, default ``$UNIUN_HOME/run/spill``."""
+    return Path(config.runner.spill_dir) if config.runner.spill_dir else run_dir() / "spill"
+
+
+def _preload_model(config: RuntimeConfig) -> str | None:
+    """The chat model, if the store has it already (the runner never converts at boot)."""
+    try:
+        from uniun.models.store import ModelStore
+
+        model = config.models.chat_model
+        return model if ModelStore().has(model) else None
+    except Exception:  # a broken store must not stop the runner; loads will report it
+        return None
+
+
+def main(config: RuntimeConfig) -> int:
+    from uniun.actors.runner_worker import RunnerWorker
+    from uniun.models.parking import ParkingLot
+    from uniun.runtime import process
+
+    ensure_private_dir(run_dir())
+    spill = ensure_private_dir(spill_dir(config))
+    stop = threading.Event()
+    process.on_stop(stop.set)
+    ctx = zmq.Context()
+    lot = ParkingLot(config.runner.snapshot_cap_bytes,
+                     max_disk_bytes=config.runner.spill_cap_bytes, spill_dir=spill)
+    worker = RunnerWorker.start(
+        ctx=ctx, endpoint=rp.runner_endpoint(), heartbeat_s=config.supervisor.heartbeat_interval_s,
+        liveness=config.supervisor.missed_heartbeats, threads=config.runner.intra_op_threads,
+        parking=lot, spill_dir=spill, preload=_preload_model(config))
+    rc = 0
+    try:
+        while not stop.wait(0.5) and not process.STOPPING.is_set():
+            if not worker.is_alive():
+                logger.error("the worker actor died; exiting so the supervisor restarts us")
+                rc = 1
+                break
+    finally:
+        if worker.is_alive():
+            worker.stop(timeout=5)
+        ctx.destroy(linger=0)
+    return rc

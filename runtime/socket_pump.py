@@ -1,0 +1,160 @@
+"""One thread per ZeroMQ socket, so actors never touch a socket they did not create.
+
+Why: a ZeroMQ socket must be used only by the thread that created it, and a pykka
+actor cannot block in ``poll`` while also serving its inbox. So each network socket gets
+a :class:`SocketPump`: a small thread that creates the socket, polls it, and hands every
+incoming multipart message to a callback (normally ``actor_ref.tell``). Sending goes the
+other way through an **outbox**: an inproc PUSH socket that the sending thread creates
+for itself (:meth:`SocketPump.outbox`) and the pump drains into the network socket. So
+every socket, inproc ones included, lives and dies in exactly one thread.
+
+The pump never blocks on a send: it sends with ``NOBLOCK``; a message that cannot be
+delivered (ROUTER_MANDATORY: the peer is gone; or the peer's queue is full) is handed to
+``on_unroutable`` and dropped. That is what keeps one slow or vanished client from
+stalling the scheduler.
+
+``on_tick`` runs in the pump thread every ``tick_s`` (also when traffic flows) and may
+return frames to send at once: heartbeats that must go out even while the actor that
+owns the logic is busy.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import zmq
+from loguru import logger
+
+Frames = list[bytes]
+
+_ids = itertools.count()
+
+
+class Outbox:
+    """A PUSH socket into a pump; use it only in the thread that created it."""
+
+    def __init__(self, ctx: zmq.Context, address: str) -> None:
+        self._sock = ctx.socket(zmq.PUSH)
+        self._sock.setsockopt(zmq.SNDHWM, 0)  # never block the sender; the pump drains fast
+        self._sock.setsockopt(zmq.LINGER, 0)
+        self._sock.connect(address)
+
+    def send(self, frames: Sequence[bytes]) -> None:
+        self._sock.send_multipart(list(frames), copy=False)
+
+    def close(self) -> None:
+        self._sock.close(0)
+
+
+class SocketPump:
+    """Owns one network socket in its own thread; see the module docstring."""
+
+    def __init__(self, name: str, ctx: zmq.Context,
+                 make_socket: Callable[[zmq.Context], zmq.Socket],
+                 on_frames: Callable[[Frames], None], *,
+                 tick_s: float = 1.0,
+                 on_tick: Callable[[float], list[Frames]] | None = None,
+                 on_unroutable: Callable[[Frames, str], None] | None = None) -> None:
+        self.name = name
+        self._ctx = ctx
+        self._make_socket = make_socket
+        self._on_frames = on_frames
+        self._tick_s = tick_s
+        self._on_tick = on_tick
+        self._on_unroutable = on_unroutable
+        self._address = f"inproc://pump-{name}-{next(_ids)}"
+        self._stop = threading.Event()
+        self._ready = threading.Event()
+        self._error: BaseException | None = None
+        self.last_endpoint: str = ""
+        self._thread = threading.Thread(target=self._run, name=f"pump-{name}", daemon=True)
+
+    def start(self, timeout: float = 10.0) -> None:
+        """Start the thread; return once the socket exists (raise what creating it raised)."""
+        self._thread.start()
+        if not self._ready.wait(timeout):
+            raise TimeoutError(f"socket pump {self.name} did not start")
+        if self._error is not None:
+            raise self._error
+
+    def outbox(self) -> Outbox:
+        """A new outbox for the calling thread."""
+        return Outbox(self._ctx, self._address)
+
+    def stop(self, timeout: float = 3.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and threading.current_thread() is not self._thread:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            sock = self._make_socket(self._ctx)
+            inbox = self._ctx.socket(zmq.PULL)
+            inbox.setsockopt(zmq.RCVHWM, 0)
+            inbox.setsockopt(zmq.LINGER, 0)
+            inbox.bind(self._address)
+            try:
+                self.last_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
+            except zmq.ZMQError:
+                self.last_endpoint = ""
+        except BaseException as err:  # handed to start()'s caller
+            self._error = err
+            self._ready.set()
+            return
+        self._ready.set()
+        try:
+            self._loop(sock, inbox)
+        except Exception:
+            logger.exception("socket pump {} failed", self.name)
+            raise
+        finally:
+            inbox.close(0)
+            sock.close()  # honours the socket's own LINGER
+
+    def _loop(self, sock: zmq.Socket, inbox: zmq.Socket) -> None:
+        poller = zmq.Poller()
+        poller.register(sock, zmq.POLLIN)
+        poller.register(inbox, zmq.POLLIN)
+        next_tick = time.monotonic() + self._tick_s
+        while not self._stop.is_set():
+            wait = max(0.0, min(next_tick - time.monotonic(), 0.2))
+            events = dict(poller.poll(wait * 1000))
+            if sock in events:
+                for _ in range(256):  # bounded burst, then give the outbox a turn
+                    try:
+                        frames = sock.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._on_frames(frames)
+            if inbox in events:
+                for _ in range(1024):
+                    try:
+                        frames = inbox.recv_multipart(zmq.NOBLOCK)
+                    except zmq.Again:
+                        break
+                    self._send(sock, frames)
+            now = time.monotonic()
+            if self._on_tick is not None and now >= next_tick:
+                next_tick = now + self._tick_s
+                for frames in self._on_tick(now):
+                    self._send(sock, frames)
+
+    def _send(self, sock: zmq.Socket, frames: Frames) -> None:
+        try:
+            sock.send_multipart(frames, zmq.NOBLOCK)
+        except zmq.Again:
+            self._unroutable(frames, "peer queue full")
+        except zmq.ZMQError as err:
+            if err.errno == zmq.EHOSTUNREACH:
+                self._unroutable(frames, "peer gone")
+            else:
+                self._unroutable(frames, str(err))
+
+    def _unroutable(self, frames: Frames, why: str) -> None:
+        if self._on_unroutable is not None:
+            self._on_unroutable(frames, why)
+        else:
+            logger.debug("pump {}: dropped a message ({})", self.name, why)
