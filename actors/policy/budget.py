@@ -1,0 +1,91 @@
+"""The T2 budget (DESIGN.md §3 rule 5): extract's share of runner time, rolling window.
+
+The ledger holds one sample per runner report: (time, seconds, whether the job was
+dispatched as T2). The share is T2 seconds over all seconds in the last ``t2_window_s``,
+counting the running job's not-yet-reported seconds too, so that a long job is judged
+while it runs, not after.
+
+The budget is *blocked* once the share reaches ``t2_share_max`` and unblocked once it has
+fallen to ``t2_share_max - t2_hysteresis``; without the gap T2 and the fair pool would
+trade the runner every few tokens at the boundary. Blocking only means "T2 is skipped
+while other work can run": the picker is work-conserving.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+from uniun.actors.policy.config import PolicyConfig
+
+
+class T2Budget:
+    """Rolling-window ledger of runner time, and the blocked/unblocked state."""
+
+    def __init__(self, config: PolicyConfig) -> None:
+        self._window = config.t2_window_s
+        self._max = config.t2_share_max
+        self._resume = config.t2_share_max - config.t2_hysteresis
+        self._samples: deque[tuple[float, float, bool]] = deque()
+        self._t2 = 0.0
+        self._total = 0.0
+        self.blocked = False
+
+    def charge(self, now: float, runner_s: float, is_t2: bool) -> None:
+        if runner_s <= 0:
+            return
+        self._samples.append((now, runner_s, is_t2))
+        self._total += runner_s
+        if is_t2:
+            self._t2 += runner_s
+
+    def _trim(self, now: float) -> None:
+        cutoff = now - self._window
+        samples = self._samples
+        while samples and samples[0][0] <= cutoff:
+            _, seconds, is_t2 = samples.popleft()
+            self._total -= seconds
+            if is_t2:
+                self._t2 -= seconds
+        if not samples:  # no drift from repeated float subtraction
+            self._t2 = self._total = 0.0
+
+    def share(self, now: float, running_s: float = 0.0, running_t2: bool = False) -> float:
+        """T2's share of runner time in the window ending now (0 when nothing ran)."""
+        self._trim(now)
+        total = self._total + running_s
+        t2 = self._t2 + (running_s if running_t2 else 0.0)
+        return t2 / total if total > 0 else 0.0
+
+    def update(self, now: float, running_s: float = 0.0, running_t2: bool = False) -> bool:
+        """Re-evaluate ``blocked`` at ``now`` and return it."""
+        share = self.share(now, running_s, running_t2)
+        if share >= self._max:
+            self.blocked = True
+        elif share <= self._resume:
+            self.blocked = False
+        return self.blocked
+
+    def next_change(self, now: float, running_s: float, running_t2: bool,
+                    running: bool) -> float | None:
+        """When ``blocked`` may next flip if nothing else happens (for the wake timer).
+
+        Exact while the running job keeps running and no sample leaves the window; at the
+        next sample expiry it is simply asked again.
+        """
+        self._trim(now)
+        total = self._total + running_s
+        t2 = self._t2 + (running_s if running_t2 else 0.0)
+        times: list[float] = []
+        if self._samples:
+            times.append(self._samples[0][0] + self._window)
+        if running:
+            if running_t2 and not self.blocked and self._max < 1.0:
+                # (t2 + x) / (total + x) = max  ->  x = (max * total - t2) / (1 - max)
+                x = (self._max * total - t2) / (1.0 - self._max)
+                times.append(now + max(x, 0.0))
+            elif not running_t2 and self.blocked and self._resume > 0:
+                # t2 / (total + x) = resume  ->  x = t2 / resume - total
+                x = t2 / self._resume - total
+                times.append(now + max(x, 0.0))
+        later = [t for t in times if t > now]
+        return min(later) if later else None

@@ -1,0 +1,108 @@
+"""Every tunable of the scheduling policy (DESIGN.md §3), with its default and unit.
+
+One frozen object, so that a run of the policy is fully described by (config, inputs,
+clock). ``runtime/config.py`` builds it from the ``[policy]`` table of the TOML file: it
+accepts any field below by name, checked against the type of the default, so a field
+must stay a plain bool / int / float / str / tuple / mapping.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import Mapping
+
+
+def _no_weights() -> Mapping[str, float]:
+    return MappingProxyType({})
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    """The defaults of DESIGN.md §3. Times are seconds of the policy clock."""
+
+    # --- kinds (rules: T0 admits chat, T2 admits extract) -------------------------------
+    # Kind that is T0 (never preempted, never fair-pooled). Default "chat".
+    chat_kind: str = "chat"
+    # Kind that is T2 (budgeted); in T1 only with foreground_hint. Default "extract".
+    extract_kind: str = "extract"
+
+    # --- rule 4: fair pool (CFS) ---------------------------------------------------------
+    # Seconds of runner time a running T4 job may use before it is re-examined. Default 2.0.
+    slice_s: float = 2.0
+    # Seconds of vruntime by which another flow must be behind the running one before the
+    # running T4 job is paused for it at a slice boundary. Default 4.0 (two slices): larger
+    # means fewer pauses (each costs a snapshot), smaller means finer alternation.
+    granularity_s: float = 4.0
+    # Seconds between halvings of every vruntime (keeps counters bounded, forgets old
+    # history). Default 300.0 (5 min).
+    halving_period_s: float = 300.0
+    # Seconds a flow must have had no job before it is re-seeded at min_vruntime when it
+    # returns. Default 300.0 (5 min).
+    flow_return_s: float = 300.0
+    # Flow name -> weight (> 0). A flow is charged runner seconds / weight. Default: none
+    # listed, every flow weighs default_weight.
+    flow_weights: Mapping[str, float] = field(default_factory=_no_weights)
+    # Weight of a flow not listed in flow_weights. Default 1.0.
+    default_weight: float = 1.0
+
+    # --- rule 5: T2 budget ---------------------------------------------------------------
+    # Largest share (0..1) of runner time that T2 may take over the window while other
+    # work waits. Default 0.60.
+    t2_share_max: float = 0.60
+    # Seconds of the rolling window over which the T2 share is measured. Default 300.0.
+    t2_window_s: float = 300.0
+    # Share below t2_share_max the T2 share must fall back to before T2 is picked again
+    # (stops T2 and the fair pool from swapping every few tokens). Default 0.05.
+    t2_hysteresis: float = 0.05
+
+    # --- rule 7: model affinity ------------------------------------------------------------
+    # Seconds after the last chat within which a T4 job may not swap away from the chat
+    # model. Default 20.0.
+    chat_idle_gap_s: float = 20.0
+    # Seconds a job may wait for affinity (skipped because it is on another model) before
+    # it is picked as if its model were loaded. Default 120.0.
+    starvation_s: float = 120.0
+
+    # --- rule 8: lifecycle governor --------------------------------------------------------
+    # Share (0..1] of max_new_tokens granted to each non-chat dispatch while the app is in
+    # the background. Default 0.25.
+    background_grant: float = 0.25
+
+    def __post_init__(self) -> None:
+        positive = ("slice_s", "halving_period_s", "t2_window_s", "default_weight")
+        non_negative = ("granularity_s", "flow_return_s", "chat_idle_gap_s", "starvation_s",
+                        "t2_hysteresis")
+        for name in positive:
+            value = getattr(self, name)
+            if not _finite(value) or value <= 0:
+                raise ValueError(f"{name} must be a number > 0 (got {value!r})")
+        for name in non_negative:
+            value = getattr(self, name)
+            if not _finite(value) or value < 0:
+                raise ValueError(f"{name} must be a number >= 0 (got {value!r})")
+        for name in ("t2_share_max", "background_grant"):
+            value = getattr(self, name)
+            if not _finite(value) or not 0 < value <= 1:
+                raise ValueError(f"{name} must be in (0, 1] (got {value!r})")
+        if self.t2_hysteresis >= self.t2_share_max:
+            raise ValueError("t2_hysteresis must be smaller than t2_share_max")
+        if not self.chat_kind or not self.extract_kind or self.chat_kind == self.extract_kind:
+            raise ValueError("chat_kind and extract_kind must be distinct, non-empty kinds")
+        for flow, weight in self.flow_weights.items():
+            if not isinstance(flow, str) or not _finite(weight) or weight <= 0:
+                raise ValueError(f"flow_weights[{flow!r}] must be a number > 0 "
+                                 f"(got {weight!r})")
+        # Frozen, but a caller's dict must not change our weights behind our back.
+        object.__setattr__(self, "flow_weights",
+                           MappingProxyType(dict(self.flow_weights)))
+
+    def weight(self, flow: str) -> float:
+        """The CFS weight of ``flow``."""
+        return float(self.flow_weights.get(flow, self.default_weight))
+
+
+def _finite(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))

@@ -1,0 +1,312 @@
+"""The UNIUN policy: five strict tiers, a CFS fair pool, budgets, affinity (DESIGN.md §3).
+
+Theory of operation. :meth:`UniunPolicy.decide` surveys the waiting jobs once (bucket
+fronts, see :mod:`~uniun.actors.policy.tiers`) and files the best candidate of each
+*rank*, in the order the picker prefers them::
+
+    0 T0 chat (any model: swap-worthy)        4 T4 fair pool, loaded model or starved (CFS)
+    1 T1 foreground kind (swap-worthy)        5 T2 on another model (pays a swap)
+    2 T2 extract, loaded model or starved      6 T4 on another model (not in a chat idle gap)
+    3 T3 deadline passed, EDF (swap-worthy)    7 T2 over budget (work-conserving fallback)
+
+"Starved": waited longer than ``starvation_s`` for affinity; such a job is picked as if
+its model were loaded. With the runner free, the first non-empty rank runs. With a job
+running, the running job is ranked too: a candidate of a better tier *and* a better rank
+preempts it (chat is never preempted); a running T2 job over budget yields to anything
+ranked above the fallback; a running T4 job is re-examined at every slice boundary and
+yields if another flow's vruntime is lower by more than the granularity. The policy
+never asks twice: after a Preempt the job is STOPPING until the runner reports.
+
+Background lifecycle: every non-chat dispatch carries a token grant (25 % of
+max_new_tokens); a job that used its grant is HELD (snapshot kept) until lifecycle is
+foreground again, then it goes to the front of its tier.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from typing import Any
+
+from uniun.actors.policy.base import Clock, PolicyBase
+from uniun.actors.policy.budget import T2Budget
+from uniun.actors.policy.config import PolicyConfig
+from uniun.actors.policy.decision import Decision, Idle, Preempt, Run
+from uniun.actors.policy.fairpool import FairPool
+from uniun.actors.policy.job import JobStatus, PolicyJob
+from uniun.actors.policy.tiers import T2, T3, T4, TIER_NAMES, TierIndex, tier_of
+
+R_CHAT, R_FG, R_T2, R_DEADLINE, R_FAIR, R_T2_SWAP, R_FAIR_SWAP, R_T2_OVER = range(8)
+RANK_TIER = (0, 1, 2, 3, 4, 2, 4, 2)
+# The pause reasons the policy asks for; "grant" is the governor's, "budget" on the wire.
+_WIRE_REASON = {"preempted": "preempted", "slice": "slice", "budget": "budget",
+                "grant": "budget"}
+
+
+class _Survey:
+    """Best candidate per rank at one moment, and the times at which that may change."""
+
+    __slots__ = ("best", "wakes", "has_t2")
+
+    def __init__(self) -> None:
+        self.best: list[tuple[tuple[float, ...], PolicyJob] | None] = [None] * 8
+        self.wakes: list[float] = []
+        self.has_t2 = False
+
+    def offer(self, rank: int, sort_key: tuple[float, ...], job: PolicyJob) -> None:
+        current = self.best[rank]
+        if current is None or sort_key < current[0]:
+            self.best[rank] = (sort_key, job)
+
+    def pick(self) -> tuple[int, PolicyJob] | None:
+        for rank, entry in enumerate(self.best):
+            if entry is not None:
+                return rank, entry[1]
+        return None
+
+    def job(self, rank: int) -> PolicyJob | None:
+        entry = self.best[rank]
+        return None if entry is None else entry[1]
+
+
+class UniunPolicy(PolicyBase):
+    """DESIGN.md §3, rules 1-9. See the module docstring for how a pick is made."""
+
+    name = "uniun"
+
+    def __init__(self, config: PolicyConfig | None = None, clock: Clock | None = None,
+                 wall_clock: Clock | None = None) -> None:
+        super().__init__(config, clock, wall_clock)
+        now = self._clock()
+        self._index = TierIndex()
+        self._held: OrderedDict[str, PolicyJob] = OrderedDict()
+        self._pool = FairPool(self.config, now)
+        self._budget = T2Budget(self.config)
+        self._last_chat_at = -math.inf
+        self._last_chat_model: str | None = None
+
+    # --- the question ---------------------------------------------------------------------
+    def decide(self) -> Decision:
+        now = self._clock()
+        self._pool.tick(now)
+        run = self._running
+        run_s, run_t2 = self._running_estimate(now)
+        self._budget.update(now, run_s, run_t2)
+        survey = self._survey(now)
+        pick = survey.pick()
+        if run is None:
+            if pick is None:
+                return Idle(self._wake(now, survey))
+            rank, job = pick
+            return self._dispatch(job, RANK_TIER[rank], now)
+        if run.status is not JobStatus.RUNNING or run.kind == self.config.chat_kind:
+            return Idle(self._wake(now, survey))
+        if (run.grant is not None and not run.grant_by_runner
+                and run.dispatch_tokens >= run.grant):
+            return self._preempt(run, None, "grant", now, survey)
+        tier = self.tier(run, now)
+        if pick is not None:
+            rank, job = pick
+            if RANK_TIER[rank] < tier and rank < self._rank_running(tier):
+                return self._preempt(run, job, "preempted", now, survey)
+            if tier == T2 and self._budget.blocked and rank < R_T2_OVER:
+                return self._preempt(run, job, "budget", now, survey)
+        if tier == T4 and run.segment_start is not None and (
+                now - run.segment_start >= self.config.slice_s):
+            rival = survey.job(R_FAIR)
+            if rival is not None and rival.flow != run.flow:
+                mine = self._pool.key(run.flow) + run_s / self.config.weight(run.flow)
+                if self._pool.key(rival.flow) + self.config.granularity_s < mine:
+                    return self._preempt(run, rival, "slice", now, survey)
+        return Idle(self._wake(now, survey))
+
+    def tier(self, job: PolicyJob, now: float) -> int:
+        return tier_of(job, now=now, foreground=self.foreground, config=self.config)
+
+    # --- picking --------------------------------------------------------------------------
+    def _survey(self, now: float) -> _Survey:
+        cfg = self.config
+        chat, extract, fg = cfg.chat_kind, cfg.extract_kind, self.foreground
+        loaded = self.loaded_model
+        blocked = self._budget.blocked
+        starved_before = now - cfg.starvation_s
+        gap_end = self._last_chat_at + cfg.chat_idle_gap_s
+        gap = loaded is not None and loaded == self._last_chat_model and now < gap_end
+        survey = _Survey()
+        for bkey, bucket in self._index.buckets.items():
+            kind = bkey.kind
+            front = bucket.front()
+            if kind == chat:
+                survey.offer(R_CHAT, (front.key,), front)
+                continue
+            if kind == fg and (kind != extract or bkey.hint):
+                survey.offer(R_FG, (front.key,), front)
+                continue
+            same = bkey.model == loaded
+            if not same:
+                oldest = bucket.oldest_wait()
+                same = oldest <= starved_before
+                if not same:
+                    survey.wakes.append(oldest + cfg.starvation_s)
+            if kind == extract:
+                survey.has_t2 = True
+                if blocked:
+                    survey.offer(R_T2_OVER, (0 if same else 1, front.key), front)
+                else:
+                    survey.offer(R_T2 if same else R_T2_SWAP, (front.key,), front)
+                continue
+            sort_key = (self._pool.key(bkey.flow), front.key)
+            if same:
+                survey.offer(R_FAIR, sort_key, front)
+            elif gap:
+                survey.wakes.append(gap_end)
+            else:
+                survey.offer(R_FAIR_SWAP, sort_key, front)
+        for kind in self._index.deadline_kinds():
+            if kind in (chat, extract) or kind == fg:
+                continue
+            job = self._index.earliest_overdue(kind, now)
+            if job is not None:
+                survey.offer(R_DEADLINE, (job.deadline_at or 0.0, job.key), job)
+        promotion = self._index.next_promotion(now)
+        if promotion is not None:
+            survey.wakes.append(promotion)
+        return survey
+
+    def _rank_running(self, tier: int) -> int:
+        if tier == T2:
+            return R_T2_OVER if self._budget.blocked else R_T2
+        return (R_CHAT, R_FG, R_T2, R_DEADLINE, R_FAIR)[tier]
+
+    def _running_estimate(self, now: float) -> tuple[float, bool]:
+        """Seconds the running job has used since its last report, and whether it is T2."""
+        run = self._running
+        if run is None or run.last_report_at is None:
+            return 0.0, False
+        return max(0.0, now - run.last_report_at), run.dispatch_tier == T2
+
+    def _wake(self, now: float, survey: _Survey) -> float | None:
+        times = list(survey.wakes)
+        run = self._running
+        run_s, run_t2 = self._running_estimate(now)
+        if (run is not None and run.status is JobStatus.RUNNING
+                and run.segment_start is not None and survey.best[R_FAIR] is not None
+                and self.tier(run, now) == T4):
+            slice_s = self.config.slice_s
+            done = math.floor((now - run.segment_start) / slice_s) + 1
+            times.append(run.segment_start + done * slice_s)
+        if survey.has_t2 or (run_t2 and len(self._index) > 0):
+            change = self._budget.next_change(now, run_s, run_t2, run is not None)
+            if change is not None:
+                times.append(change)
+        later = [t for t in times if t > now]
+        return min(later) if later else None
+
+    # --- acting ----------------------------------------------------------------------------
+    def _dispatch(self, job: PolicyJob, tier: int, now: float) -> Run:
+        self._index.remove(job)
+        grant = None
+        if self.lifecycle == "background" and job.kind != self.config.chat_kind:
+            share = math.ceil(self.config.background_grant * job.spec.max_new_tokens)
+            grant = max(1, min(share, job.spec.max_new_tokens - job.tokens))
+        resume = job.dispatches > 0
+        swap = self._dispatched(job, now, tier, grant)
+        return Run(job_id=job.job_id, model_id=job.model_id, resume=resume, swap=swap,
+                   token_grant=grant, tier=tier, wake_at=self._wake(now, self._survey(now)))
+
+    def _preempt(self, run: PolicyJob, for_job: PolicyJob | None, reason: str,
+                 now: float, survey: _Survey) -> Preempt:
+        run.move("preempt")
+        run.stop_reason = reason
+        self.preemptions += 1
+        return Preempt(running_job_id=run.job_id,
+                       for_job_id=None if for_job is None else for_job.job_id,
+                       reason=_WIRE_REASON[reason],  # type: ignore[arg-type]
+                       wake_at=self._wake(now, survey))
+
+    # --- hooks of PolicyBase ---------------------------------------------------------------
+    def _fair(self, job: PolicyJob) -> bool:
+        return job.kind not in (self.config.chat_kind, self.config.extract_kind)
+
+    def _enqueue(self, job: PolicyJob, *, front: bool) -> None:
+        self._index.add(job, front=front, extract_kind=self.config.extract_kind)
+
+    def _dequeue(self, job: PolicyJob) -> None:
+        if job.status is JobStatus.HELD:
+            del self._held[job.job_id]
+        else:
+            self._index.remove(job)
+
+    def _arrived(self, job: PolicyJob, now: float) -> None:
+        if self._fair(job):
+            self._pool.place(job.flow, now)
+        elif job.kind == self.config.chat_kind:
+            self._last_chat_at, self._last_chat_model = now, job.model_id
+
+    def _charged(self, job: PolicyJob, runner_s: float, now: float) -> None:
+        if self._fair(job):
+            self._pool.account(job.flow, runner_s)
+        self._budget.charge(now, runner_s, job.dispatch_tier == T2)
+
+    def _ended(self, job: PolicyJob, now: float) -> None:
+        if self._fair(job):
+            self._pool.leave(job.flow, now)
+        elif job.kind == self.config.chat_kind:
+            self._last_chat_at, self._last_chat_model = now, job.model_id
+
+    def _hold(self, job: PolicyJob, reason: str) -> bool:
+        held = (self.lifecycle == "background" and job.kind != self.config.chat_kind
+                and (job.stop_reason == "grant"
+                     or (job.stop_reason is None and reason == "budget")))
+        if held:
+            self._held[job.job_id] = job
+        return held
+
+    def _lifecycle_changed(self, state: str) -> None:
+        run = self._running
+        if state == "background":
+            if run is not None and run.kind != self.config.chat_kind and run.grant is None:
+                run.grant = run.dispatch_tokens + math.ceil(
+                    self.config.background_grant * run.spec.max_new_tokens)
+                run.grant_by_runner = False
+            return
+        if run is not None and not run.grant_by_runner:
+            run.grant = None
+        now = self._clock()
+        for job in reversed(list(self._held.values())):  # front-insert keeps their order
+            job.move("release")
+            job.waiting_since = now
+            self._enqueue(job, front=True)
+        self._held.clear()
+
+    # --- status ------------------------------------------------------------------------------
+    def status(self) -> dict[str, Any]:
+        now = self._clock()
+        self._pool.tick(now)
+        tiers: list[list[tuple[tuple[float, ...], str]]] = [[] for _ in TIER_NAMES]
+        for job in self._index.jobs():
+            tier = self.tier(job, now)
+            if tier == T3:
+                order: tuple[float, ...] = (job.deadline_at or 0.0, job.key)
+            elif tier == T4:
+                order = (self._pool.key(job.flow), job.key)
+            else:
+                order = (job.key,)
+            tiers[tier].append((order, job.job_id))
+        run_s, run_t2 = self._running_estimate(now)
+        return {
+            "policy": self.name,
+            "lifecycle": self.lifecycle,
+            "foreground": self.foreground,
+            "loaded_model": self.loaded_model,
+            "running": None if self._running is None else self._running.summary(),
+            "queues": {name: [job_id for _, job_id in sorted(entries)]
+                       for name, entries in zip(TIER_NAMES, tiers)},
+            "held": list(self._held),
+            "vruntime": dict(self._pool.vruntime),
+            "min_vruntime": self._pool.min_vruntime,
+            "t2_share": self._budget.share(now, run_s, run_t2),
+            "t2_blocked": self._budget.blocked,
+            "swaps": self.swaps,
+            "preemptions": self.preemptions,
+        }
