@@ -134,6 +134,8 @@ class ParkingLot:
     def _shed(self, stage: str, job_id: str, state: ParkedState) -> int:
         log = logger.bind(job=job_id)
         if stage == "trim":
+            if state.progress.static_prefix <= 0:
+                return 0  # trimming to nothing would be a drop, the last resort
             freed = state.evict_to_prefix()
             if freed:
                 self._stats.trimmed += 1
