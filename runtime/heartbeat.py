@@ -146,7 +146,7 @@ class HeartbeatMonitor:
 
 def _parse(raw: bytes) -> Beat | None:
     try:
-        msg = msgpack.unpackb(raw, raw=False, strict_map_key=True, max_buffer_size=MAX_BEAT_BYTES)
+        msg = msgpack.unpackb(raw, raw=False, strict_map_key=True)  # MAXMSGSIZE bounds it
     except Exception:
         return None
     if not isinstance(msg, dict) or msg.get("type") != "heartbeat":

@@ -34,9 +34,14 @@ def fake_crasher(config: RuntimeConfig) -> int:
 
 
 def fake_hanger(config: RuntimeConfig) -> int:
-    """Freezes (SIGSTOP, so its heartbeat thread stops too) in its first incarnation only."""
+    """Freezes (SIGSTOP, so its heartbeat thread stops too) in its first incarnation only.
+
+    It first lives long enough to be seen up, so what the supervisor must notice is
+    silence, not a failed start.
+    """
     marker = config.home / "fake-hanger.froze"
     if not marker.exists():
+        time.sleep(5 * config.supervisor.heartbeat_interval_s)
         marker.write_text(str(os.getpid()))
         os.kill(os.getpid(), signal.SIGSTOP)
     return _idle()
