@@ -70,6 +70,8 @@ def rss_bytes() -> int:
 
 
 def _load_tokenizer(model_dir: Path) -> Any:
+    # transformers advises installing torch on import; we never want torch here.
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(model_dir))
@@ -198,13 +200,15 @@ class DecoderSession:
               messages: Iterable[Mapping[str, Any] | Sequence[str]] | None = None,
               prompt_ids: Sequence[int] | None = None, max_new_tokens: int = 128,
               sampling: Any = None, stop: Sequence[str] = (), job_id: str | None = None,
-              static_prefix: int | None = None, use_prefix_cache: bool = True) -> Generation:
+              static_prefix: int | None = None, use_prefix_cache: bool = True,
+              ignore_eos: bool = False) -> Generation:
         """A new generation (nothing runs yet; the first :meth:`step` prefills).
 
         Exactly one of ``prompt`` (raw text), ``messages`` (rendered with the chat
         template) or ``prompt_ids``. ``sampling``: :class:`SamplingParams`, the protocol's
         ``Sampling``, a map, or None (greedy). ``static_prefix`` overrides the detected
         system-prompt length (positions kept by partial eviction, shared by the cache).
+        ``ignore_eos`` (benchmarks): run to ``max_new_tokens`` whatever the model says.
         """
         if prompt_ids is not None:
             if prompt is not None or messages is not None:
@@ -222,7 +226,7 @@ class DecoderSession:
         params = SamplingParams.coerce(sampling)
         progress = JobProgress(
             prompt_ids=ids, max_new_tokens=int(max_new_tokens), sampling=params,
-            seed=Sampler(params).seed, stop=tuple(stop), eos_ids=self.eos_ids,
+            seed=Sampler(params).seed, stop=tuple(stop), eos_ids=() if ignore_eos else self.eos_ids,
             static_prefix=min(static if static_prefix is None else int(static_prefix), len(ids) - 1),
             job_id=job_id, model_id=self.model_id)
         gen = self._generation(progress, None)

@@ -1,0 +1,133 @@
+"""``models run`` and ``models bench``: try a model in-process, and measure it.
+
+``run`` is the quickest way for a person to see a model work: no runtime, no sockets,
+one generation streamed to stdout as it is decoded (statistics go to stderr, so the
+answer can be piped). ``bench`` writes its figures to a JSON file as well as printing
+them, so results can be compared between machines and commits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+
+
+def register_models(sub: argparse._SubParsersAction) -> None:
+    run = sub.add_parser("run", help="run one generation in-process and stream it",
+                         description="Load MODEL_ID and stream its answer to PROMPT (rendered "
+                                     "with the model's chat template) to stdout.")
+    run.add_argument("model_id")
+    run.add_argument("prompt")
+    run.add_argument("--system", default=None, help="system prompt (default: the template's)")
+    run.add_argument("--raw", action="store_true", help="send PROMPT as raw text, no chat template")
+    run.add_argument("--max-new-tokens", type=int, default=256)
+    run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    run.add_argument("--top-p", type=float, default=1.0)
+    run.add_argument("--top-k", type=int, default=0)
+    run.add_argument("--seed", type=int, default=None)
+    run.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
+    run.add_argument("--threads", type=int, default=2)
+    run.set_defaults(func=_run)
+
+    bench = sub.add_parser("bench", help="measure load, prefill, decode and KV pause/resume",
+                           description="Benchmark the decoder session on MODEL_ID; results "
+                                       "are printed and written to a JSON file.")
+    bench.add_argument("model_id")
+    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench.add_argument("--out", type=Path, default=None,
+                       help="result file (default bench-results/models-<id>.json)")
+    bench.add_argument("--threads", type=int, default=2)
+    bench.add_argument("--reps", type=int, default=3, help="repetitions per figure (median)")
+    bench.set_defaults(func=_bench)
+
+
+def _quiet_logs() -> None:
+    from uniun.runtime.logging_setup import configure_logging
+
+    configure_logging("cli", level="WARNING")
+
+
+def _model_dir(model_id: str) -> Path | None:
+    from uniun.models.store import ModelStoreError, ensure_model
+
+    try:
+        return ensure_model(model_id)
+    except ModelStoreError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return None
+
+
+def _run(args: argparse.Namespace) -> int:
+    from uniun.models.sampling import SamplingParams
+    from uniun.models.session import DecoderSession
+
+    _quiet_logs()
+    try:
+        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+        if args.max_new_tokens < 1:
+            raise ValueError("--max-new-tokens must be >= 1")
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    model_dir = _model_dir(args.model_id)
+    if model_dir is None:
+        return EXIT_ERROR
+    session = DecoderSession.load(model_dir, threads=args.threads, model_id=args.model_id)
+    messages = ([{"role": "system", "content": args.system}] if args.system else []) + \
+        [{"role": "user", "content": args.prompt}]
+    try:
+        if args.raw:
+            prompt = (args.system + "\n" if args.system else "") + args.prompt
+            gen = session.start(prompt, max_new_tokens=args.max_new_tokens, sampling=sampling,
+                                stop=args.stop)
+        else:
+            gen = session.start(messages=messages, max_new_tokens=args.max_new_tokens,
+                                sampling=sampling, stop=args.stop)
+    except ValueError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    t0 = time.perf_counter()
+    first: float | None = None
+    count = 0
+    for event in session.generate(gen):
+        count += 1
+        if first is None:
+            first = time.perf_counter() - t0
+        if event.text_delta:
+            sys.stdout.write(event.text_delta)
+            sys.stdout.flush()
+    total = time.perf_counter() - t0
+    sys.stdout.write("\n")
+    decode = (total - (first or 0)) / max(count - 1, 1) * 1e3
+    print(f"[{args.model_id}: {len(gen.progress.prompt_ids)} prompt tokens, {count} generated, "
+          f"finish={gen.finish_reason}, load {session.load_s:.2f}s, ttft {first or 0:.2f}s, "
+          f"{decode:.1f} ms/token]", file=sys.stderr)
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from uniun.models.bench import run_bench
+
+    _quiet_logs()
+    model_dir = _model_dir(args.model_id)
+    if model_dir is None:
+        return EXIT_ERROR
+    log = (lambda _m: None) if args.json else (lambda m: print(f"  {m}", file=sys.stderr))
+    result = run_bench(model_dir, threads=args.threads, reps=max(1, args.reps), log=log)
+    out = args.out or Path("bench-results") / f"models-{args.model_id}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(result))
+    else:
+        width = max(len(k) for k in result)
+        for key, value in result.items():
+            print(f"{key:<{width}}  {value:g}")
+        print(f"(written to {out})", file=sys.stderr)
+    return 0
