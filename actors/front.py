@@ -32,7 +32,7 @@ from uniun.protocol.endpoints import remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
 from uniun.runtime.socket_pump import Frames, Outbox, SocketPump
 
-__all__ = ["FrontActor", "ClientRequest", "Outgoing", "OpenFront", "Stopping", "ModelIds"]
+__all__ = ["FrontActor", "ClientRequest", "ClientGone", "Outgoing", "OpenFront", "Stopping", "ModelIds"]
 
 SNDHWM = 50_000  # messages queued per client before further ones are dropped (not blocked)
 
@@ -53,6 +53,13 @@ class ClientRequest:
 
     conn: bytes
     request: m.Request
+
+
+@dataclass(frozen=True)
+class ClientGone:
+    """A client's connection is gone (a send to it found no route): stop sending to it."""
+
+    conn: bytes
 
 
 @dataclass(frozen=True)
@@ -123,7 +130,7 @@ class FrontActor(pykka.ThreadingActor):
     def _open(self) -> None:
         self._pump = SocketPump("front", self._ctx, self._make_socket,
                                 lambda frames: self.actor_ref.tell(_Inbound(frames)),
-                                on_unroutable=self._log_unroutable)
+                                on_unroutable=self._unroutable)
         self._pump.start()
         self._outbox = self._pump.outbox()
         self.bound = self._pump.last_endpoint or self._endpoint
@@ -137,9 +144,11 @@ class FrontActor(pykka.ThreadingActor):
             self._pump.stop()
             remove_endpoint(only_if=self.bound)
 
-    @staticmethod
-    def _log_unroutable(frames: Frames, why: str) -> None:
-        logger.debug("reply to a client dropped ({})", why)
+    def _unroutable(self, frames: Frames, why: str) -> None:
+        """Pump thread: a message to a client could not be sent."""
+        logger.debug("message to a client dropped ({})", why)
+        if why == "peer gone":
+            self._host.tell(ClientGone(frames[0]))
 
     # ---- messages -------------------------------------------------------------------
 

@@ -15,9 +15,11 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from uniun.protocol import messages as m
 from uniun.protocol.jobmap import JobSpec
+from uniun.runtime import runner_protocol as rp
 
-__all__ = ["JobRecord", "JobTable"]
+__all__ = ["JobRecord", "JobTable", "done_event", "start_command"]
 
 
 @dataclass(eq=False)
@@ -39,6 +41,8 @@ class JobRecord:
     state: str = "queued"  # queued | loading | running | pausing | paused | cancelling | ended
     on_runner: bool = False  # the current runner holds a record of this job
     started: bool = False  # a segment has started at least once (for chat: interrupted?)
+    resumed: bool = False  # the current dispatch continues earlier work
+    pause_reason: str | None = None  # why the host asked the runner to pause
     final: dict[str, Any] | None = None  # the terminal event once ended
 
     @property
@@ -88,3 +92,28 @@ class JobTable:
     def drop_subscriber(self, conn: bytes) -> None:
         for record in self.live.values():
             record.subscribers.discard(conn)
+
+
+def done_event(record: JobRecord, finish_reason: str, now: float) -> dict[str, Any]:
+    """The ``done`` event of a finished job; times are measured from acceptance."""
+    start = record.started_at if record.started_at is not None else now
+    ttft = None if record.first_token_at is None else record.first_token_at - record.accepted_at
+    return m.event_done(record.job_id, text=record.text, finish_reason=finish_reason,
+                        prompt_tokens=record.prompt_tokens, completion_tokens=record.generated,
+                        queued_s=max(0.0, start - record.accepted_at), ttft_s=ttft,
+                        total_s=max(0.0, now - record.accepted_at),
+                        preemptions=record.preemptions)
+
+
+def start_command(record: JobRecord, grant: int | None) -> rp.Start:
+    """Everything a runner that does not know the job needs to run it (first dispatch,
+    or after a runner restart): its input and the tokens already streamed."""
+    spec = record.spec
+    return rp.Start(
+        job_id=spec.job_id, model_id=spec.model_id, job_kind=spec.kind, prompt=spec.prompt,
+        messages=[[r, c] for r, c in spec.messages] if spec.messages is not None else None,
+        max_new_tokens=spec.max_new_tokens,
+        sampling={"temperature": spec.sampling.temperature, "top_p": spec.sampling.top_p,
+                  "top_k": spec.sampling.top_k, "seed": spec.sampling.seed},
+        tokens=list(record.token_ids), text="".join(record.texts), seed=record.seed,
+        grant=grant or 0)

@@ -67,8 +67,14 @@ class _Unacked:
 class _Active:
     job_id: str
     gen: Generation
-    t0: float
+    t0: float  # when the segment's runner time was last reported (perf_counter)
     stop_at: int | None  # generated count at which the grant is spent
+
+    def lap(self) -> float:
+        """Runner seconds since the last report of this segment."""
+        now = time.perf_counter()
+        seconds, self.t0 = now - self.t0, now
+        return seconds
 
 
 class RunnerWorker(pykka.ThreadingActor):
@@ -304,8 +310,7 @@ class RunnerWorker(pykka.ThreadingActor):
         active = self._active
         if active is not None and active.job_id == cmd.job_id:
             self._active = None
-            seconds = time.perf_counter() - active.t0
-            self._report(rp.Cancelled(job_id=cmd.job_id, seconds=seconds))
+            self._report(rp.Cancelled(job_id=cmd.job_id, seconds=active.lap()))
             logger.bind(job=cmd.job_id).info("cancelled after {} tokens",
                                              len(active.gen.generated_ids))
         self._forget(cmd.job_id)
@@ -335,18 +340,16 @@ class RunnerWorker(pykka.ThreadingActor):
         except Exception as err:
             logger.bind(job=a.job_id).exception("generation failed")
             self._active = None
-            self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500],
-                                   seconds=time.perf_counter() - a.t0))
+            self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500], seconds=a.lap()))
             return
         self._report(rp.Token(job_id=a.job_id, seq=ev.seq, token_id=ev.token_id,
-                              text=ev.text_delta))
+                              text=ev.text_delta, seconds=a.lap()))
         if ev.finished:
             self._active = None
             p = a.gen.progress
             self._report(rp.Finished(job_id=a.job_id, finish_reason=ev.finish_reason or "stop",
                                      prompt_tokens=len(p.prompt_ids),
-                                     generated=len(p.generated_ids),
-                                     seconds=time.perf_counter() - a.t0))
+                                     generated=len(p.generated_ids), seconds=a.lap()))
             self._update_stats()
         elif a.stop_at is not None and len(a.gen.generated_ids) >= a.stop_at:
             self._park_active(report=True, grant_spent=True)
@@ -364,8 +367,8 @@ class RunnerWorker(pykka.ThreadingActor):
         self._lot.park(a.job_id, self._session.park(a.gen))
         self._update_stats()
         if report:
-            self._report(rp.Paused(job_id=a.job_id, generated=generated,
-                                   seconds=time.perf_counter() - a.t0, grant_spent=grant_spent))
+            self._report(rp.Paused(job_id=a.job_id, generated=generated, seconds=a.lap(),
+                                   grant_spent=grant_spent))
         logger.bind(job=a.job_id).debug("parked at {} tokens", generated)
 
     def _take_parked(self, job_id: str) -> ParkedState | None:

@@ -77,7 +77,9 @@ class Journal:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.keep_done = keep_done
-        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0)
+        # check_same_thread off: the main thread replays, then only the host actor writes.
+        self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0,
+                                   check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)

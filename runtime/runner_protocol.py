@@ -16,6 +16,10 @@ Theory of operation (read this before changing anything here):
 - ``generated`` counts agree on both sides: the scheduler streams token ``seq`` only once;
   a :class:`Resume` whose count does not match the runner's record makes the runner
   recompute from the first ``generated`` tokens (never start over, never re-stream).
+- Runner time: every report of a segment (``Token``, ``Paused``, ``Finished``,
+  ``Cancelled``, ``Failed``) carries ``seconds``, the runner time used since the previous
+  report of that segment, so the scheduler charges vruntime as it goes (a running fair-pool
+  job is re-examined after each time slice) and the sum is the segment's cost.
 - Liveness: both sides send :class:`Heartbeat` on this same data socket every
   ``heartbeat_s``; a peer silent for three intervals is dead (zguide "Paranoid Pirate").
   Each side carries a ``boot`` id, new at every process start, so a restart of either
@@ -235,6 +239,7 @@ class Token(Report):
     seq: int
     token_id: int
     text: str
+    seconds: float = 0.0
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,122 @@
+"""Entry point of the scheduler process: ``main(config) -> int``.
+
+The supervisor starts it through ``python -m uniun.runtime.process scheduler`` (logging,
+supervisor heartbeat and SIGTERM handling are set up there). This function builds the
+three actors of DESIGN.md §4 and wires them:
+
+    clients --DEALER--> [front ROUTER] FrontActor --tell--> PolicyHost --tell--> RunnerLink
+                                         ^                     |   ^                 |
+                                         +------ Outgoing -----+   +-- reports ------+
+                                                                    [runner ROUTER] <--DEALER-- runner
+
+Start order matters: the journal is replayed into the host *before* either socket is
+bound, so the first request or runner Hello already sees every acknowledged job.
+
+Stop: the front answers ``shutting_down`` from the first moment; the host parks the
+running job (its progress is exact in the journal and the runner keeps the snapshot for
+the next scheduler); after at most ``stop_grace_s / 2`` the actors stop and the process
+exits 0. Any actor's death is the process's death (exit 1; the supervisor restarts it).
+"""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+import time
+
+import pykka
+import zmq
+from loguru import logger
+
+from uniun.actors.front import FrontActor, ModelIds, OpenFront, Stopping
+from uniun.actors.policy_host import Drain, PolicyHost, Quiet, Replay, Wire
+from uniun.actors.runner_link import OpenLink, RunnerLinkActor
+from uniun.protocol.codec import Limits
+from uniun.protocol.endpoints import default_endpoint
+from uniun.protocol.messages import JobRules
+from uniun.runtime import runner_protocol as rp
+from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.journal import Journal
+from uniun.runtime.paths import ensure_private_dir, run_dir, uniun_home
+
+__all__ = ["main", "journal_path"]
+
+DRAIN_MIN_S = 1.0  # seconds the front keeps answering shutting_down while stopping
+
+
+def journal_path() -> Path:
+    return uniun_home() / "journal.db"
+
+
+def _processes() -> dict[str, int]:
+    """Children's pids as the supervisor published them (empty when run by hand)."""
+    from uniun.runtime.state import read_state
+
+    state = read_state(run_dir()) or {}
+    children = state.get("children") or {}
+    return {name: pid for name, pid in children.items() if isinstance(pid, int)}
+
+
+def main(config: RuntimeConfig) -> int:
+    from uniun.actors.policy import make_policy
+    from uniun.runtime import process
+
+    ensure_private_dir(run_dir())
+    stop = threading.Event()
+    process.on_stop(stop.set)
+    clock = time.monotonic
+    policy = make_policy(config.policy.name, config.policy.policy_config(), clock)
+    journal = Journal(journal_path())
+    rules = JobRules(default_model=config.models.chat_model, kinds=tuple(config.jobs.kinds),
+                     max_new_tokens_cap=config.limits.max_new_tokens_cap,
+                     max_prompt_chars=config.limits.max_prompt_chars, known_models=ModelIds())
+    ctx = zmq.Context()
+    host = PolicyHost.start(policy=policy, journal=journal, queue_cap=config.limits.queue_cap,
+                            clock=clock, processes=_processes)
+    front = FrontActor.start(endpoint=config.front.endpoint or default_endpoint(), host=host,
+                             rules=rules, limits=Limits(frame_bytes=config.limits.max_frame_bytes),
+                             linger_ms=config.front.linger_ms, ctx=ctx)
+    link = RunnerLinkActor.start(host=host, endpoint=rp.runner_endpoint(),
+                                 heartbeat_s=config.supervisor.heartbeat_interval_s,
+                                 liveness=config.supervisor.missed_heartbeats, ctx=ctx)
+    actors = (front, link, host)
+    rc = 0
+    try:
+        host.tell(Wire(front=front, link=link))
+        host.tell(Replay(journal.replay(default_model=config.models.chat_model,
+                                        kinds=tuple(config.jobs.kinds),
+                                        max_new_tokens_cap=config.limits.max_new_tokens_cap)))
+        link.tell(OpenLink())
+        bound = front.ask(OpenFront(), timeout=30)
+        logger.info("scheduler serving on {} with policy {}", bound, config.policy.name)
+        while not stop.wait(0.5) and not process.STOPPING.is_set():
+            if not all(a.is_alive() for a in actors):
+                logger.error("an actor died; exiting so the supervisor restarts the scheduler")
+                rc = 1
+                break
+        if rc == 0:
+            _drain(front, host, grace_s=max(DRAIN_MIN_S, config.supervisor.stop_grace_s / 2))
+    except pykka.ActorDeadError:
+        logger.exception("an actor died during start-up")
+        rc = 1
+    finally:
+        pykka.ActorRegistry.stop_all(timeout=5)
+        journal.close()
+        ctx.destroy(linger=0)
+    return rc
+
+
+def _drain(front: pykka.ActorRef, host: pykka.ActorRef, *, grace_s: float) -> None:
+    """Answer shutting_down, park the running job, give it up to ``grace_s``."""
+    front.tell(Stopping())
+    host.tell(Drain())
+    started = time.monotonic()
+    deadline = started + grace_s
+    while time.monotonic() < deadline:
+        try:
+            if host.ask(Quiet(), timeout=1.0) and time.monotonic() - started >= DRAIN_MIN_S:
+                break
+        except (pykka.Timeout, pykka.ActorDeadError):
+            break
+        time.sleep(0.05)
+    logger.info("drained in {:.2f} s", time.monotonic() - started)
