@@ -48,6 +48,7 @@ NAME_ENV = "UNIUN_PROCESS_NAME"
 _REGISTRY: dict[str, str | EntryPoint] = {
     "scheduler": "uniun.runtime.scheduler_main:main",
     "runner": "uniun.runtime.runner_main:main",
+    "embed": "uniun.runtime.embed_main:main",  # the pool; it spawns its own workers
 }
 
 STOPPING = threading.Event()

@@ -54,7 +54,9 @@ def plan_children(config: RuntimeConfig) -> list[str]:
         return [name.strip() for name in override.split(",") if name.strip()]
     names = ["scheduler", "runner"]
     if config.embed.enabled:
-        names += [f"embed-{i}" for i in range(config.embed.workers)]
+        # One pool process; it runs and restarts its own embed-0..N-1 workers, so that a
+        # dead worker's in-flight request is re-run (runtime/embed_pool.py).
+        names.append("embed")
     producers = config.producers
     for flag, name in ((producers.extract, "extract"), (producers.nataraj, "nataraj"),
                        (producers.gana, "gana"),
