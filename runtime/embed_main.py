@@ -1,0 +1,70 @@
+"""Entry points of the embedding pool process.
+
+- ``embed`` in the process registry (``python -m uniun.runtime.process embed --config
+  FILE``, what the supervisor spawns): :func:`main`, settings from ``[embed]``.
+- ``python -m uniun.runtime.embed_main``: a pool on its own, in the foreground, for
+  tests, benchmarks and debugging (``--private`` keeps it from publishing
+  ``run/embed.endpoint``, so it cannot capture clients of the runtime's own pool).
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from uniun.models.embedding_convert import MODEL_ID
+from uniun.runtime.embed_pool import EmbedPool, PoolSettings
+
+
+def settings_from_config(config: Any) -> PoolSettings:
+    """``[embed]``, ``models.embed_model`` and ``logging.level`` of a ``RuntimeConfig``."""
+    return PoolSettings(endpoint=config.embed.endpoint, workers=config.embed.workers,
+                        queue_bound=config.embed.queue_bound,
+                        model_id=config.models.embed_model,
+                        log_level=config.logging.level.upper())
+
+
+def main(config: Any) -> int:
+    """The ``embed`` process: serve until the supervisor's SIGTERM."""
+    from uniun.runtime import process
+
+    stop = threading.Event()
+    process.on_stop(stop.set)
+    return EmbedPool(settings_from_config(config)).run(stop)
+
+
+def cli(argv: Sequence[str] | None = None) -> int:
+    """``python -m uniun.runtime.embed_main``: run a pool in the foreground."""
+    from uniun.protocol.endpoints import EMBED, default_endpoint
+    from uniun.runtime.logging_setup import configure_logging
+    from uniun.runtime.paths import logs_dir
+
+    parser = argparse.ArgumentParser(prog="python -m uniun.runtime.embed_main",
+                                     description="Run the embedding pool in the foreground.")
+    parser.add_argument("--endpoint", default=None,
+                        help="bind here (default ipc://$UNIUN_HOME/run/embed.sock)")
+    parser.add_argument("--workers", type=int, default=2)
+    parser.add_argument("--queue-bound", type=int, default=64)
+    parser.add_argument("--model", default=MODEL_ID)
+    parser.add_argument("--private", action="store_true",
+                        help="do not write run/embed.endpoint (a side pool)")
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    configure_logging("embed", log_file=logs_dir() / "embed.log", level=args.log_level,
+                      stderr=True)
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
+    settings = PoolSettings(endpoint=args.endpoint or default_endpoint(EMBED),
+                            workers=args.workers, queue_bound=args.queue_bound,
+                            model_id=args.model, log_level=args.log_level,
+                            publish_endpoint=not args.private)
+    return EmbedPool(settings).run(stop)
+
+
+if __name__ == "__main__":
+    sys.exit(cli())

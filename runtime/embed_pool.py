@@ -1,0 +1,393 @@
+"""The embedding pool: a ROUTER for clients, N worker processes, a bounded queue.
+
+Why it stands apart (DESIGN.md §1, §4; the seed's EmbeddingQueue + Semaphore(2)):
+embedding must never block, preempt or be preempted by the chat path, so it has its
+own socket, its own processes and its own model, and it never talks to the scheduler.
+
+Theory of operation (the ZeroMQ guide's load-balancing broker, with the pool as the
+parent of its workers):
+
+- The **front** is a ROUTER bound at ``embed.endpoint`` (default
+  ``ipc://$UNIUN_HOME/run/embed.sock``, written to ``run/embed.endpoint``), with the
+  envelope rules of PROTOCOL.md: codec limits, ``v``, ``type``, ``id``/``re``, error codes.
+  Requests: ``embed {texts}`` -> ``embeddings {dim, vectors}``, ``ping`` -> ``pong``,
+  and ``status`` -> ``status {workers, processes, queued, running, ...}`` (an extension).
+- The **back** is a ROUTER on a private ipc socket; every worker is a child process
+  (``embed_worker.py``) with a DEALER. A worker runs one request at a time, so at most
+  ``workers`` requests run at once; the rest wait in a FIFO of at most ``queue_bound``;
+  one more is answered ``queue_full`` (retryable) at once, never silently dropped.
+- **Crash safety**: the pool polls its children every tick. A worker that exits (crash,
+  OOM, SIGKILL) is restarted, and the request it held goes back to the *front* of the
+  queue, so nothing accepted is lost. A request that kills ``max_attempts`` workers in a
+  row is answered ``internal`` instead of killing workers forever. A worker busy longer
+  than ``request_timeout_s`` is SIGKILLed and handled the same way. A worker that dies
+  before it is ready backs off exponentially (0.5 s doubling, at most 30 s).
+- The model is made ready (``ensure_model``: converted from the wheel if absent) in a
+  thread after the front is bound: requests queue meanwhile; if it cannot be made,
+  queued and new requests get ``unknown_model`` with the reason, and it is retried.
+
+Invariant: every request is at any moment in exactly one place: the queue, one
+worker's ``request`` slot, or answered.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import zmq
+from loguru import logger
+
+from uniun.models.embedding_convert import MODEL_ID
+from uniun.protocol import messages as m
+from uniun.protocol.codec import DEFAULT_LIMITS, EncodeError, Limits, encode, try_decode
+from uniun.protocol.endpoints import EMBED, remove_endpoint, write_endpoint
+from uniun.protocol.errors import ErrorCode, ProtocolError
+from uniun.runtime.embed_worker import EXIT_MODEL
+from uniun.runtime.embed_workers import WorkerProcess
+from uniun.runtime.paths import ensure_private_dir, logs_dir, run_dir
+
+POLL_MS = 100  # loop tick: how often children are checked when no message arrives, ms
+DRAIN = 256  # messages read from one socket per tick before looking at the other
+MODEL_RETRY_S = 30.0  # a model that could not be made is tried again after this, s
+STOP_GRACE_S = 3.0  # running requests get this long to finish on stop, s
+ALLOWED = frozenset({m.EMBED, m.PING, m.STATUS})
+
+
+@dataclass(frozen=True)
+class PoolSettings:
+    """How one pool runs. Defaults match ``[embed]`` of the runtime config."""
+
+    endpoint: str
+    workers: int = 2  # processes = requests served at once
+    queue_bound: int = 64  # requests waiting at most; more get queue_full
+    model_id: str = MODEL_ID
+    threads: int = 1  # ONNX Runtime threads per worker
+    max_attempts: int = 3  # runs of one request (crashes included) before `internal`
+    request_timeout_s: float = 300.0  # a worker busy longer than this is killed, s
+    log_level: str = "INFO"
+    publish_endpoint: bool = True  # write run/embed.endpoint (false for private pools)
+    limits: Limits = DEFAULT_LIMITS
+
+
+@dataclass
+class _Request:
+    route: list[bytes]  # ROUTER identity frames, sent back before the reply
+    msg_id: str
+    texts: tuple[str, ...]
+    rid: int
+    attempts: int = 0
+
+
+@dataclass
+class _Counters:
+    accepted: int = 0
+    answered: int = 0
+    rejected_full: int = 0
+    requeued: int = 0
+    failed: int = 0
+
+
+class EmbedPool:
+    """The broker. ``run(stop)`` serves until ``stop`` is set; one thread drives it."""
+
+    def __init__(self, settings: PoolSettings) -> None:
+        if settings.workers < 1 or settings.queue_bound < 0:
+            raise ValueError("an embedding pool needs workers >= 1 and queue_bound >= 0")
+        self.s = settings
+        self.rules = m.JobRules(default_model=settings.model_id)
+        self.queue: deque[_Request] = deque()
+        self.workers = [WorkerProcess(f"embed-{i}") for i in range(settings.workers)]
+        self.counters = _Counters()
+        self.endpoint = settings.endpoint
+        self.dim: int | None = None
+        self._rid = 0
+        self._model_dir: Path | None = None
+        self._model_error: str | None = None
+        self._model_thread: threading.Thread | None = None
+        self._model_next_try = 0.0
+        self._ctx = zmq.Context()
+        self.front = self._ctx.socket(zmq.ROUTER)
+        self.back = self._ctx.socket(zmq.ROUTER)
+        self._back_path = run_dir() / f"embed-workers-{os.getpid()}.sock"
+
+    # -- life ---------------------------------------------------------------------------
+    def bind(self) -> str:
+        """Bind both sockets and publish the front endpoint; returns it."""
+        ensure_private_dir(run_dir())
+        self.front.setsockopt(zmq.LINGER, 1000)
+        # Frames between the protocol limit and this are read and answered bad_envelope;
+        # only absurd ones make ZeroMQ drop the connection.
+        self.front.setsockopt(zmq.MAXMSGSIZE, 16 * self.s.limits.frame_bytes)
+        self.front.bind(self.s.endpoint)
+        self.endpoint = self.front.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.back.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        self.back.setsockopt(zmq.LINGER, 0)
+        self.back.bind(f"ipc://{self._back_path}")
+        if self.s.publish_endpoint:
+            write_endpoint(self.endpoint, EMBED)
+        logger.info("embedding pool at {} ({} workers, queue bound {})", self.endpoint,
+                    self.s.workers, self.s.queue_bound)
+        return self.endpoint
+
+    def run(self, stop: threading.Event) -> int:
+        """Serve until ``stop`` is set, then stop the workers and answer what is left."""
+        if not self.front.getsockopt_string(zmq.LAST_ENDPOINT):
+            self.bind()
+        poller = zmq.Poller()
+        poller.register(self.front, zmq.POLLIN)
+        poller.register(self.back, zmq.POLLIN)
+        try:
+            while not stop.is_set():
+                events = dict(poller.poll(POLL_MS))
+                if self.back in events:
+                    self._drain(self.back, self._on_worker_message)
+                if self.front in events:
+                    self._drain(self.front, self._on_client_frames)
+                self._tick()
+        finally:
+            self._shutdown()
+        return 0
+
+    def _drain(self, sock: zmq.Socket, handle: Any) -> None:
+        for _ in range(DRAIN):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            handle(frames)
+
+    # -- clients --------------------------------------------------------------------------
+    def _on_client_frames(self, frames: list[bytes]) -> None:
+        if len(frames) < 2:
+            return  # no identity: nothing to answer to
+        route, payload = frames[:-1], frames[-1]
+        msg = try_decode(payload, self.s.limits)
+        if isinstance(msg, ProtocolError):
+            self._reply(route, m.reply_error(None, msg))
+            return
+        re = m.reply_to(msg)
+        try:
+            req = m.parse_request(msg, self.rules, allowed=ALLOWED)
+        except ProtocolError as err:
+            self._reply(route, m.reply_error(re, err))
+            return
+        if isinstance(req, m.Ping):
+            self._reply(route, m.reply_pong(req.id))
+        elif isinstance(req, m.StatusRequest):
+            self._reply(route, m.reply_status(req.id, self.status()))
+        elif isinstance(req, m.Embed):
+            self._admit(route, req)
+
+    def _admit(self, route: list[bytes], req: m.Embed) -> None:
+        if self._model_error is not None:
+            self._reply(route, m.reply_error(req.id, self._model_unavailable()))
+            return
+        if len(self.queue) >= self.s.queue_bound and not self._idle_worker():
+            self.counters.rejected_full += 1
+            err = ProtocolError(ErrorCode.QUEUE_FULL,
+                                f"embedding queue is full ({len(self.queue)} waiting, "
+                                f"{self._running()} running); retry later")
+            self._reply(route, m.reply_error(req.id, err))
+            return
+        self._rid += 1
+        self.counters.accepted += 1
+        self.queue.append(_Request(route, req.id, req.texts, self._rid))
+        self._dispatch()
+
+    def _reply(self, route: list[bytes], msg: dict[str, Any]) -> None:
+        try:
+            frame = encode(msg, self.s.limits)
+        except EncodeError as exc:
+            logger.error("cannot encode reply {}: {}", msg.get("type"), exc)
+            frame = encode(m.reply_error(msg.get("re"), ProtocolError(
+                ErrorCode.INTERNAL, "the reply does not fit in one frame; send fewer texts")))
+        try:
+            self.front.send_multipart([*route, frame], zmq.NOBLOCK)
+        except zmq.Again:
+            logger.warning("client not reading; dropped a {} reply", msg.get("type"))
+
+    def _answer_error(self, req: _Request, err: ProtocolError) -> None:
+        self.counters.failed += 1
+        self._reply(req.route, m.reply_error(req.msg_id, err))
+
+    def status(self) -> dict[str, Any]:
+        """The ``status`` reply body: workers, queue, counters."""
+        return {"model_id": self.s.model_id, "dim": self.dim,
+                "model_ready": self._model_dir is not None, "model_error": self._model_error,
+                "workers": [w.summary() for w in self.workers],
+                "processes": {w.name: w.pid for w in self.workers if w.pid is not None},
+                "queued": len(self.queue), "running": self._running(),
+                "queue_bound": self.s.queue_bound, "pid": os.getpid(),
+                **vars(self.counters)}
+
+    # -- workers --------------------------------------------------------------------------
+    def _on_worker_message(self, frames: list[bytes]) -> None:
+        if len(frames) != 2:
+            return
+        worker = next((w for w in self.workers if w.identity == frames[0]), None)
+        msg = try_decode(frames[1], self.s.limits)
+        if worker is None or isinstance(msg, ProtocolError):
+            return  # a late message from a replaced incarnation, or garbage
+        kind = msg.get("type")
+        if kind == "ready":
+            worker.state, worker.failures_in_row = "idle", 0
+            self.dim = int(msg.get("dim", 0)) or self.dim
+            logger.info("{} ready (pid {})", worker.name, msg.get("pid"))
+        elif kind in ("result", "failed"):
+            req = worker.request
+            if req is None or msg.get("rid") != req.rid:
+                return
+            worker.request, worker.state = None, "idle"
+            if kind == "failed":
+                self._answer_error(req, ProtocolError(
+                    ErrorCode.INTERNAL, f"embedding failed: {msg.get('message')}"))
+            else:
+                self._answer_result(req, int(msg["dim"]), msg["data"])
+                worker.served += 1
+        self._dispatch()
+
+    def _answer_result(self, req: _Request, dim: int, data: bytes) -> None:
+        width = 4 * dim
+        vectors = [data[i * width:(i + 1) * width] for i in range(len(req.texts))]
+        self.counters.answered += 1
+        self._reply(req.route, m.reply_embeddings(req.msg_id, dim, vectors))
+
+    def _idle_worker(self) -> WorkerProcess | None:
+        return next((w for w in self.workers if w.state == "idle"), None)
+
+    def _running(self) -> int:
+        return sum(1 for w in self.workers if w.request is not None)
+
+    def _dispatch(self) -> None:
+        while self.queue:
+            worker = self._idle_worker()
+            if worker is None:
+                return
+            req = self.queue.popleft()
+            req.attempts += 1
+            worker.request, worker.state, worker.busy_since = req, "busy", time.monotonic()
+            frame = encode({"type": "work", "rid": req.rid, "texts": list(req.texts)})
+            try:
+                self.back.send_multipart([worker.identity, frame], zmq.NOBLOCK)
+            except zmq.ZMQError as exc:  # unroutable: it died between ready and now
+                logger.warning("{} unreachable ({}); restarting it", worker.name, exc)
+                worker.kill()
+
+    def _tick(self) -> None:
+        now = time.monotonic()
+        self._tick_model(now)
+        self._fail_queue_if_no_model()
+        for worker in self.workers:
+            code = worker.exit_code()
+            if code is not None:
+                self._on_exit(worker, code, now)
+            elif worker.state == "busy" and now - worker.busy_since > self.s.request_timeout_s:
+                logger.error("{} busy for over {:.0f} s; killing it", worker.name,
+                             self.s.request_timeout_s)
+                worker.kill()
+            if worker.proc is None and self._model_dir is not None and now >= worker.next_start:
+                worker.spawn(backend=f"ipc://{self._back_path}", model_dir=self._model_dir,
+                             threads=self.s.threads, log_level=self.s.log_level,
+                             log_file=logs_dir() / f"{worker.name}.log")
+        self._dispatch()
+
+    def _tick_model(self, now: float) -> None:
+        if self._model_dir is not None or self._model_thread is not None:
+            return
+        if now < self._model_next_try:
+            return
+        self._model_thread = threading.Thread(target=self._prepare_model, daemon=True,
+                                              name="embed-model")
+        self._model_thread.start()
+
+    def _prepare_model(self) -> None:
+        """Thread: make the model ready. It only assigns fields; the loop acts on them."""
+        from uniun.models.store import ensure_model
+
+        try:
+            self._model_dir = ensure_model(self.s.model_id)
+            self._model_error = None
+        except Exception as exc:  # noqa: BLE001 - any failure is reported to clients
+            self._model_next_try = time.monotonic() + MODEL_RETRY_S
+            self._model_error = f"{type(exc).__name__}: {exc}"
+            logger.error("embedding model {} is not available: {}", self.s.model_id, exc)
+        finally:
+            self._model_thread = None
+
+    def _model_unavailable(self) -> ProtocolError:
+        return ProtocolError(ErrorCode.UNKNOWN_MODEL,
+                             f"embedding model {self.s.model_id} is not available "
+                             f"({self._model_error}); run `uniun-runtime models pull "
+                             f"{self.s.model_id}`", retryable=True)
+
+    def _fail_queue_if_no_model(self) -> None:
+        """With no model and no ready worker, waiting requests would wait forever."""
+        if self._model_error is None or not self.queue:
+            return
+        if any(w.ready for w in self.workers):
+            return
+        err = self._model_unavailable()
+        while self.queue:
+            self._answer_error(self.queue.popleft(), err)
+
+    def _on_exit(self, worker: WorkerProcess, code: int, now: float) -> None:
+        """A worker process ended: put its request back first in line; it restarts."""
+        was_ready = worker.ready
+        logger.warning("{} (pid {}) exited with code {}{}", worker.name, worker.pid, code,
+                       f" while running request {worker.request.msg_id}"
+                       if worker.request else "")
+        req = worker.reap(now)
+        if req is not None:
+            if req.attempts >= self.s.max_attempts:
+                self._answer_error(req, ProtocolError(
+                    ErrorCode.INTERNAL, f"this request ended {req.attempts} embedding "
+                    "workers; not retrying it"))
+            else:
+                self.counters.requeued += 1
+                self.queue.appendleft(req)
+        if not was_ready and code == EXIT_MODEL and not any(w.ready for w in self.workers):
+            self._model_error = f"the workers cannot load it (see {worker.name}.log)"
+            self._model_dir, self._model_next_try = None, now + MODEL_RETRY_S
+
+    # -- stop -----------------------------------------------------------------------------
+    def _shutdown(self) -> None:
+        """Stop workers, let running requests finish briefly, answer the rest."""
+        err = ProtocolError(ErrorCode.SHUTTING_DOWN, "the embedding pool is stopping")
+        while self.queue:
+            self._answer_error(self.queue.popleft(), err)
+        deadline = time.monotonic() + STOP_GRACE_S
+        while self._running() and time.monotonic() < deadline:
+            if self.back.poll(50):
+                self._drain(self.back, self._on_worker_message)
+            while self.queue:  # a crash during the grace period requeued something
+                self._answer_error(self.queue.popleft(), err)
+        for worker in self.workers:
+            if worker.request is not None:
+                self._answer_error(worker.request, err)
+                worker.request = None
+            worker.terminate()
+        for worker in self.workers:
+            worker.wait_or_kill(STOP_GRACE_S)
+        if self.s.publish_endpoint:
+            remove_endpoint(EMBED, only_if=self.endpoint)
+        self.front.close(linger=1000)
+        self.back.close(linger=0)
+        self._ctx.term()
+        self._back_path.unlink(missing_ok=True)
+        if self.endpoint.startswith("ipc://"):  # libzmq leaves the file; clients check it
+            Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
+        logger.info("embedding pool stopped")
+
+
+# -- entry points: ``embed_main.py`` (process and CLI); the benchmark ---------------------
+def bench(results_dir: Path | None = None, **kwargs: Any) -> dict[str, Any]:
+    """Embedding throughput of a real pool of 2; see :func:`uniun.runtime.embed_bench.run`."""
+    from uniun.runtime.embed_bench import run
+
+    return run(results_dir, **kwargs)

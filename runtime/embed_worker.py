@@ -1,0 +1,137 @@
+"""One embedding worker process: one ONNX session, one request at a time.
+
+The pool (``embed_pool.py``) spawns ``python -m uniun.runtime.embed_worker`` N times and
+is the only peer a worker has. Why a process per worker rather than threads: a worker
+that crashes (or is SIGKILLed by the pool for hanging) takes nothing else with it, and
+the pool re-runs its request on a fresh one.
+
+Worker <-> pool messages (internal, not protocol v1; encoded with the same codec and
+limits). The worker's DEALER identity is ``NAME.GENERATION`` so a restarted worker never
+inherits its predecessor's routing:
+
+- worker -> pool ``{"type": "ready", "name", "pid", "dim"}`` once the model is loaded;
+- pool -> worker ``{"type": "work", "rid": int, "texts": [str, ...]}``;
+- worker -> pool ``{"type": "result", "rid", "dim", "data": bytes}`` (all vectors as one
+  float32 little-endian blob, ``len(texts) * dim`` values) or
+  ``{"type": "failed", "rid", "message"}`` when the session raised.
+
+Exit codes: 0 on SIGTERM or when the pool went away, 3 when the model cannot be loaded
+(the pool backs off before the next start).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import zmq
+from loguru import logger
+
+from uniun.protocol.codec import encode, try_decode
+from uniun.protocol.errors import ProtocolError
+
+if TYPE_CHECKING:
+    from uniun.models.embedding import EmbeddingSession
+
+EXIT_MODEL = 3
+POLL_MS = 500  # how often an idle worker checks its stop flag and its parent, ms
+
+
+def _die_with(parent_pid: int) -> None:
+    """SIGKILL us when the pool dies (Linux), and exit if it already has."""
+    try:
+        import ctypes
+
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+    if os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads: int = 1,
+          parent_pid: int | None = None, stop: threading.Event | None = None) -> int:
+    """Load the model, say ``ready``, then answer ``work`` until told to stop."""
+    from uniun.models.embedding import EmbeddingSession
+
+    stop = stop or threading.Event()
+    try:
+        session = EmbeddingSession(model_dir, threads=threads)
+    except Exception as exc:  # noqa: BLE001 - any load failure ends this worker the same way
+        logger.error("cannot load the embedding model from {}: {}", model_dir, exc)
+        return EXIT_MODEL
+    ctx = zmq.Context.instance()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.IDENTITY, identity)
+    sock.setsockopt(zmq.LINGER, 1000)
+    sock.connect(backend)
+    sock.send(encode({"type": "ready", "name": name, "pid": os.getpid(), "dim": session.dim}))
+    logger.info("ready (dim {}, {} thread(s))", session.dim, threads)
+    try:
+        while not stop.is_set():
+            if not sock.poll(POLL_MS):
+                if parent_pid is not None and os.getppid() != parent_pid:
+                    logger.warning("the pool is gone; exiting")
+                    return 0
+                continue
+            msg = try_decode(sock.recv())
+            if isinstance(msg, ProtocolError) or msg.get("type") != "work":
+                logger.error("ignoring a malformed message from the pool: {}", msg)
+                continue
+            sock.send(_answer(session, msg))
+    finally:
+        sock.close(linger=1000)
+    return 0
+
+
+def _answer(session: EmbeddingSession, msg: dict[str, Any]) -> bytes:
+    """Embed one ``work`` message; an exception becomes a ``failed`` reply, not a crash."""
+    rid = msg.get("rid")
+    texts = msg.get("texts")
+    try:
+        if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+            raise ValueError("work.texts must be a list of strings")
+        vectors = session.embed(texts)
+        return encode({"type": "result", "rid": rid, "dim": int(vectors.shape[1]),
+                       "data": vectors.astype("<f4", copy=False).tobytes()})
+    except Exception as exc:  # noqa: BLE001 - reported to the pool as a value, not a crash
+        logger.exception("request {} failed", rid)
+        return encode({"type": "failed", "rid": rid, "message": f"{type(exc).__name__}: {exc}"[:500]})
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m uniun.runtime.embed_worker",
+                                     description="One embedding worker (the pool spawns these).")
+    parser.add_argument("--name", required=True, help="e.g. embed-0")
+    parser.add_argument("--identity", required=True, help="DEALER identity, NAME.GENERATION")
+    parser.add_argument("--backend", required=True, help="the pool's worker endpoint")
+    parser.add_argument("--model-dir", required=True, type=Path)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--log-file", type=Path, default=None)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    if args.parent_pid is not None:
+        _die_with(args.parent_pid)
+    from uniun.runtime.logging_setup import configure_logging
+
+    configure_logging(args.name, log_file=args.log_file, level=args.log_level)
+    stop = threading.Event()
+
+    def _stop(signum: int, _frame: object) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    return serve(args.name, args.identity.encode(), args.backend, args.model_dir,
+                 threads=args.threads, parent_pid=args.parent_pid, stop=stop)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
