@@ -1,0 +1,116 @@
+"""``uniun-runtime status``: the scheduler's ``status`` (PROTOCOL.md) as a table, or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from uniun.runtime.commands.common import add_connection_args, client_command, connect
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "status", help="show what the runtime is doing (queues, running job, processes)",
+        description="Ask the scheduler for its status: policy, lifecycle, foreground kind, "
+                    "loaded model, running job, queues per tier in pick order, vruntime "
+                    "per flow, T2 share, parked snapshots and process ids.")
+    parser.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    add_connection_args(parser)
+    parser.set_defaults(func=run)
+
+
+@client_command
+def run(args: argparse.Namespace) -> int:
+    with connect(args) as client:
+        status = client.status()
+        endpoint = client.endpoint
+    if args.json:
+        print(json.dumps(status, indent=2, sort_keys=True, default=str))
+        return 0
+    Console().print(render(status, endpoint))
+    return 0
+
+
+def render(status: dict[str, Any], endpoint: str) -> Table:
+    """The status as a two-column table; unknown extra keys are shown too."""
+    table = Table(title="UNIUN runtime", show_header=False, title_justify="left")
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    shown = ("policy", "lifecycle", "foreground", "loaded_model", "running", "queues",
+             "vruntime", "t2_share", "snapshots", "processes")
+    table.add_row("front", endpoint)
+    table.add_row("policy", _text(status.get("policy")))
+    table.add_row("lifecycle", _text(status.get("lifecycle")))
+    table.add_row("foreground", _text(status.get("foreground")) if status.get("foreground")
+                  else "none")
+    table.add_row("loaded model", _text(status.get("loaded_model")))
+    table.add_row("running", _running(status.get("running")))
+    table.add_row("queues", _queues(status.get("queues")))
+    table.add_row("vruntime", _mapping(status.get("vruntime"), fmt="{:.3f} s"))
+    share = status.get("t2_share")
+    table.add_row("T2 share", f"{share:.0%}" if isinstance(share, (int, float)) else "-")
+    table.add_row("snapshots", _snapshots(status.get("snapshots")))
+    table.add_row("processes", _mapping(status.get("processes"), fmt="pid {}"))
+    for key in sorted(set(status) - set(shown)):
+        table.add_row(key, _text(status[key]))
+    return table
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True, default=str)
+    return str(value)
+
+
+def _running(job: Any) -> str:
+    if not job:
+        return "idle"
+    if not isinstance(job, dict):
+        return _text(job)
+    head = str(job.get("job_id", "?"))
+    details = [f"{k} {job[k]}" for k in ("kind", "tier", "flow", "model_id") if k in job]
+    for key in ("tokens", "completion_tokens", "generated"):
+        if key in job:
+            details.append(f"{job[key]} tokens")
+            break
+    return f"{head} ({', '.join(details)})" if details else head
+
+
+def _queues(queues: Any) -> str:
+    if not isinstance(queues, dict) or not queues:
+        return "empty" if isinstance(queues, dict) else _text(queues)
+    lines = []
+    for tier, ids in queues.items():
+        ids = list(ids or [])
+        more = f" … +{len(ids) - 5}" if len(ids) > 5 else ""
+        lines.append(f"{tier}: {len(ids)} " + (f"[{', '.join(map(str, ids[:5]))}{more}]"
+                                              if ids else ""))
+    return "\n".join(lines)
+
+
+def _mapping(value: Any, *, fmt: str) -> str:
+    if not isinstance(value, dict):
+        return _text(value)
+    if not value:
+        return "-"
+    out = []
+    for key, item in value.items():
+        try:
+            out.append(f"{key}: {fmt.format(item)}")
+        except (ValueError, TypeError):
+            out.append(f"{key}: {item}")
+    return "\n".join(out)
+
+
+def _snapshots(value: Any) -> str:
+    if isinstance(value, dict) and "count" in value:
+        size = value.get("bytes", 0)
+        mib = size / 2**20 if isinstance(size, (int, float)) else 0
+        return f"{value['count']} parked, {mib:.1f} MiB"
+    return _text(value)
