@@ -212,6 +212,45 @@ class ProducersConfig:
         "run the Gana cron producer (default false)"))
     background_gana: bool = field(default=False, metadata=_doc(
         "run the background-Gana process (default false)"))
+    # The producers' own settings (docs/producers.md).
+    samples: bool = field(default=True, metadata=_doc(
+        "first start: write sample notes and two sample Ganas if the notes folder and "
+        "ganas.toml do not exist yet (default true)"))
+    notes_dir: str = field(default="", metadata=_doc(
+        "folder the extract producer watches for .md/.txt notes (default $UNIUN_HOME/notes)"))
+    ganas_file: str = field(default="", metadata=_doc(
+        "the Gana definitions (default $UNIUN_HOME/ganas.toml)"))
+    scan_interval_s: float = field(default=2.0, metadata=_doc(
+        "seconds between scans of the notes folder (default 2.0)"))
+    backfill_per_s: float = field(default=1.0, metadata=_doc(
+        "notes of the existing backlog submitted for extraction per second (default 1.0)"))
+    extract_in_flight: int = field(default=8, metadata=_doc(
+        "extraction jobs open in the scheduler at most (default 8)"))
+    extract_max_new_tokens: int = field(default=160, metadata=_doc(
+        "max_new_tokens of an extraction job (default 160)"))
+    extract_model: str = field(default="", metadata=_doc(
+        "model of extraction jobs (default \"\" = models.chat_model)"))
+    deck_low: int = field(default=3, metadata=_doc(
+        "Nataraj refills the deck when fewer cards than this are ready or coming (default 3)"))
+    deck_high: int = field(default=8, metadata=_doc(
+        "... up to this many cards (default 8)"))
+    card_max_new_tokens: int = field(default=64, metadata=_doc(
+        "max_new_tokens of a card job (default 64)"))
+    nataraj_model: str = field(default="", metadata=_doc(
+        "model of card jobs (default \"\" = models.chat_model)"))
+    check_interval_s: float = field(default=1.0, metadata=_doc(
+        "seconds between a producer's checks for due Ganas and deck refills (default 1.0)"))
+    gana_lead_s: float = field(default=60.0, metadata=_doc(
+        "a Gana fire is submitted this many seconds before its time, with deadline = its "
+        "time (default 60.0)"))
+    lifecycle_poll_s: float = field(default=1.0, metadata=_doc(
+        "seconds between polls of the scheduler's lifecycle by gana-cron and the "
+        "background-Gana process (default 1.0)"))
+    background_lease_s: float = field(default=30.0, metadata=_doc(
+        "lease of a background Gana fire; a dead owner's fire is re-run after it "
+        "(default 30.0)"))
+    background_threads: int = field(default=1, metadata=_doc(
+        "ONNX Runtime threads of the background-Gana process's own model (default 1)"))
 
 
 @dataclass(frozen=True)
@@ -458,11 +497,16 @@ _POSITIVE = {
     "supervisor": ("heartbeat_interval_s", "missed_heartbeats", "restart_window_s",
                    "start_timeout_s"),
     "embed": ("workers", "queue_bound"),
+    "producers": ("scan_interval_s", "backfill_per_s", "extract_in_flight",
+                  "extract_max_new_tokens", "deck_low", "deck_high", "card_max_new_tokens",
+                  "check_interval_s", "lifecycle_poll_s", "background_lease_s",
+                  "background_threads"),
 }
 _NON_NEGATIVE = {
     "front": ("linger_ms",),
     "runner": ("snapshot_cap_bytes", "spill_cap_bytes"),
     "supervisor": ("max_restarts", "stop_grace_s"),
+    "producers": ("gana_lead_s",),
 }
 _LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 
@@ -484,6 +528,9 @@ def _check_ranges(section: str, values: dict[str, Any], source: Path | None) -> 
         if "chat" not in kinds or len(set(kinds)) != len(kinds) or not all(kinds):
             raise ConfigError("must list distinct non-empty kinds, chat among them",
                               key="jobs.kinds", source=source)
+    if section == "producers" and values.get("deck_low", 3) > values.get("deck_high", 8):
+        raise ConfigError("must not exceed producers.deck_high", key="producers.deck_low",
+                          source=source)
     if section == "models":
         for key in ("chat_model", "embed_model"):
             if key in values and not values[key]:

@@ -48,6 +48,10 @@ NAME_ENV = "UNIUN_PROCESS_NAME"
 _REGISTRY: dict[str, str | EntryPoint] = {
     "scheduler": "uniun.runtime.scheduler_main:main",
     "runner": "uniun.runtime.runner_main:main",
+    "extract": "uniun.runtime.producers_main:extract_main",
+    "nataraj": "uniun.runtime.producers_main:nataraj_main",
+    "gana": "uniun.runtime.producers_main:gana_main",
+    "background-gana": "uniun.runtime.background_gana:main",
     "embed": "uniun.runtime.embed_main:main",  # the pool; it spawns its own workers
 }
 

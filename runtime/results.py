@@ -133,6 +133,24 @@ class ResultsStore:
                 " vector, created) VALUES (?,?,?,?,?,?)",
                 (note_path, note_sha, model_id, int(vec.size), vec.tobytes(), time.time()))
 
+    def has_knowledge(self, note_path: str, note_sha: str) -> bool:
+        """Whether this text of this note was extracted (parse failures count: recorded)."""
+        rows = self.query("SELECT 1 FROM knowledge WHERE note_path=? AND note_sha=? LIMIT 1",
+                          (note_path, note_sha))
+        return bool(rows)
+
+    def knowledge_for(self, note_path: str) -> list[dict[str, Any]]:
+        rows = self.query("SELECT * FROM knowledge WHERE note_path=? ORDER BY id", (note_path,))
+        out = [dict(r) for r in rows]
+        for item in out:
+            if item["parsed"] is not None:
+                item["parsed"] = json.loads(item["parsed"])
+        return out
+
+    def delete_note_embedding(self, note_path: str) -> None:
+        with self.transaction() as conn:
+            conn.execute("DELETE FROM note_embeddings WHERE note_path=?", (note_path,))
+
     def embedded_sha(self, note_path: str) -> str | None:
         rows = self.query("SELECT note_sha FROM note_embeddings WHERE note_path=?", (note_path,))
         return rows[0]["note_sha"] if rows else None
@@ -237,6 +255,13 @@ class ResultsStore:
         """Jobs persisted but not finished (pending or submitted), oldest first."""
         rows = self.query("SELECT * FROM producer_jobs WHERE producer=? AND state IN"
                           " ('pending','submitted') ORDER BY created, job_id", (producer,))
+        return [_job_row(r) for r in rows]
+
+    def jobs_with_prefix(self, prefix: str) -> list[dict[str, Any]]:
+        """Jobs whose id starts with ``prefix`` (e.g. every attempt at one note)."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        rows = self.query("SELECT * FROM producer_jobs WHERE job_id LIKE ? ESCAPE '\\'"
+                          " ORDER BY created", (escaped + "%",))
         return [_job_row(r) for r in rows]
 
     def count_jobs(self, producer: str, state: str) -> int:

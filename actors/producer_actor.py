@@ -1,0 +1,76 @@
+"""The pykka actor that hosts one producer, and the process entry that runs it.
+
+A producer's logic is a plain object with ``step(now)`` (decide and submit new work),
+an optional ``tracker`` (its :class:`~uniun.actors.producer_jobs.JobTracker`) and
+``close()``. The actor only drives it: each ``tick`` message pumps the tracker's job
+events for up to ``pump_s`` seconds, calls ``step``, and tells itself the next tick. So
+the protocol client and the database connection are used from the actor's thread only,
+and a ``stop`` (SIGTERM) is handled between two ticks.
+
+Failure semantics (pykka's, at the process level): an exception in a tick stops the
+actor and sets ``failed``; the process entry (``runtime.producers_main``) then exits 1
+and the supervisor restarts it. Everything a producer needs to carry on is in the
+results database, so a restart loses nothing.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Protocol
+
+import pykka
+from loguru import logger
+
+_TICK = "tick"
+
+
+class ProducerLogic(Protocol):
+    name: str
+
+    def step(self, now: float) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class ProducerActor(pykka.ThreadingActor):
+    """Ticks a producer's logic; see the module docstring."""
+
+    def __init__(self, logic: ProducerLogic, *, pump_s: float = 0.2) -> None:
+        super().__init__()
+        self.logic = logic
+        self.pump_s = pump_s
+        self.failed = threading.Event()
+
+    def on_start(self) -> None:
+        logger.info("{} producer started", self.logic.name)
+        self.actor_ref.tell(_TICK)
+
+    def on_receive(self, message: Any) -> Any:
+        if message != _TICK:
+            logger.warning("ignored unknown message {!r}", message)
+            return None
+        tracker = getattr(self.logic, "tracker", None)
+        if tracker is not None:
+            tracker.pump(self.pump_s)
+        else:
+            time.sleep(self.pump_s)
+        self.logic.step(time.time())
+        self.actor_ref.tell(_TICK)
+        return None
+
+    def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
+        self.failed.set()
+        logger.opt(exception=(exception_type, exception_value, traceback)).error(
+            "{} producer failed", self.logic.name)
+        self._close()
+
+    def on_stop(self) -> None:
+        logger.info("{} producer stopping", self.logic.name)
+        self._close()
+
+    def _close(self) -> None:
+        try:
+            self.logic.close()
+        except Exception:
+            logger.exception("closing {} failed", self.logic.name)

@@ -1,0 +1,178 @@
+"""The background-Gana process: fires due Ganas with its own model while the app is away.
+
+The seed's ``gana_workmanager`` (§8): when the app is backgrounded there is no chat, no
+page in front and nothing for the scheduler to arbitrate, so Ganas run in a separate
+process with their own :class:`~uniun.models.session.DecoderSession`, no scheduler
+involved, and write their runs to the same results database. The scheduler meanwhile
+keeps serving what was already queued, under its 25 % governor.
+
+Theory of operation:
+
+- Lifecycle comes from polling the scheduler's ``status`` (``actors.lifecycle``). Only
+  while it is ``background`` does this process claim and run fires; if the scheduler
+  cannot be reached, the last known state holds.
+- Firing uses the same schedule (``gana_schedule.due_slot``) and the same claim
+  transaction as gana-cron (``results_fires.claim_fire``), so at a handover each slot is
+  fired by exactly one side. Claims carry a lease, renewed while generating; if this
+  process dies mid-run the claim is adopted after the lease by whichever side is active
+  (this process after a restart, or gana-cron once back in foreground).
+- A run in progress when the app returns to foreground finishes (bounded by its
+  ``max_new_tokens``); no new fire starts. On SIGTERM the run stops at the next token and
+  its lease is released at once, so the fire is re-run elsewhere, not lost.
+- The model is loaded on the first background fire and unloaded once back in
+  foreground, so the process costs no model memory while the scheduler's runner works.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from uniun.actors.gana_cron import GanaFile
+from uniun.actors.gana_schedule import GanaDef, due_slot, fire_job_id, gana_messages
+from uniun.actors.lifecycle import BACKGROUND, LifecycleWatch
+from uniun.runtime.results import ResultsStore
+from uniun.runtime.results_fires import (OWNER_BACKGROUND, Fire, adopt_expired, claim_fire,
+                                         finish_fire, renew_lease)
+
+NAME = "background-gana"
+RUNNER = "background"
+
+
+@dataclass(frozen=True)
+class BackgroundSettings:
+    ganas_file: Path
+    default_model: str
+    lead_s: float = 60.0  # same as gana-cron, so both sides agree on when a slot is due
+    check_interval_s: float = 1.0
+    lease_s: float = 30.0  # a claim's lease, renewed every lease_s / 3 while generating
+    threads: int = 1  # ONNX Runtime threads: stays out of the runner's way
+    max_new_tokens_cap: int | None = None
+
+
+class SessionCache:
+    """One loaded decoder at a time, by model id (loading takes seconds: keep it)."""
+
+    def __init__(self, threads: int = 1,
+                 loader: Callable[[str, int], Any] | None = None) -> None:
+        self.threads = threads
+        self._loader = loader or _load_session
+        self.model_id: str | None = None
+        self.session: Any = None
+
+    def get(self, model_id: str) -> Any:
+        if self.model_id != model_id:
+            self.unload()
+            self.session = self._loader(model_id, self.threads)
+            self.model_id = model_id
+        return self.session
+
+    def unload(self) -> None:
+        if self.session is not None:
+            logger.info("unloading {}", self.model_id)
+            self.session.unload()
+        self.session, self.model_id = None, None
+
+
+def _load_session(model_id: str, threads: int) -> Any:
+    from uniun.models.session import DecoderSession
+    from uniun.models.store import ensure_model
+
+    return DecoderSession.load(ensure_model(model_id), threads=threads, model_id=model_id,
+                               spinning=False)
+
+
+class BackgroundGana:
+    name = NAME
+
+    def __init__(self, settings: BackgroundSettings, store: ResultsStore,
+                 lifecycle: LifecycleWatch, sessions: SessionCache, *,
+                 stopping: Callable[[], bool] = lambda: False, now: float = 0.0) -> None:
+        self.settings = settings
+        self.store = store
+        self.lifecycle = lifecycle
+        self.sessions = sessions
+        self.stopping = stopping
+        self.file = GanaFile(settings.ganas_file)
+        self._next_check = now
+        self.tracker = None  # no scheduler jobs: ProducerActor just sleeps between ticks
+
+    def step(self, now: float) -> None:
+        if now < self._next_check:
+            return
+        self._next_check = now + self.settings.check_interval_s
+        if self.lifecycle.current(now) != BACKGROUND:
+            self.sessions.unload()
+            return
+        ganas = self.file.load()
+        lease = self.settings.lease_s
+        for fire in adopt_expired(self.store, OWNER_BACKGROUND, lease_s=lease, now=now):
+            self.run(fire, ganas)
+        for gana in ganas.values():
+            if self.stopping():
+                return
+            fire = claim_fire(self.store, gana.id, owner=OWNER_BACKGROUND,
+                              due=lambda last, g=gana: due_slot(last, g.every_s, time.time(),
+                                                                self.settings.lead_s),
+                              job_id_for=lambda slot, g=gana: fire_job_id(g.id, slot),
+                              lease_s=lease)
+            if fire is not None:
+                self.run(fire, ganas)
+
+    def run(self, fire: Fire, ganas: dict[str, GanaDef]) -> None:
+        """Generate one fire with our own session and record it (or release it)."""
+        log = logger.bind(job=fire.job_id)
+        gana = ganas.get(fire.gana_id)
+        if gana is None:
+            finish_fire(self.store, fire, None, failed="gana removed")
+            return
+        model_id = gana.model_id or self.settings.default_model
+        max_new = gana.max_new_tokens
+        if self.settings.max_new_tokens_cap is not None:
+            max_new = min(max_new, self.settings.max_new_tokens_cap)
+        started = time.time()
+        try:
+            session = self.sessions.get(model_id)
+            gen = session.start(messages=gana_messages(gana), max_new_tokens=max_new,
+                                job_id=fire.job_id)
+        except Exception as err:  # unknown model, prompt too long: a recorded failure
+            log.error("cannot run Gana {} on {}: {}", gana.id, model_id, err)
+            finish_fire(self.store, fire, None, failed=f"{type(err).__name__}: {err}")
+            return
+        log.info("running Gana {} in the background on {}", gana.id, model_id)
+        ttft: float | None = None
+        renew_at = started + self.settings.lease_s / 3
+        while not gen.finished:
+            if self.stopping():
+                log.info("stopping mid-run; releasing the fire for adoption")
+                renew_lease(self.store, fire.job_id, -1.0)
+                return
+            session.step(gen)
+            if ttft is None:
+                ttft = time.time() - started
+            if time.time() >= renew_at:
+                renew_lease(self.store, fire.job_id, self.settings.lease_s)
+                renew_at = time.time() + self.settings.lease_s / 3
+        total = time.time() - started
+        finish_fire(self.store, fire, {
+            "runner": RUNNER, "model_id": model_id, "prompt": gana.prompt, "text": gen.text,
+            "finish_reason": gen.finish_reason, "completion_tokens": len(gen.generated_ids),
+            "queued_s": max(0.0, started - fire.slot), "ttft_s": ttft, "total_s": total,
+            "preemptions": 0, "started_at": started})
+        log.info("Gana {} done in the background: {} tokens in {:.2f}s ({})", gana.id,
+                 len(gen.generated_ids), total, gen.finish_reason)
+
+    def close(self) -> None:
+        self.sessions.unload()
+
+
+def main(config: Any) -> int:
+    """Process entry (``python -m uniun.runtime.process background-gana``)."""
+    from uniun.runtime.producers_main import background_gana_logic, run_producer
+
+    return run_producer(lambda: background_gana_logic(config))

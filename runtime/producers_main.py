@@ -1,0 +1,150 @@
+"""Process entries of the producers: config in, a running ``ProducerActor`` out.
+
+``python -m uniun.runtime.process extract|nataraj|gana|background-gana --config FILE``
+(the supervisor spawns these when ``[producers]`` enables them) ends up here. This module
+is the only place that turns :class:`~uniun.runtime.config.RuntimeConfig` into the
+producers' settings, so the logic classes stay free of config and process concerns.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from uniun.actors.deck import WaterMarks
+from uniun.actors.extract_producer import ExtractProducer, ExtractSettings
+from uniun.actors.gana_cron import GanaCron, GanaSettings
+from uniun.actors.lifecycle import LifecycleWatch
+from uniun.actors.nataraj_producer import NatarajProducer, NatarajSettings
+from uniun.actors.producer_actor import ProducerActor, ProducerLogic
+from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.results import ResultsStore
+
+CLIENT_TIMEOUT_S = 10.0  # a reply from the scheduler
+STATUS_TIMEOUT_S = 3.0  # the lifecycle poll must not hold a producer up for long
+
+
+def notes_dir(config: RuntimeConfig) -> Path:
+    raw = config.producers.notes_dir
+    return Path(raw).expanduser() if raw else config.home / "notes"
+
+
+def ganas_file(config: RuntimeConfig) -> Path:
+    raw = config.producers.ganas_file
+    return Path(raw).expanduser() if raw else config.home / "ganas.toml"
+
+
+def results_path(config: RuntimeConfig) -> Path:
+    return config.home / "results.db"
+
+
+def _client(config: RuntimeConfig, **kwargs: Any) -> Any:
+    from uniun.protocol.client import Client
+
+    return Client(config.front.endpoint, timeout=CLIENT_TIMEOUT_S, **kwargs)
+
+
+def _embedder(config: RuntimeConfig) -> Callable[[list[str]], Any] | None:
+    """The embedding pool as a function texts -> vectors, or None if the pool is off."""
+    if not config.embed.enabled:
+        return None
+    try:
+        from uniun.protocol.embed_client import EmbedClient  # the embedding lane's client
+    except ImportError:
+        logger.warning("no embedding client available; notes are not embedded")
+        return None
+    client = EmbedClient(config.embed.endpoint)
+    return lambda texts: client.embed(texts)
+
+
+def extract_logic(config: RuntimeConfig) -> ProducerLogic:
+    from uniun.runtime.samples import ensure_samples
+
+    p = config.producers
+    if p.samples:
+        ensure_samples(notes_dir(config), ganas_file(config))
+    settings = ExtractSettings(
+        notes_dir=notes_dir(config), scan_interval_s=p.scan_interval_s,
+        backfill_per_s=p.backfill_per_s, max_in_flight=p.extract_in_flight,
+        max_new_tokens=min(p.extract_max_new_tokens, config.limits.max_new_tokens_cap),
+        model_id=p.extract_model or None)
+    store = ResultsStore(results_path(config))
+    return ExtractProducer.with_tracker(settings, store, _client(config),
+                                        embed=_embedder(config), now=time.time())
+
+
+def nataraj_logic(config: RuntimeConfig) -> ProducerLogic:
+    p = config.producers
+    settings = NatarajSettings(
+        marks=WaterMarks(p.deck_low, p.deck_high), check_interval_s=p.check_interval_s,
+        max_new_tokens=min(p.card_max_new_tokens, config.limits.max_new_tokens_cap),
+        model_id=p.nataraj_model or None)
+    store = ResultsStore(results_path(config))
+    return NatarajProducer.with_tracker(settings, store, _client(config), now=time.time())
+
+
+def gana_logic(config: RuntimeConfig) -> ProducerLogic:
+    from uniun.runtime.samples import ensure_samples
+
+    p = config.producers
+    if p.samples:
+        ensure_samples(notes_dir(config), ganas_file(config))
+    settings = GanaSettings(ganas_file=ganas_file(config), lead_s=p.gana_lead_s,
+                            check_interval_s=p.check_interval_s,
+                            max_new_tokens_cap=config.limits.max_new_tokens_cap)
+    store = ResultsStore(results_path(config))
+    client = _client(config)
+    lifecycle = LifecycleWatch(lambda: client.status(timeout=STATUS_TIMEOUT_S),
+                               p.lifecycle_poll_s)
+    return GanaCron.with_tracker(settings, store, client, lifecycle, now=time.time())
+
+
+def background_gana_logic(config: RuntimeConfig) -> ProducerLogic:
+    from uniun.runtime import process
+    from uniun.runtime.background_gana import (BackgroundGana, BackgroundSettings,
+                                               SessionCache)
+
+    p = config.producers
+    settings = BackgroundSettings(
+        ganas_file=ganas_file(config), default_model=config.models.chat_model,
+        lead_s=p.gana_lead_s, check_interval_s=p.check_interval_s,
+        lease_s=p.background_lease_s, threads=p.background_threads,
+        max_new_tokens_cap=config.limits.max_new_tokens_cap)
+    store = ResultsStore(results_path(config))
+    # Short reconnect: an unreachable scheduler must not freeze background firing.
+    client = _client(config, reconnect_timeout=STATUS_TIMEOUT_S)
+    lifecycle = LifecycleWatch(lambda: client.status(timeout=STATUS_TIMEOUT_S),
+                               p.lifecycle_poll_s)
+    return BackgroundGana(settings, store, lifecycle, SessionCache(p.background_threads),
+                          stopping=process.STOPPING.is_set, now=time.time())
+
+
+def run_producer(make_logic: Callable[[], ProducerLogic], *, pump_s: float = 0.2) -> int:
+    """Run one producer actor until SIGTERM (exit 0) or until it fails (exit 1)."""
+    from uniun.runtime import process
+
+    actor = ProducerActor(make_logic(), pump_s=pump_s)
+    ref = actor.start()
+    process.on_stop(lambda: ref.stop(block=False))
+    try:
+        while ref.is_alive():
+            time.sleep(0.2)
+    except KeyboardInterrupt:
+        ref.stop(block=True, timeout=10)
+    return 1 if actor.failed.is_set() else 0
+
+
+def extract_main(config: RuntimeConfig) -> int:
+    return run_producer(lambda: extract_logic(config))
+
+
+def nataraj_main(config: RuntimeConfig) -> int:
+    return run_producer(lambda: nataraj_logic(config))
+
+
+def gana_main(config: RuntimeConfig) -> int:
+    return run_producer(lambda: gana_logic(config))
