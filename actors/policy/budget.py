@@ -1,7 +1,8 @@
 """The T2 budget (DESIGN.md §3 rule 5): extract's share of runner time, rolling window.
 
-The ledger holds one sample per runner report: (time, seconds, whether the job was
-dispatched as T2). The share is T2 seconds over all seconds in the last ``t2_window_s``,
+The ledger holds samples of (time, seconds, whether the job was dispatched as T2), one
+per ``t2_window_s / 100`` slot at most (reports inside one slot are merged, so a busy
+host cannot grow the ledger, and the window rolls in at most 100 steps). The share is T2 seconds over all seconds in the last ``t2_window_s``,
 counting the running job's not-yet-reported seconds too, so that a long job is judged
 while it runs, not after.
 
@@ -13,6 +14,7 @@ while other work can run": the picker is work-conserving.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 
 from uniun.actors.policy.config import PolicyConfig
@@ -25,6 +27,8 @@ class T2Budget:
         self._window = config.t2_window_s
         self._max = config.t2_share_max
         self._resume = config.t2_share_max - config.t2_hysteresis
+        self._slot = config.t2_window_s / 100.0
+        # (slot start, seconds, is_t2); at most two samples (T2 and other) per slot.
         self._samples: deque[tuple[float, float, bool]] = deque()
         self._t2 = 0.0
         self._total = 0.0
@@ -33,7 +37,16 @@ class T2Budget:
     def charge(self, now: float, runner_s: float, is_t2: bool) -> None:
         if runner_s <= 0:
             return
-        self._samples.append((now, runner_s, is_t2))
+        slot = math.floor(now / self._slot) * self._slot
+        samples = self._samples
+        merged = False
+        for i in (-1, -2):
+            if len(samples) >= -i and samples[i][0] == slot and samples[i][2] == is_t2:
+                samples[i] = (slot, samples[i][1] + runner_s, is_t2)
+                merged = True
+                break
+        if not merged:
+            samples.append((slot, runner_s, is_t2))
         self._total += runner_s
         if is_t2:
             self._t2 += runner_s

@@ -4,16 +4,20 @@ Theory of operation. :meth:`UniunPolicy.decide` surveys the waiting jobs once (b
 fronts, see :mod:`~uniun.actors.policy.tiers`) and files the best candidate of each
 *rank*, in the order the picker prefers them::
 
-    0 T0 chat (any model: swap-worthy)        4 T4 fair pool, loaded model or starved (CFS)
-    1 T1 foreground kind (swap-worthy)        5 T2 on another model (pays a swap)
-    2 T2 extract, loaded model or starved      6 T4 on another model (not in a chat idle gap)
-    3 T3 deadline passed, EDF (swap-worthy)    7 T2 over budget (work-conserving fallback)
+    0 T0 chat (any model: swap-worthy)        5 T2 on another model (pays a swap)
+    1 T1 foreground kind (swap-worthy)        6 T2 over budget, loaded model or starved
+    2 T2 extract, loaded model or starved      7 T4 on another model (not in a chat idle gap)
+    3 T3 deadline passed, EDF (swap-worthy)    8 T2 over budget, on another model
+    4 T4 fair pool, loaded model or starved (CFS)
 
 "Starved": waited longer than ``starvation_s`` for affinity; such a job is picked as if
-its model were loaded. With the runner free, the first non-empty rank runs. With a job
+its model were loaded. Ranks 6 and 8 make the picker work-conserving: T2 over budget
+still runs rather than leave the runner idle, and rather than pay a swap for a fair-pool
+job that has not yet waited out the starvation bound (a swap for one small job would
+cost more than the budget is worth; after the bound, a batch of them goes at once). With the runner free, the first non-empty rank runs. With a job
 running, the running job is ranked too: a candidate of a better tier *and* a better rank
 preempts it (chat is never preempted); a running T2 job over budget yields to anything
-ranked above the fallback; a running T4 job is re-examined at every slice boundary and
+that can run without a swap (or is starved or swap-worthy); a running T4 job is re-examined at every slice boundary and
 yields if another flow's vruntime is lower by more than the granularity. The policy
 never asks twice: after a Preempt the job is STOPPING until the runner reports.
 
@@ -36,8 +40,9 @@ from uniun.actors.policy.fairpool import FairPool
 from uniun.actors.policy.job import JobStatus, PolicyJob
 from uniun.actors.policy.tiers import T2, T3, T4, TIER_NAMES, TierIndex, tier_of
 
-R_CHAT, R_FG, R_T2, R_DEADLINE, R_FAIR, R_T2_SWAP, R_FAIR_SWAP, R_T2_OVER = range(8)
-RANK_TIER = (0, 1, 2, 3, 4, 2, 4, 2)
+(R_CHAT, R_FG, R_T2, R_DEADLINE, R_FAIR, R_T2_SWAP, R_T2_OVER, R_FAIR_SWAP,
+ R_T2_OVER_SWAP) = range(9)
+RANK_TIER = (0, 1, 2, 3, 4, 2, 2, 4, 2)
 # The pause reasons the policy asks for; "grant" is the governor's, "budget" on the wire.
 _WIRE_REASON = {"preempted": "preempted", "slice": "slice", "budget": "budget",
                 "grant": "budget"}
@@ -49,7 +54,7 @@ class _Survey:
     __slots__ = ("best", "wakes", "has_t2")
 
     def __init__(self) -> None:
-        self.best: list[tuple[tuple[float, ...], PolicyJob] | None] = [None] * 8
+        self.best: list[tuple[tuple[float, ...], PolicyJob] | None] = [None] * 9
         self.wakes: list[float] = []
         self.has_t2 = False
 
@@ -151,7 +156,7 @@ class UniunPolicy(PolicyBase):
             if kind == extract:
                 survey.has_t2 = True
                 if blocked:
-                    survey.offer(R_T2_OVER, (0 if same else 1, front.key), front)
+                    survey.offer(R_T2_OVER if same else R_T2_OVER_SWAP, (front.key,), front)
                 else:
                     survey.offer(R_T2 if same else R_T2_SWAP, (front.key,), front)
                 continue
