@@ -16,7 +16,8 @@ must not return it) but keeps its extracted knowledge (history).
 
 ``uniun-runtime open-note`` supersedes a queued extraction of the opened note with a
 ``foreground_hint`` job of its own (``runtime.commands.open_note``); the producer sees
-the superseded job's ``cancelled`` and leaves it alone. A job that failed is tried again
+the superseded job's ``cancelled`` and leaves it alone. The command follows and stores
+its job itself; if it is killed, the producer adopts the job after ``ORPHAN_AFTER_S``. A job that failed is tried again
 under a new attempt number, at most ``max_attempts`` times per note text.
 """
 
@@ -38,6 +39,8 @@ from uniun.actors.producer_jobs import JobTracker
 from uniun.runtime.results import ResultsStore
 
 NAME = "extract"
+OPEN_NOTE = "open-note"  # producer name of the jobs `uniun-runtime open-note` submits
+ORPHAN_AFTER_S = 600.0  # an open-note job untouched this long lost its command: adopt it
 Embedder = Callable[[list[str]], np.ndarray]
 
 
@@ -152,6 +155,9 @@ class ExtractProducer:
 
     def step(self, now: float) -> None:
         if self.tracker is not None and now >= self._next_sweep:
+            adopted = self.store.adopt_jobs(OPEN_NOTE, NAME, ORPHAN_AFTER_S)
+            if adopted:
+                logger.info("adopted {} open-note job(s) whose command went away", adopted)
             self.tracker.sweep()
             self._next_sweep = now + max(5.0, self.settings.scan_interval_s)
         if now < self._next_scan:

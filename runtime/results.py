@@ -21,7 +21,7 @@ import json
 import sqlite3
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -263,6 +263,38 @@ class ResultsStore:
         rows = self.query("SELECT * FROM producer_jobs WHERE job_id LIKE ? ESCAPE '\\'"
                           " ORDER BY created", (escaped + "%",))
         return [_job_row(r) for r in rows]
+
+    def supersede_jobs(self, prefix: str, producer: str,
+                       make: Callable[[int], tuple[dict[str, Any], dict[str, Any]]]
+                       ) -> tuple[dict[str, Any], list[str]]:
+        """Replace the open jobs whose id starts with ``prefix`` by a new one, atomically.
+
+        The open ones become ``superseded`` (their owner ignores their end); ``make(n)``
+        builds the new job from the number of jobs with this prefix so far (its attempt
+        number). Returns the new job map and the superseded ids (to cancel).
+        """
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        now = time.time()
+        with self.transaction() as conn:
+            rows = conn.execute("SELECT job_id, state FROM producer_jobs WHERE job_id LIKE ?"
+                                " ESCAPE '\\'", (escaped + "%",)).fetchall()
+            open_ids = [r["job_id"] for r in rows if r["state"] in ("pending", "submitted")]
+            conn.executemany("UPDATE producer_jobs SET state='superseded', updated=?"
+                             " WHERE job_id=?", [(now, j) for j in open_ids])
+            job, meta = make(len(rows))
+            conn.execute("INSERT INTO producer_jobs (job_id, producer, job, meta, state,"
+                         " created, updated) VALUES (?,?,?,?,'pending',?,?)",
+                         (job["job_id"], producer, _dumps(job), _dumps(meta), now, now))
+        return job, open_ids
+
+    def adopt_jobs(self, from_producer: str, to_producer: str, idle_s: float) -> int:
+        """Hand open jobs of a producer that went quiet (e.g. a killed CLI) to another."""
+        now = time.time()
+        with self.transaction() as conn:
+            cur = conn.execute("UPDATE producer_jobs SET producer=?, updated=? WHERE producer=?"
+                               " AND state IN ('pending','submitted') AND updated < ?",
+                               (to_producer, now, from_producer, now - idle_s))
+            return cur.rowcount
 
     def count_jobs(self, producer: str, state: str) -> int:
         rows = self.query("SELECT count(*) FROM producer_jobs WHERE producer=? AND state=?",

@@ -18,6 +18,7 @@ from typing import Any
 
 from uniun.protocol import messages as m
 from uniun.protocol.client import Client, ClientError, JobFailed
+from uniun.runtime.commands.chat_log import ChatLog
 from uniun.runtime.commands.common import (
     add_connection_args, client_command, connect, describe_done,
 )
@@ -47,6 +48,7 @@ def run(args: argparse.Namespace) -> int:
     except ImportError:  # pragma: no cover - not on every platform
         pass
     history: list[dict[str, str]] = []
+    log = ChatLog()  # the chat producer's history, in the results database
     with connect(args) as client:
         client.ping()
         print(f"UNIUN chat on {client.endpoint}. {HELP}.", file=sys.stderr)
@@ -66,12 +68,14 @@ def run(args: argparse.Namespace) -> int:
                 return 0
             if text == "/reset":
                 history.clear()
+                log.new_conversation()
                 print("[conversation forgotten]", file=sys.stderr)
                 continue
             turn = history + [{"role": "user", "content": text}]
             answer = answer_turn(client, args, turn)
             if answer is not None:
                 history[:] = turn + [{"role": "assistant", "content": answer}]
+                log.add(text, answer)
 
 
 def answer_turn(client: Client, args: argparse.Namespace,
