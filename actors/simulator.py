@@ -130,13 +130,18 @@ class Simulation:
         return self.now
 
     # --- the loop ------------------------------------------------------------------------
-    def run(self) -> SimResult:
+    def run(self, until: float | None = None) -> SimResult:
+        """Simulate until everything has ended (or, given ``until``, until that time)."""
         events, i = self._events, 0
         last_t = events[-1].t if events else 0.0
+        stop = last_t + HORIZON_S if until is None else until
         while True:
             t_event = events[i].t if i < len(events) else math.inf
             t = min(t_event, self._runner_next(), self._wake or math.inf)
-            if t == math.inf or t > last_t + HORIZON_S:
+            if t == math.inf or t > stop:
+                if until is not None:
+                    self.now = max(self.now, until)
+                    self._report_progress()
                 break
             self.now = max(self.now, t)
             self._runner_step()
