@@ -24,6 +24,7 @@ import itertools
 import threading
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import zmq
 from loguru import logger
@@ -128,7 +129,7 @@ class SocketPump:
                         frames = sock.recv_multipart(zmq.NOBLOCK)
                     except zmq.Again:
                         break
-                    self._on_frames(frames)
+                    self._call(self._on_frames, frames)
             if inbox in events:
                 for _ in range(1024):
                     try:
@@ -139,8 +140,17 @@ class SocketPump:
             now = time.monotonic()
             if self._on_tick is not None and now >= next_tick:
                 next_tick = now + self._tick_s
-                for frames in self._on_tick(now):
+                for frames in self._call(self._on_tick, now) or ():
                     self._send(sock, frames)
+
+    def _call(self, callback: Callable[..., Any], *args: Any) -> Any:
+        """Run a callback; its failure (e.g. the actor it tells has just stopped) is
+        logged and the pump carries on until it is stopped."""
+        try:
+            return callback(*args)
+        except Exception as err:
+            logger.debug("pump {}: callback failed: {!r}", self.name, err)
+            return None
 
     def _send(self, sock: zmq.Socket, frames: Frames) -> None:
         try:
@@ -155,6 +165,6 @@ class SocketPump:
 
     def _unroutable(self, frames: Frames, why: str) -> None:
         if self._on_unroutable is not None:
-            self._on_unroutable(frames, why)
+            self._call(self._on_unroutable, frames, why)
         else:
             logger.debug("pump {}: dropped a message ({})", self.name, why)
