@@ -140,9 +140,10 @@ class Supervisor:
                     ", ".join(c.name for c in self.children))
         try:
             while self._stop_signal is None and self._fatal is None:
+                came_up = False
                 for beat in monitor.poll(_TICK_S):
-                    self._on_beat(beat.name, beat.pid, beat.at)
-                self._tick(time.monotonic())
+                    came_up |= self._on_beat(beat.name, beat.pid, beat.at)
+                self._tick(time.monotonic(), changed=came_up)
         finally:
             self._state = "stopping"
             self._publish()
@@ -159,16 +160,18 @@ class Supervisor:
         if self._stop_signal is None:
             self._stop_signal = signum
 
-    def _on_beat(self, name: str, pid: int, at: float) -> None:
+    def _on_beat(self, name: str, pid: int, at: float) -> bool:
+        """Record a beat; True if it is the child's first (it just came up)."""
         for child in self.children:
             if child.name == name and child.pid == pid:
-                if child.last_beat is None:
+                first = child.last_beat is None
+                if first:
                     logger.info("{} is up (pid {})", name, pid)
                 child.last_beat = at
-                return
+                return first
+        return False
 
-    def _tick(self, now: float) -> None:
-        changed = False
+    def _tick(self, now: float, *, changed: bool = False) -> None:
         for child in self.children:
             if child.restart_at is not None:
                 if now >= child.restart_at:
@@ -285,6 +288,7 @@ class Supervisor:
             "pid": os.getpid(), "state": self._state,
             "front": self.config.front.endpoint, "policy": self.config.policy.name,
             "children": {c.name: c.pid for c in self.children},
+            "up": {c.name: c.up for c in self.children},
             "restarts": {c.name: c.restarts for c in self.children},
         })
 

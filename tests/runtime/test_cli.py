@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -71,3 +72,65 @@ def test_submit_builds_chat_messages_and_raw_prompts() -> None:
                                       "--deadline-in", "30", "--hint", "write"]))
     assert bg["prompt"] == "write" and bg["flow"] == "deck-a" and bg["foreground_hint"]
     assert "messages" not in bg and bg["deadline"] > 0
+
+
+@pytest.mark.integration
+def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
+    """start --detach, status, submit, cancel, second start, stop: as the README shows."""
+    config = tmp_path / "u.toml"
+    config.write_text('[models]\nchat_model = "tiny-1"\n[supervisor]\nstop_grace_s = 5\n')
+    home = tmp_path / "home"
+    started = cli("start", "--detach", "--config", str(config), home=home)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        assert "runtime running" in started.stdout
+        assert stat_mode(home / "run") == 0o700
+
+        status = cli("status", "--json", home=home)
+        assert status.returncode == 0, status.stderr
+        body = json.loads(status.stdout)
+        assert body["policy"] == "uniun" and {"scheduler", "runner"} <= set(body["processes"])
+        table = cli("status", home=home)
+        assert "loaded model" in table.stdout and "front" in table.stdout
+
+        submitted = cli("submit", "--kind", "nataraj", "--max-new-tokens", "12", "once upon",
+                        home=home)
+        assert submitted.returncode == 0, submitted.stderr
+        assert "12 tokens" in submitted.stderr and "ttft" in submitted.stderr
+
+        chat = subprocess.run([sys.executable, "-m", "uniun.runtime", "chat",
+                               "--max-new-tokens", "4"], input="hello\nagain\n", text=True,
+                              capture_output=True, timeout=120,
+                              env=dict(os.environ, UNIUN_HOME=str(home)))
+        assert chat.returncode == 0, chat.stderr
+        assert chat.stderr.count("4 tokens") == 2
+
+        missing = cli("cancel", "no-such-job", home=home)
+        assert missing.returncode == 1 and "not_found" in missing.stderr
+
+        again = cli("start", "--config", str(config), home=home)
+        assert again.returncode == 1 and "already running" in again.stderr
+    finally:
+        stopped = cli("stop", home=home)
+    assert stopped.returncode == 0, stopped.stderr
+    assert cli("status", home=home).returncode == 1
+
+
+@pytest.mark.integration
+def test_bench_writes_its_results(tmp_path: Path) -> None:
+    out = tmp_path / "bench.json"
+    result = cli("bench", "--model", "tiny-1", "--reps", "1", "--bg-tokens", "24",
+                 "--policies", "uniun", "--restart-reps", "1", "--no-model-bench",
+                 "--home", str(tmp_path / "b"), "--out", str(out), home=tmp_path)
+    assert result.returncode == 0, result.stderr
+    data = json.loads(out.read_text())
+    uniun = data["policies"]["uniun"]
+    assert uniun["bg_every_token"] is True
+    assert uniun["ttft_idle_s"] > 0 and uniun["ttft_loaded_s"] > 0
+    assert data["runner_restart"]["serving_s"] > 0
+    assert "chat TTFT idle" in result.stdout
+
+
+def stat_mode(path: Path) -> int:
+    import stat
+    return stat.S_IMODE(path.stat().st_mode)

@@ -1,0 +1,120 @@
+"""``uniun-runtime bench``: the end-to-end benchmark (see ``uniun.runtime.bench_e2e``).
+
+Starts its own runtimes (temporary home unless ``--home``), measures chat latency idle and
+under background load for each policy, runner restart time, the model session and the
+policy's decision time, then writes one JSON file and prints a table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from uniun.runtime.config import DEFAULT_CHAT_MODEL
+
+DEFAULT_OUT = Path("bench-results") / "bench.json"
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "bench", help="end-to-end benchmark: chat latency under load, uniun vs fcfs",
+        description="Start a runtime per policy (in a temporary home; the model store is "
+                    "shared), measure chat time-to-first-token idle and while a background "
+                    "job generates, chat -> background paused, background completeness, "
+                    "runner restart after SIGKILL, plus the model and policy benchmarks. "
+                    "Medians over --reps. Writes JSON (default bench-results/bench.json).")
+    parser.add_argument("--model", default=DEFAULT_CHAT_MODEL,
+                        help=f"model id (default {DEFAULT_CHAT_MODEL})")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions (default 5)")
+    parser.add_argument("--bg-tokens", type=int, default=200,
+                        help="tokens of each background job (default 200)")
+    parser.add_argument("--policies", default="uniun,fcfs",
+                        help="comma-separated policies (default uniun,fcfs)")
+    parser.add_argument("--restart-reps", type=int, default=3,
+                        help="runner SIGKILLs to time (default 3; 0 skips)")
+    parser.add_argument("--no-model-bench", action="store_true",
+                        help="skip the model session benchmark")
+    parser.add_argument("--home", type=Path, default=None,
+                        help="home for the benchmark runtimes (default: a new temp dir)")
+    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                        help=f"result file (default {DEFAULT_OUT})")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from loguru import logger
+
+    from uniun.runtime.bench_e2e import run as run_bench
+
+    logger.remove()  # the in-process model bench logs at DEBUG; keep the console readable
+    logger.add(sys.stderr, level="WARNING")
+
+    policies = tuple(p.strip() for p in args.policies.split(",") if p.strip())
+    bad = [p for p in policies if p not in ("uniun", "fcfs")]
+    if bad or not policies or args.reps < 1 or args.bg_tokens < 1:
+        print("uniun-runtime: bench needs --policies from uniun,fcfs, --reps >= 1 and "
+              "--bg-tokens >= 1", file=sys.stderr)
+        return 2
+    try:
+        result = run_bench(model=args.model, policies=policies, reps=args.reps,
+                           bg_tokens=args.bg_tokens, home=args.home,
+                           restart_reps=args.restart_reps,
+                           with_model_bench=not args.no_model_bench,
+                           log=lambda msg: print(msg, file=sys.stderr))
+    except RuntimeError as err:
+        print(f"uniun-runtime: bench failed: {err}", file=sys.stderr)
+        return 1
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    Console().print(table(result))
+    print(f"(written to {args.out})", file=sys.stderr)
+    return 0
+
+
+def table(result: dict[str, Any]) -> Table:
+    """The headline numbers, one row per measure, one column per policy."""
+    policies = list(result["policies"])
+    out = Table(title=f"UNIUN end-to-end bench: {result['model']}, medians of "
+                      f"{result['reps']} (background job {result['bg_tokens']} tokens)",
+                title_justify="left")
+    out.add_column("measure")
+    for name in policies:
+        out.add_column(name, justify="right")
+    rows = (("chat TTFT idle", "ttft_idle_s"), ("chat TTFT, background generating",
+                                                "ttft_loaded_s"),
+            ("chat sent -> background paused", "chat_to_paused_s"),
+            ("background jobs complete, every token", "bg_every_token"))
+    for label, key in rows:
+        out.add_row(label, *(_fmt(result["policies"][p].get(key)) for p in policies))
+    ratios = result.get("ratios", {})
+    out.add_row("uniun: loaded / idle TTFT", _fmt(ratios.get("uniun_loaded_over_idle"), "x"))
+    out.add_row("fcfs / uniun TTFT under load", _fmt(ratios.get("fcfs_over_uniun_loaded"), "x"))
+    restart = result.get("runner_restart")
+    if restart:
+        out.add_row("runner SIGKILL -> new runner up", _fmt(restart.get("up_s")))
+        out.add_row("runner SIGKILL -> chat answering", _fmt(restart.get("serving_s")))
+    for name, numbers in (result.get("policy_decision") or {}).items():
+        if isinstance(numbers, dict):
+            out.add_row(f"{name}: decide() with {result['policy_decision']['queued']} queued",
+                        f"{numbers['decide_ms_p50']:.3f} ms")
+    model = result.get("model_bench") or {}
+    for key in ("decode_ms_per_token", "prefill_tokens_per_s", "load_s"):
+        if key in model:
+            out.add_row(f"model: {key}", f"{model[key]:.2f}")
+    return out
+
+
+def _fmt(value: Any, unit: str = "s") -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, bool):
+        return "yes" if value else "NO"
+    if unit == "x":
+        return f"{value:.2f}x"
+    return f"{value:.3f} s"
