@@ -6,7 +6,8 @@ schedule math is tested with plain numbers.
 Theory of operation. A Gana fires on a grid of *slots* ``last + k * every``. The next
 slot to fire is the **latest** grid slot that is due, so a Gana whose fires were missed
 while the runtime was down fires once on start, not once per missed interval; the grid
-then continues from that slot. A Gana that never fired fires at once (slot = now).
+then continues from that slot. A Gana that never fired is due at once, for the slot
+``now + lead_s``.
 A slot is *due* ``lead_s`` seconds before its time: gana-cron submits it early with
 ``deadline`` = the slot, so it runs in the fair pool (T4) and is promoted to T3 (EDF)
 only if it has not run by its fire time. Who fires a slot (gana-cron or the
@@ -108,14 +109,14 @@ def due_slot(last_slot: float | None, every_s: float, now: float,
              lead_s: float = 0.0) -> float | None:
     """The slot to fire now, or None if none is due.
 
-    ``last_slot`` is the last slot fired (claimed) for this Gana, None if it never
+    A slot ``s`` is due once ``now >= s - lead_s``. ``last_slot`` is the last slot fired (claimed) for this Gana, None if it never
     fired. Missed slots collapse into the latest one: after a long downtime this returns
     one slot, the most recent grid slot that is due.
     """
     if every_s <= 0:
         raise ValueError("every_s must be > 0")
     if last_slot is None:
-        return now
+        return now + lead_s
     k = math.floor((now + lead_s - last_slot) / every_s)
     if k < 1:
         return None

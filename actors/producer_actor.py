@@ -36,11 +36,12 @@ class ProducerLogic(Protocol):
 class ProducerActor(pykka.ThreadingActor):
     """Ticks a producer's logic; see the module docstring."""
 
-    def __init__(self, logic: ProducerLogic, *, pump_s: float = 0.2) -> None:
+    def __init__(self, logic: ProducerLogic, *, pump_s: float = 0.2,
+                 failed: threading.Event | None = None) -> None:
         super().__init__()
         self.logic = logic
         self.pump_s = pump_s
-        self.failed = threading.Event()
+        self.failed = failed or threading.Event()  # set when a tick raised
 
     def on_start(self) -> None:
         logger.info("{} producer started", self.logic.name)

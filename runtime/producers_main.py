@@ -8,6 +8,7 @@ producers' settings, so the logic classes stay free of config and process concer
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -127,15 +128,15 @@ def run_producer(make_logic: Callable[[], ProducerLogic], *, pump_s: float = 0.2
     """Run one producer actor until SIGTERM (exit 0) or until it fails (exit 1)."""
     from uniun.runtime import process
 
-    actor = ProducerActor(make_logic(), pump_s=pump_s)
-    ref = actor.start()
+    failed = threading.Event()
+    ref = ProducerActor.start(make_logic(), pump_s=pump_s, failed=failed)
     process.on_stop(lambda: ref.stop(block=False))
     try:
         while ref.is_alive():
             time.sleep(0.2)
     except KeyboardInterrupt:
         ref.stop(block=True, timeout=10)
-    return 1 if actor.failed.is_set() else 0
+    return 1 if failed.is_set() else 0
 
 
 def extract_main(config: RuntimeConfig) -> int:

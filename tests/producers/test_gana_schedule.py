@@ -18,6 +18,7 @@ E = 600.0  # every 10 minutes
 
 def test_a_gana_that_never_fired_fires_at_once() -> None:
     assert due_slot(None, E, now=1000.0) == 1000.0
+    assert due_slot(None, E, now=1000.0, lead_s=60) == 1060.0  # submitted now, due in 60 s
 
 
 def test_next_fire_is_one_interval_after_the_last() -> None:
