@@ -131,6 +131,10 @@ class KVCache:
     """Keys/values for positions ``[0, length)``: per layer ``(key, value)`` float32 arrays."""
 
     layers: list[tuple[np.ndarray, np.ndarray]]
+    # The same buffers as onnxruntime OrtValues ([k0, v0, k1, v1, ...]), when they came
+    # from the session: fed back as they are, they save re-wrapping 2 x layers arrays
+    # per step. Purely a cache; everything else uses ``layers``.
+    ort_values: list[Any] | None = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:

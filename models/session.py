@@ -151,6 +151,8 @@ class DecoderSession:
         self.kv_bytes_per_token = 2 * layers * self.kv_heads * self.head_dim * 4
         self._output_names = ["logits"] + [f"present.{i}.{kv}" for i in range(layers)
                                            for kv in ("key", "value")]
+        self._past_names = [f"past_key_values.{i}.{kv}" for i in range(layers)
+                            for kv in ("key", "value")]
         missing = [n for n in self._output_names if n not in outputs]
         if missing:
             raise ValueError(f"{self.model_dir}: model.onnx lacks outputs {missing}")
@@ -176,14 +178,22 @@ class DecoderSession:
             "attention_mask": ort_value(np.ones((1, past + n), np.int64)),
             "position_ids": ort_value(np.arange(past, past + n, dtype=np.int64).reshape(1, n)),
         }
-        for i in range(self.num_layers):
-            k, v = kv.layers[i] if kv is not None else (self._empty, self._empty)
-            feeds[f"past_key_values.{i}.key"] = ort_value(k)
-            feeds[f"past_key_values.{i}.value"] = ort_value(v)
+        if kv is not None and kv.ort_values is not None:
+            for name, value in zip(self._past_names, kv.ort_values):
+                feeds[name] = value
+        else:
+            for i in range(self.num_layers):
+                k, v = kv.layers[i] if kv is not None else (self._empty, self._empty)
+                feeds[f"past_key_values.{i}.key"] = ort_value(k)
+                feeds[f"past_key_values.{i}.value"] = ort_value(v)
         outs = self._sess.run_with_ort_values(self._output_names, feeds)
-        logits = np.array(outs[0].numpy()[0, -1], dtype=np.float32)  # small copy; frees the rest
-        layers = [(outs[1 + 2 * i].numpy(), outs[2 + 2 * i].numpy()) for i in range(self.num_layers)]
-        return logits, KVCache(layers)
+        logits = outs[0].numpy()[0, -1]
+        if n > 1:
+            logits = logits.copy()  # don't keep a [seq, vocab] prefill buffer alive for one row
+        present = outs[1:]
+        layers = [(present[2 * i].numpy(), present[2 * i + 1].numpy())
+                  for i in range(self.num_layers)]
+        return logits, KVCache(layers, present)
 
     # -- jobs ------------------------------------------------------------------------------
     def encode(self, *, prompt: str | None = None,
