@@ -1,8 +1,8 @@
 """Fixtures for the end-to-end tests: real runtimes over private homes.
 
-``runtime`` is one runtime shared by the tests of a module (starting one costs seconds
-of Python imports per process); a test that breaks it on purpose (kills, stops) makes
-its own with ``make_runtime``. On a failure the runtime's log tails are printed.
+``runtime`` is one runtime shared by every test of the session (starting one costs
+seconds of Python imports per process); a test that breaks it on purpose (kills, stops)
+or needs another configuration makes its own with ``make_runtime``. On a failure the runtime's log tails are printed.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import pytest
 from .harness import BASE_CONFIG, Runtime
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def runtime(tmp_path_factory: pytest.TempPathFactory, tiny_model: str,
             tiny_model_b: str) -> Iterator[Runtime]:
     rt = Runtime(tmp_path_factory.mktemp("rt")).start()

@@ -41,6 +41,20 @@ stop_grace_s = 6
 """
 
 
+PROMPT = "hello world"
+LONG = 2500  # tokens: seconds on the tiny model, so there is time to preempt it
+
+
+def long_job(job_id: str, kind: str, **extra: Any) -> dict[str, Any]:
+    """A background job long enough to be preempted, cancelled or killed mid-way."""
+    return {"job_id": job_id, "kind": kind, "prompt": PROMPT, "max_new_tokens": LONG, **extra}
+
+
+def chat_job(job_id: str, **extra: Any) -> dict[str, Any]:
+    return {"job_id": job_id, "kind": "chat", "max_new_tokens": 24,
+            "messages": [{"role": "user", "content": "Hello! How are you?"}], **extra}
+
+
 def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -116,6 +130,11 @@ class Wire:
                 if m.get("job_id") == job_id and "re" not in m and m["type"] == mtype
                 and all(m.get(k) == v for k, v in match.items())]
         return hits[nth]
+
+
+def wait_tokens(w: Wire, job_id: str, n: int = 3) -> None:
+    """Until ``job_id`` has streamed at least ``n`` tokens (it is generating)."""
+    w.wait(lambda m: m.get("job_id") == job_id and m["type"] == "token" and m["seq"] >= n - 1)
 
 
 def tokens_of(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -13,21 +13,9 @@ from typing import Any
 
 import pytest
 
-from .harness import Runtime, Wire, assert_gap_free, tokens_of
+from .harness import Runtime, Wire, assert_gap_free, chat_job, long_job, tokens_of, wait_tokens
 
 pytestmark = pytest.mark.integration
-
-PROMPT = "hello world"
-LONG = 2500  # tokens: seconds on the tiny model, so there is time to preempt it
-
-
-def long_job(job_id: str, kind: str, **extra: Any) -> dict[str, Any]:
-    return {"job_id": job_id, "kind": kind, "prompt": PROMPT, "max_new_tokens": LONG, **extra}
-
-
-def chat_job(job_id: str, **extra: Any) -> dict[str, Any]:
-    return {"job_id": job_id, "kind": "chat", "max_new_tokens": 24,
-            "messages": [{"role": "user", "content": "Hello! How are you?"}], **extra}
 
 
 @pytest.fixture(scope="module")
@@ -38,10 +26,6 @@ def reference(runtime: Runtime) -> str:
     done = w.end("reference")
     assert done["type"] == "done" and done["preemptions"] == 0
     return done["text"]
-
-
-def wait_tokens(w: Wire, job_id: str, n: int = 3) -> None:
-    w.wait(lambda m: m.get("job_id") == job_id and m["type"] == "token" and m["seq"] >= n - 1)
 
 
 def assert_resumed_whole(w: Wire, job_id: str, reference: str) -> dict[str, Any]:

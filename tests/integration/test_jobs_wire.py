@@ -1,0 +1,93 @@
+"""Job control through the wire: cancel, idempotent submit, attach after a reconnect."""
+
+from __future__ import annotations
+
+import pytest
+
+from uniun.protocol.client import Client
+
+from .harness import Runtime, assert_gap_free, long_job, tokens_of, wait_tokens
+
+pytestmark = pytest.mark.integration
+
+
+def test_cancel_of_a_running_job_stops_it_and_the_runner_moves_on(runtime: Runtime) -> None:
+    w = runtime.wire()
+    w.submit(long_job("c-run", "nataraj"))
+    wait_tokens(w, "c-run")
+    reply = w.request("cancel", job_id="c-run")
+    assert reply["type"] == "cancelled" and reply["job_id"] == "c-run"
+    end = w.end("c-run")
+    assert end["type"] == "error" and end["code"] == "cancelled"
+    assert not any(e["type"] == "done" for e in w.events("c-run"))
+    assert len(tokens_of(w.events("c-run"))) < 2500
+    # The runner is free again: the next job runs to its end.
+    w.submit({"job_id": "c-after", "kind": "extract", "prompt": "next", "max_new_tokens": 5})
+    assert w.end("c-after")["type"] == "done"
+    status = runtime.status()
+    assert "c-run" not in str(status["queues"]) and status["running"] is None
+
+
+def test_cancel_of_a_queued_job_removes_it_before_it_runs(runtime: Runtime) -> None:
+    w = runtime.wire()
+    w.submit(long_job("cq-first", "nataraj"))
+    wait_tokens(w, "cq-first")
+    w.submit(long_job("cq-queued", "nataraj"))
+    assert "cq-queued" in runtime.status()["queues"]["T4"]
+    assert w.request("cancel", job_id="cq-queued")["type"] == "cancelled"
+    end = w.end("cq-queued")
+    assert end["type"] == "error" and end["code"] == "cancelled"
+    assert "cq-queued" not in str(runtime.status()["queues"])
+    assert w.request("cancel", job_id="cq-first")["type"] == "cancelled"
+    w.end("cq-first")
+    assert not any(e["type"] == "started" for e in w.events("cq-queued"))
+    # Cancelling again is harmless; an unknown id is not found.
+    assert w.request("cancel", job_id="cq-queued")["type"] == "cancelled"
+    missing = w.request("cancel", job_id="cq-never-submitted")
+    assert missing["type"] == "error" and missing["code"] == "not_found"
+
+
+def test_resubmit_with_the_same_id_is_acknowledged_and_runs_once(runtime: Runtime) -> None:
+    w = runtime.wire()
+    job = {"job_id": "idem", "kind": "extract", "prompt": "same job", "max_new_tokens": 12}
+    first, second = w.submit(job), w.submit(job)
+    assert first["type"] == second["type"] == "accepted"
+    done = w.end("idem")
+    assert done["type"] == "done"
+    again = w.submit(job)  # after it finished: acknowledged with its outcome, not re-run
+    assert again["type"] == "accepted" and again["state"] == "ended"
+    w.wait(lambda m: m.get("job_id") == "idem" and m["type"] == "done",
+           start=w.log.index(again))
+    events = w.events("idem")
+    assert sum(e["type"] == "started" for e in events) == 1
+    assert_gap_free([e for e in events if e["type"] == "token"])
+    other = w.submit({**job, "prompt": "a different job"})
+    assert other["type"] == "error" and other["code"] == "invalid_field"
+    assert other["field"] == "job_id"
+
+
+def test_attach_after_a_client_reconnect_continues_the_stream(runtime: Runtime) -> None:
+    first = Client(runtime.endpoint, timeout=30)
+    stream = first.submit(long_job("att", "extract"))
+    held = []
+    for event in stream:
+        if event["type"] == "token":
+            held.append(event)
+            if len(held) == 5:
+                break
+    first.close()  # the client goes away mid-stream (its job keeps running)
+
+    with Client(runtime.endpoint, timeout=30) as second:
+        resumed = second.attach("att", after_seq=held[-1]["seq"])
+        assert resumed.accepted is not None and resumed.accepted["type"] == "accepted"
+        rest = list(resumed)
+    done = rest[-1]
+    assert done["type"] == "done"
+    tokens = held + [e for e in rest if e["type"] == "token"]
+    assert [t["seq"] for t in tokens] == list(range(len(tokens)))
+    assert "".join(t["text"] for t in tokens) == done["text"]
+    assert done["usage"]["completion_tokens"] == len(tokens)
+
+    w = runtime.wire()
+    unknown = w.request("attach", job_id="no-such-job")
+    assert unknown["type"] == "error" and unknown["code"] == "not_found"
