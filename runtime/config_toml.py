@@ -151,3 +151,31 @@ def dump_config(config: cfg.RuntimeConfig, *, comments: bool = True,
             lines += _section_lines(name, section, comments, blank)
         lines.append("")
     return "\n".join(lines).rstrip("\n") + "\n"
+
+
+def reference_markdown() -> str:
+    """Markdown tables of every key, default and meaning (docs/configuration.md embeds it)."""
+    out: list[str] = []
+    for name, cls in cfg.SECTIONS.items():
+        out += [f"### `[{name}]`", "", " ".join((cls.__doc__ or "").split()), "",
+                "| key | default | meaning |", "|---|---|---|"]
+        if cls is cfg.PolicySection:
+            out.append(f"| `name` | `\"uniun\"` | "
+                       f"{dataclasses.fields(cfg.PolicySection)[0].metadata['doc']} |")
+            policy_cls = cfg._policy_config_class()
+            if policy_cls is not None:
+                docs, policy_defaults = field_comments(policy_cls), policy_cls()
+                for f in dataclasses.fields(policy_cls):
+                    try:
+                        value = toml_value(getattr(policy_defaults, f.name))
+                    except ValueError:
+                        continue
+                    out.append(f"| `{f.name}` | `{value}` | "
+                               f"{f.metadata.get('doc', '') or docs.get(f.name, '')} |")
+        else:
+            section = cls()  # the declared defaults, before home-derived values are filled in
+            for f in dataclasses.fields(cls):
+                out.append(f"| `{f.name}` | `{toml_value(getattr(section, f.name))}` | "
+                           f"{f.metadata.get('doc', '')} |")
+        out.append("")
+    return "\n".join(out).rstrip("\n") + "\n"

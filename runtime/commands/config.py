@@ -21,10 +21,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--example", action="store_true",
                         help="print the commented defaults (portable: no home paths)")
     parser.add_argument("--bare", action="store_true", help="leave out the comments")
+    parser.add_argument("--reference", action="store_true",
+                        help="print every key as Markdown tables (docs/configuration.md)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.reference:
+        from uniun.runtime.config_toml import reference_markdown
+        sys.stdout.write(reference_markdown())
+        return 0
     try:
         config = load_config_text("") if args.example else load_config(args.config)
     except ConfigError as err:

@@ -112,3 +112,15 @@ def test_example_file_is_the_documented_defaults() -> None:
 def _sans_source(config: RuntimeConfig) -> RuntimeConfig:
     import dataclasses
     return dataclasses.replace(config, source=None)
+
+
+def test_configuration_doc_lists_every_key() -> None:
+    """docs/configuration.md embeds the generated key reference; it must stay in step."""
+    from uniun.runtime.config_toml import reference_markdown
+    doc = (ROOT / "docs" / "configuration.md").read_text()
+    begin = doc.index("<!-- BEGIN generated: uniun-runtime config --reference -->\n")
+    end = doc.index("<!-- END generated -->")
+    block = doc[begin:end].split("\n", 1)[1]
+    assert block == reference_markdown(), (
+        "docs/configuration.md is out of date: replace its generated block with the "
+        "output of `uniun-runtime config --reference`")
