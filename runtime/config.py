@@ -22,7 +22,6 @@ Rules:
 from __future__ import annotations
 
 import dataclasses
-import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
@@ -34,6 +33,10 @@ try:  # Python 3.11+
 except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
+from uniun.runtime.config_check import (
+    ConfigError, check_endpoint as _check_endpoint, check_ranges as _check_ranges,
+    coerce as _coerce,
+)
 from uniun.runtime.paths import HOME_ENV
 
 CONFIG_ENV = "UNIUN_CONFIG"
@@ -41,18 +44,6 @@ DEFAULT_CHAT_MODEL = "smollm2-135m-instruct"
 DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"
 POLICY_NAMES = ("uniun", "fcfs")
 MIB = 1024 * 1024
-
-
-class ConfigError(ValueError):
-    """A configuration problem; the message names the file and the key."""
-
-    def __init__(self, message: str, *, key: str | None = None,
-                 source: Path | str | None = None) -> None:
-        where = f"{source}: " if source else ""
-        what = f"{key}: " if key else ""
-        super().__init__(f"{where}{what}{message}")
-        self.key = key
-        self.source = source
 
 
 def _doc(text: str) -> dict[str, str]:
@@ -451,111 +442,6 @@ def _policy_config_class() -> type | None:
         if isinstance(cls, type) and dataclasses.is_dataclass(cls):
             return cls
     return None
-
-
-def _coerce(key: str, value: Any, default: Any, source: Path | None) -> Any:
-    """Check ``value`` has the type of ``default`` (ints pass for floats)."""
-    def bad(expected: str) -> ConfigError:
-        return ConfigError(f"must be {expected} (got {value!r})", key=key, source=source)
-
-    if isinstance(default, bool):
-        if not isinstance(value, bool):
-            raise bad("true or false")
-        return value
-    if isinstance(default, int):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise bad("an integer")
-        return value
-    if isinstance(default, float):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) \
-                or not math.isfinite(value):
-            raise bad("a number")
-        return float(value)
-    if isinstance(default, str):
-        if not isinstance(value, str):
-            raise bad("a string")
-        return value
-    if isinstance(default, tuple):
-        if not isinstance(value, list):
-            raise bad("a list")
-        if default and all(isinstance(x, str) for x in default) \
-                and not all(isinstance(x, str) for x in value):
-            raise bad("a list of strings")
-        return tuple(value)
-    if isinstance(default, Mapping):
-        if not isinstance(value, dict):
-            raise bad("a table")
-        return MappingProxyType(dict(value))
-    if default is None:
-        return value
-    raise bad(type(default).__name__)
-
-
-_POSITIVE = {
-    "limits": ("max_frame_bytes", "queue_cap", "max_new_tokens_cap", "max_prompt_chars"),
-    "runner": ("intra_op_threads",),
-    "supervisor": ("heartbeat_interval_s", "missed_heartbeats", "restart_window_s",
-                   "start_timeout_s"),
-    "embed": ("workers", "queue_bound"),
-    "producers": ("scan_interval_s", "backfill_per_s", "extract_in_flight",
-                  "extract_max_new_tokens", "deck_low", "deck_high", "card_max_new_tokens",
-                  "check_interval_s", "lifecycle_poll_s", "background_lease_s",
-                  "background_threads"),
-}
-_NON_NEGATIVE = {
-    "front": ("linger_ms",),
-    "runner": ("snapshot_cap_bytes", "spill_cap_bytes"),
-    "supervisor": ("max_restarts", "stop_grace_s"),
-    "producers": ("gana_lead_s",),
-}
-_LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
-
-
-def _check_ranges(section: str, values: dict[str, Any], source: Path | None) -> None:
-    for key in _POSITIVE.get(section, ()):
-        if key in values and values[key] <= 0:
-            raise ConfigError(f"must be > 0 (got {values[key]!r})",
-                              key=f"{section}.{key}", source=source)
-    for key in _NON_NEGATIVE.get(section, ()):
-        if key in values and values[key] < 0:
-            raise ConfigError(f"must be >= 0 (got {values[key]!r})",
-                              key=f"{section}.{key}", source=source)
-    if section == "logging" and "level" in values and values["level"].upper() not in _LEVELS:
-        raise ConfigError(f"must be one of {', '.join(_LEVELS)}", key="logging.level",
-                          source=source)
-    if section == "jobs" and "kinds" in values:
-        kinds = values["kinds"]
-        if "chat" not in kinds or len(set(kinds)) != len(kinds) or not all(kinds):
-            raise ConfigError("must list distinct non-empty kinds, chat among them",
-                              key="jobs.kinds", source=source)
-    if section == "producers" and values.get("deck_low", 3) > values.get("deck_high", 8):
-        raise ConfigError("must not exceed producers.deck_high", key="producers.deck_low",
-                          source=source)
-    if section == "models":
-        for key in ("chat_model", "embed_model"):
-            if key in values and not values[key]:
-                raise ConfigError("must not be empty", key=f"models.{key}", source=source)
-
-
-_IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, NUL included
-
-
-def _check_endpoint(key: str, endpoint: str, source: Path | None) -> None:
-    if endpoint.startswith("ipc://"):
-        path = endpoint[len("ipc://"):]
-        if not path:
-            raise ConfigError("ipc:// needs a socket path", key=key, source=source)
-        if len(path.encode()) > _IPC_PATH_MAX:
-            raise ConfigError(f"socket path is longer than {_IPC_PATH_MAX} bytes; "
-                              "use a shorter UNIUN_HOME or a tcp:// endpoint",
-                              key=key, source=source)
-    elif endpoint.startswith("tcp://"):
-        host, sep, port = endpoint[len("tcp://"):].rpartition(":")
-        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise ConfigError("expected tcp://HOST:PORT with a port in 1..65535",
-                              key=key, source=source)
-    else:
-        raise ConfigError("must start with ipc:// or tcp://", key=key, source=source)
 
 
 def _to_raw(config: RuntimeConfig) -> dict[str, Any]:
