@@ -49,7 +49,7 @@ from uniun.protocol.codec import DEFAULT_LIMITS, EncodeError, Limits, encode, tr
 from uniun.protocol.endpoints import EMBED, remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
 from uniun.runtime.embed_worker import EXIT_MODEL
-from uniun.runtime.embed_workers import WorkerProcess
+from uniun.runtime.embed_workers import PIDS_FILE, WorkerProcess, publish_pids
 from uniun.runtime.paths import ensure_private_dir, logs_dir, run_dir
 
 POLL_MS = 100  # loop tick: how often children are checked when no message arrives, ms
@@ -115,6 +115,7 @@ class EmbedPool:
         self.front = self._ctx.socket(zmq.ROUTER)
         self.back = self._ctx.socket(zmq.ROUTER)
         self._back_path = run_dir() / f"embed-workers-{os.getpid()}.sock"
+        self._published: dict[str, int] = {}
 
     # -- life ---------------------------------------------------------------------------
     def bind(self) -> str:
@@ -295,6 +296,10 @@ class EmbedPool:
                 worker.spawn(backend=f"ipc://{self._back_path}", model_dir=self._model_dir,
                              threads=self.s.threads, log_level=self.s.log_level,
                              log_file=logs_dir() / f"{worker.name}.log")
+        pids = {w.name: w.pid for w in self.workers if w.pid is not None}
+        if self.s.publish_endpoint and pids != self._published:
+            publish_pids(run_dir(), pids)  # the scheduler's status lists embed-N from it
+            self._published = pids
         self._dispatch()
 
     def _tick_model(self, now: float) -> None:
@@ -376,6 +381,7 @@ class EmbedPool:
             worker.wait_or_kill(STOP_GRACE_S)
         if self.s.publish_endpoint:
             remove_endpoint(EMBED, only_if=self.endpoint)
+            (run_dir() / PIDS_FILE).unlink(missing_ok=True)
         self.front.close(linger=1000)
         self.back.close(linger=0)
         self._ctx.term()

@@ -104,3 +104,36 @@ class WorkerProcess:
         return {"name": self.name, "pid": self.pid, "state": self.state,
                 "restarts": self.restarts, "served": self.served,
                 "request": getattr(self.request, "msg_id", None)}
+
+
+# -- the workers' pids, published for the scheduler's ``status.processes`` ----------------
+PIDS_FILE = "embed.workers.json"
+
+
+def publish_pids(run_dir: Path, pids: dict[str, int]) -> None:
+    """Write ``{name: pid}`` of the live workers to ``run/embed.workers.json`` atomically."""
+    import json
+
+    path = run_dir / PIDS_FILE
+    tmp = path.with_suffix(f".{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(pids))
+    os.replace(tmp, path)
+
+
+def read_pids(run_dir: Path) -> dict[str, int]:
+    """The published worker pids that are still alive (a killed pool leaves a stale file)."""
+    import json
+
+    try:
+        raw = json.loads((run_dir / PIDS_FILE).read_text())
+    except (OSError, ValueError):
+        return {}
+    alive = {}
+    for name, pid in raw.items() if isinstance(raw, dict) else ():
+        if isinstance(pid, int) and pid > 0:
+            try:
+                os.kill(pid, 0)
+            except OSError:
+                continue
+            alive[str(name)] = pid
+    return alive

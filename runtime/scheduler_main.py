@@ -50,11 +50,14 @@ def journal_path() -> Path:
 
 def _processes() -> dict[str, int]:
     """Children's pids as the supervisor published them (empty when run by hand)."""
+    from uniun.runtime.embed_workers import read_pids
     from uniun.runtime.state import read_state
 
     state = read_state(run_dir()) or {}
     children = state.get("children") or {}
-    return {name: pid for name, pid in children.items() if isinstance(pid, int)}
+    processes = {name: pid for name, pid in children.items() if isinstance(pid, int)}
+    processes.update(read_pids(run_dir()))  # the embed pool's own embed-N workers
+    return processes
 
 
 def main(config: RuntimeConfig) -> int:
