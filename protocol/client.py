@@ -1,0 +1,495 @@
+"""The client library: what producers, the CLI and tests use to talk to the scheduler.
+
+Theory of operation:
+
+- One ``Client`` owns one DEALER socket connected to the front (ipc or tcp). All I/O
+  happens in the calling thread, inside the blocking calls: a ``Client`` is **not**
+  thread-safe (use one per thread). It never spins: every wait is a ``zmq.Poller``
+  poll with a timeout.
+- Everything that arrives is routed: replies by ``re`` to the request waiting for them,
+  job events by ``job_id`` to that job's :class:`JobStream` queue. So several jobs can
+  stream at once through one client; iterating one stream buffers the others' events.
+- Liveness: a socket monitor reports the ZMTP handshake (the scheduler is there) and
+  disconnects (it went away, e.g. it was killed). While waiting, if nothing has
+  arrived for ``heartbeat_s``, the client sends a ``ping``; no ``pong`` within
+  ``timeout`` also counts as lost (a hung scheduler).
+- Reconnect-and-attach: on a lost scheduler the client opens a *new* DEALER (the
+  scheduler knows connections by identity; a restarted one knows none), waits up to
+  ``reconnect_timeout`` for a scheduler, re-sends every request still waiting for its
+  reply (same ids; ``submit`` is idempotent by ``job_id``) and re-``attach``es every
+  open stream with ``after_seq`` = the last token it holds. Tokens are deduplicated by
+  ``seq``, so none is delivered twice.
+- Errors: an ``error`` reply raises :class:`ClientError` (``code``, ``field``,
+  ``retryable``); no scheduler raises :class:`SchedulerUnavailable`; a connected
+  scheduler that does not answer in time raises :class:`Timeout`. A message we cannot
+  encode raises ``EncodeError`` before anything is sent.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+import uuid
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator, Mapping
+
+import zmq
+from loguru import logger
+from zmq.utils.monitor import recv_monitor_message
+
+from uniun.protocol import messages as m
+from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
+from uniun.protocol.endpoints import front_endpoint
+from uniun.protocol.errors import ProtocolError
+
+_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+_ENVELOPE_KEYS = ("v", "type", "re")
+
+
+class ClientError(Exception):
+    """The scheduler answered ``error``: ``code`` is the PROTOCOL.md code."""
+
+    def __init__(self, code: str, message: str, *, field: str | None = None,
+                 job_id: str | None = None, retryable: bool = False) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.field = code, message, field
+        self.job_id, self.retryable = job_id, retryable
+
+    @classmethod
+    def from_msg(cls, msg: Mapping[str, Any]) -> "ClientError":
+        return cls(str(msg.get("code", "internal")), str(msg.get("message", "")),
+                   field=msg.get("field"), job_id=msg.get("job_id"),
+                   retryable=bool(msg.get("retryable", False)))
+
+
+class JobFailed(ClientError):
+    """A job ended with an ``error`` event (e.g. ``runner_failed``, ``cancelled``)."""
+
+
+class SchedulerUnavailable(ConnectionError):
+    """No scheduler at the endpoint, or it went away and did not come back in time."""
+
+
+class Timeout(TimeoutError):
+    """The scheduler is connected but did not answer in time (the request may still act)."""
+
+
+@dataclass
+class _Pending:
+    msg: dict[str, Any]
+    reply: dict[str, Any] | None = None
+    on_reply: Callable[[dict[str, Any]], None] | None = None  # asynchronous requests
+
+
+class JobStream:
+    """The events of one job, in order, ending with ``done`` or ``error``.
+
+    Iterate it for event maps (``{"v", "type", "job_id", ...}`` as on the wire).
+    ``accepted`` is the ``accepted`` reply; ``final`` the terminal event once seen;
+    ``last_seq`` the last token's ``seq``; ``missed_tokens`` counts tokens that never
+    arrived (only possible across a reconnect to a scheduler that could not resend
+    them -- ``done.text`` is whole regardless).
+    """
+
+    def __init__(self, client: "Client", job_id: str) -> None:
+        self.job_id = job_id
+        self.accepted: dict[str, Any] | None = None
+        self.final: dict[str, Any] | None = None
+        self.last_seq = -1
+        self.missed_tokens = 0
+        self._client = client
+        self._queue: deque[dict[str, Any]] = deque()
+        self._ended = False  # terminal event seen, cancelled by us, or closed
+        self._failure: ClientError | None = None
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        return self
+
+    def __next__(self) -> dict[str, Any]:
+        event = self.next_event()
+        if event is None:
+            raise StopIteration
+        return event
+
+    def next_event(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next event; ``None`` once the stream has ended. Raises ``Timeout``."""
+        def ready() -> bool:
+            return bool(self._queue) or self._ended or self._failure is not None
+
+        if not ready():
+            self._client._wait_until(ready, timeout, f"events of job {self.job_id}")
+        if self._queue:
+            return self._queue.popleft()
+        if self._failure is not None:
+            failure, self._failure = self._failure, None
+            self._ended = True
+            raise failure
+        return None
+
+    def tokens(self) -> Iterator[str]:
+        """Just the text of the ``token`` events (the stream is consumed)."""
+        for event in self:
+            if event["type"] == m.TOKEN:
+                yield event["text"]
+
+    def result(self, timeout: float | None = None) -> dict[str, Any]:
+        """Consume the stream and return the ``done`` event; raise ``JobFailed`` on error."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (event := self.next_event(
+                None if deadline is None else max(0.0, deadline - time.monotonic()))) is not None:
+            if event["type"] == m.ERROR:
+                raise JobFailed.from_msg(event)
+        if self.final is None or self.final["type"] != m.DONE:
+            raise JobFailed("cancelled", f"job {self.job_id} ended without done",
+                            job_id=self.job_id)
+        return self.final
+
+    def cancel(self) -> dict[str, Any]:
+        """Cancel this job (see :meth:`Client.cancel`)."""
+        return self._client.cancel(self.job_id)
+
+    def close(self) -> None:
+        """Stop receiving this job's events (the job itself keeps running)."""
+        self._ended = True
+        self._client._streams.pop(self.job_id, None)
+
+    # -- called by the client's router -----------------------------------------------
+
+    def _push(self, event: dict[str, Any]) -> None:
+        if self.final is not None:
+            return
+        if event["type"] == m.TOKEN:
+            seq = event["seq"]
+            if seq <= self.last_seq:
+                return  # already delivered before a reconnect
+            self.missed_tokens += seq - self.last_seq - 1
+            self.last_seq = seq
+        if event["type"] in m.TERMINAL_EVENTS:
+            self.final = event
+            self._ended = True
+            self._client._streams.pop(self.job_id, None)
+        self._queue.append(event)
+
+    def _on_attach_reply(self, reply: dict[str, Any]) -> None:
+        if reply["type"] == m.ERROR:
+            self._failure = ClientError.from_msg(reply)
+            self._client._streams.pop(self.job_id, None)
+
+
+class Client:
+    """A connection to the scheduler's front. See the module docstring.
+
+    ``endpoint``: default :func:`~uniun.protocol.endpoints.front_endpoint` (the
+    ``front.endpoint`` file, else ``ipc://$UNIUN_HOME/run/front.sock``).
+    ``timeout``: seconds to wait for a reply (and for a first connection), default 10.
+    ``reconnect_timeout``: seconds to wait for a lost scheduler to come back, default 30.
+    ``heartbeat_s``: silence after which a waiting client pings, default 2.
+    ``linger_s``: how long unsent messages may hold up context termination, default 0.5.
+    """
+
+    def __init__(self, endpoint: str | None = None, timeout: float = 10.0, *,
+                 reconnect: bool = True, reconnect_timeout: float = 30.0,
+                 heartbeat_s: float = 2.0, linger_s: float = 0.5,
+                 limits: Limits = DEFAULT_LIMITS, context: zmq.Context | None = None) -> None:
+        self.endpoint = front_endpoint(endpoint)
+        self.timeout = timeout
+        self.reconnect = reconnect
+        self.reconnect_timeout = reconnect_timeout
+        self.heartbeat_s = heartbeat_s
+        self.reconnects = 0  # how many times a lost scheduler was reconnected
+        self._linger_ms = int(linger_s * 1000)
+        self._limits = limits
+        self._ctx = context or zmq.Context.instance()
+        self._ids = itertools.count(1)
+        self._prefix = uuid.uuid4().hex[:8]
+        self._pending: dict[str, _Pending] = {}
+        self._streams: dict[str, JobStream] = {}
+        self._sock: zmq.Socket | None = None
+        self._mon: zmq.Socket | None = None
+        self._poller = zmq.Poller()
+        self._connected = False
+        self._lost = False
+        self._last_rx = time.monotonic()  # last traffic of any kind (handshake included)
+        self._last_msg = time.monotonic()  # last message from the scheduler
+        self._recovered_at: float | None = None  # end of the last reconnect
+        self._silent_since = 0.0  # start of the current run of unanswered reconnects
+        self._ping: tuple[str, float] | None = None  # liveness ping in flight: (id, sent)
+        self._open()
+
+    # -- public API ---------------------------------------------------------------
+
+    def submit(self, job: Mapping[str, Any], *, timeout: float | None = None) -> JobStream:
+        """Submit a job map (``job_id`` generated if absent); return its event stream.
+
+        Raises ``ClientError`` if the scheduler refuses it (nothing is then queued).
+        """
+        job = dict(job)
+        job.setdefault("job_id", uuid.uuid4().hex)
+        msg = m.req_submit(self._next_id(), job)
+        stream = self._streams.get(job["job_id"]) or JobStream(self, job["job_id"])
+        self._streams[stream.job_id] = stream
+        try:
+            stream.accepted = self._request(msg, timeout)
+        except BaseException:
+            self._streams.pop(stream.job_id, None)
+            raise
+        return stream
+
+    def attach(self, job_id: str, *, after_seq: int = -1,
+               timeout: float | None = None) -> JobStream:
+        """Subscribe to the events of a job submitted earlier (e.g. by a previous run).
+
+        ``after_seq``: tokens up to this ``seq`` are already held and will be skipped.
+        """
+        stream = self._streams.get(job_id) or JobStream(self, job_id)
+        stream.last_seq = max(stream.last_seq, after_seq)
+        self._streams[job_id] = stream
+        try:
+            stream.accepted = self._request(
+                m.req_attach(self._next_id(), job_id, stream.last_seq), timeout)
+        except BaseException:
+            self._streams.pop(job_id, None)
+            raise
+        return stream
+
+    def cancel(self, job_id: str, *, timeout: float | None = None) -> dict[str, Any]:
+        """Cancel a job; return the ``cancelled`` reply. Its stream here then ends."""
+        reply = self._request(m.req_cancel(self._next_id(), job_id), timeout)
+        stream = self._streams.pop(job_id, None)
+        if stream is not None:
+            stream._ended = True
+        return reply
+
+    def foreground(self, kind: str | None, *, timeout: float | None = None) -> None:
+        """Tell the scheduler which job kind the user is looking at (None: none)."""
+        self._request(m.req_foreground(self._next_id(), kind), timeout)
+
+    def lifecycle(self, state: str, *, timeout: float | None = None) -> None:
+        """``"foreground"`` or ``"background"``: whether the app is in front."""
+        self._request(m.req_lifecycle(self._next_id(), state), timeout)
+
+    def status(self, *, timeout: float | None = None) -> dict[str, Any]:
+        """The scheduler's ``status`` body (policy, queues, running, processes, ...)."""
+        reply = self._request(m.req_status(self._next_id()), timeout)
+        return {k: v for k, v in reply.items() if k not in _ENVELOPE_KEYS}
+
+    def ping(self, *, timeout: float | None = None) -> float:
+        """Round-trip time of a ``ping``, seconds."""
+        start = time.monotonic()
+        self._request(m.req_ping(self._next_id()), timeout)
+        return time.monotonic() - start
+
+    def close(self) -> None:
+        """Close the socket. Open streams end; running jobs are not cancelled."""
+        for stream in list(self._streams.values()):
+            stream._ended = True
+        self._streams.clear()
+        self._pending.clear()
+        self._close_socket()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- socket ---------------------------------------------------------------------
+
+    def _next_id(self) -> str:
+        return f"{self._prefix}-{next(self._ids)}"
+
+    def _open(self) -> None:
+        sock = self._ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, self._linger_ms)
+        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a peer that is not there
+        sock.setsockopt(zmq.RECONNECT_IVL, 100)  # ms; capped back-off below
+        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        self._mon = sock.get_monitor_socket(_MONITOR_EVENTS)
+        sock.connect(self.endpoint)
+        self._sock = sock
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        self._poller.register(self._mon, zmq.POLLIN)
+        self._connected = self._lost = False
+
+    def _close_socket(self) -> None:
+        if self._sock is None:
+            return
+        try:
+            self._sock.disable_monitor()
+        except zmq.ZMQError:
+            pass
+        assert self._mon is not None
+        self._mon.close(linger=0)
+        self._sock.close(linger=self._linger_ms)
+        self._sock = self._mon = None
+        self._connected = False
+
+    def _send(self, msg: dict[str, Any]) -> None:
+        if self._sock is None:
+            raise RuntimeError("client is closed")
+        frame = encode(msg, self._limits)
+        try:
+            self._sock.send(frame, zmq.NOBLOCK)
+        except zmq.Again:
+            self._lost = True  # no peer: the request stays pending and is re-sent
+
+    def _request(self, msg: dict[str, Any], timeout: float | None) -> dict[str, Any]:
+        timeout = self.timeout if timeout is None else timeout
+        encode(msg, self._limits)  # fail on a bad message before any state changes
+        self._wait_until(lambda: self._connected, timeout, "connecting")
+        pending = _Pending(msg)
+        self._pending[msg["id"]] = pending
+        try:
+            self._send(msg)
+            self._wait_until(lambda: pending.reply is not None, timeout, f"{msg['type']} reply")
+        finally:
+            self._pending.pop(msg["id"], None)
+        assert pending.reply is not None
+        if pending.reply["type"] == m.ERROR:
+            raise ClientError.from_msg(pending.reply)
+        return pending.reply
+
+    # -- waiting and routing ------------------------------------------------------
+
+    def _wait_until(self, done: Callable[[], bool], timeout: float | None, what: str) -> None:
+        """Pump the socket until ``done()``; reconnect on loss; raise on timeout."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not done():
+            if self._sock is None:
+                raise RuntimeError("client is closed")
+            if self._lost:
+                self._recover()
+                continue
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                if not self._connected:
+                    raise SchedulerUnavailable(
+                        f"no scheduler at {self.endpoint} within {timeout:g}s "
+                        "(is `uniun-runtime start` running?)")
+                raise Timeout(f"{what}: no answer from the scheduler within {timeout:g}s")
+            self._check_liveness(now)
+            wait = self.heartbeat_s if deadline is None else min(deadline - now, self.heartbeat_s)
+            self._pump(wait)
+
+    def _check_liveness(self, now: float) -> None:
+        if not self._connected:
+            return
+        if self._ping is not None:
+            if now - self._ping[1] > self.timeout:
+                logger.warning("scheduler at {} silent for {:.1f}s; reconnecting",
+                               self.endpoint, now - self._last_rx)
+                self._lost = True
+        elif now - self._last_rx > self.heartbeat_s:
+            ping_id = self._next_id()
+            self._ping = (ping_id, now)
+            self._pending[ping_id] = _Pending(m.req_ping(ping_id), on_reply=self._on_pong)
+            self._send(self._pending[ping_id].msg)
+
+    def _on_pong(self, reply: dict[str, Any]) -> None:
+        self._ping = None
+
+    def _pump(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for traffic and route all that arrived."""
+        assert self._sock is not None and self._mon is not None
+        ready = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
+        if self._mon in ready:
+            self._read_monitor()
+        if self._sock in ready:
+            while self._sock is not None:
+                try:
+                    parts = self._sock.recv_multipart(zmq.NOBLOCK)
+                except zmq.Again:
+                    break
+                self._last_rx = self._last_msg = time.monotonic()
+                if len(parts) != 1:
+                    logger.warning("dropped a {}-part message; protocol v1 is one frame", len(parts))
+                    continue
+                self._route(parts[0])
+
+    def _read_monitor(self) -> None:
+        assert self._mon is not None
+        while True:
+            try:
+                event = recv_monitor_message(self._mon, zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
+                self._connected = True
+                self._last_rx = time.monotonic()
+            elif event["event"] == zmq.EVENT_DISCONNECTED and self._connected:
+                logger.info("lost the scheduler at {}", self.endpoint)
+                self._connected = False
+                self._lost = True
+
+    def _route(self, frame: bytes) -> None:
+        msg = try_decode(frame, self._limits)
+        if isinstance(msg, ProtocolError):
+            logger.warning("dropped an undecodable message from the scheduler: {}", msg.message)
+            return
+        try:
+            kind = m.classify(msg)
+        except ProtocolError as err:
+            logger.warning("dropped a message from the scheduler: {}", err.message)
+            return
+        if kind == "reply":
+            pending = self._pending.get(msg["re"])
+            if pending is None:
+                logger.debug("late or duplicate reply to {}", msg["re"])
+            elif pending.on_reply is not None:
+                del self._pending[msg["re"]]
+                pending.on_reply(msg)
+            else:
+                pending.reply = msg
+            return
+        stream = self._streams.get(msg["job_id"])
+        if stream is not None:
+            stream._push(msg)
+
+    def _recover(self) -> None:
+        """New socket, wait for a scheduler, re-send pending requests, re-attach streams."""
+        if not self.reconnect:
+            self._lost = False
+            self._close_socket()
+            self._open()
+            raise SchedulerUnavailable(f"lost the scheduler at {self.endpoint}")
+        now = time.monotonic()
+        if self._recovered_at is None or self._last_msg > self._recovered_at:
+            self._silent_since = now  # a new loss, not a repeat of the last one
+        elif now - self._silent_since > self.reconnect_timeout:
+            # Reconnecting keeps reaching a scheduler that never answers: it is hung.
+            self._lost = True
+            raise SchedulerUnavailable(
+                f"the scheduler at {self.endpoint} has not answered for "
+                f"{now - self._silent_since:.0f}s of reconnecting")
+        self._close_socket()
+        self._open()
+        self.reconnects += 1
+        # Asynchronous requests (liveness pings, earlier re-attaches) are regenerated below.
+        for mid in [mid for mid, p in self._pending.items() if p.on_reply is not None]:
+            del self._pending[mid]
+        self._ping = None
+        deadline = time.monotonic() + self.reconnect_timeout
+        while not self._connected:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                self._lost = True  # try again on the next call
+                raise SchedulerUnavailable(
+                    f"the scheduler at {self.endpoint} went away and did not come back "
+                    f"within {self.reconnect_timeout:g}s")
+            self._pump(min(remaining, 0.5))
+        self._recovered_at = time.monotonic()
+        logger.info("reconnected to {}; re-attaching {} job(s)", self.endpoint,
+                    len(self._streams))
+        for pending in list(self._pending.values()):
+            self._send(pending.msg)  # same id: submit is idempotent by job_id
+        # A re-sent submit or attach already re-subscribes this connection to its job.
+        resubscribed = {p.msg["job"]["job_id"] if p.msg["type"] == m.SUBMIT else p.msg["job_id"]
+                        for p in self._pending.values() if p.msg["type"] in (m.SUBMIT, m.ATTACH)}
+        for stream in list(self._streams.values()):
+            if stream.job_id in resubscribed:
+                continue
+            attach = m.req_attach(self._next_id(), stream.job_id, stream.last_seq)
+            self._pending[attach["id"]] = _Pending(attach, on_reply=stream._on_attach_reply)
+            self._send(attach)
