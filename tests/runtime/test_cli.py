@@ -32,32 +32,46 @@ def test_every_command_has_help(command: str, capsys: pytest.CaptureFixture[str]
     assert out.startswith(f"usage: uniun-runtime {command}")
 
 
+def run_inline(args: list[str], home: Path, monkeypatch: pytest.MonkeyPatch,
+               capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
+    """The CLI in this process (no interpreter start-up); exit code and stderr."""
+    from uniun.runtime.cli import main
+    monkeypatch.setenv("UNIUN_HOME", str(home))
+    monkeypatch.delenv("UNIUN_CONFIG", raising=False)
+    code = main(args)
+    return code, capsys.readouterr().err
+
+
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["cancel", "j1"],
                                   ["submit", "--kind", "chat", "hello"],
                                   ["foreground", "none"], ["lifecycle", "background"],
                                   ["chat"], ["stop"]])
-def test_without_a_runtime_commands_say_so(args: list[str], tmp_path: Path) -> None:
-    result = cli(*args, home=tmp_path)
-    assert result.returncode == 1
-    assert "no runtime is running" in result.stderr
-    assert "Traceback" not in result.stderr
+def test_without_a_runtime_commands_say_so(args: list[str], tmp_path: Path,
+                                           monkeypatch: pytest.MonkeyPatch,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_inline(args, tmp_path, monkeypatch, capsys)
+    assert code == 1
+    assert "no runtime is running" in err
     if args[0] != "stop":
-        assert "uniun-runtime start" in result.stderr
+        assert "uniun-runtime start" in err
 
 
-def test_bad_config_is_one_clear_line(tmp_path: Path) -> None:
+def test_bad_config_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                      capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text("[supervisor]\nmax_restart = 5\n")
-    result = cli("start", "--config", str(bad), home=tmp_path)
-    assert result.returncode == 2
-    assert "supervisor.max_restart" in result.stderr and str(bad) in result.stderr
-    assert "Traceback" not in result.stderr
+    code, err = run_inline(["start", "--config", str(bad)], tmp_path, monkeypatch, capsys)
+    assert code == 2
+    assert "supervisor.max_restart" in err and str(bad) in err
     assert not (tmp_path / "run" / "supervisor.lock").exists()
 
 
-def test_bad_front_flag_is_rejected_before_anything_starts(tmp_path: Path) -> None:
-    result = cli("start", "--front", "udp://nowhere", home=tmp_path)
-    assert result.returncode == 2 and "front.endpoint" in result.stderr
+def test_bad_front_flag_is_rejected_before_anything_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    code, err = run_inline(["start", "--front", "udp://nowhere"], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "front.endpoint" in err
+    assert not (tmp_path / "run" / "supervisor.lock").exists()
 
 
 def test_submit_builds_chat_messages_and_raw_prompts() -> None:
