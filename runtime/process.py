@@ -57,6 +57,7 @@ _REGISTRY: dict[str, str | EntryPoint] = {
 
 STOPPING = threading.Event()
 _stop_callbacks: list[Callable[[], None]] = []
+_health_check: Callable[[], bool] | None = None
 _PR_SET_PDEATHSIG = 1
 
 
@@ -107,6 +108,20 @@ def current_name() -> str:
     return os.environ.get(NAME_ENV, "")
 
 
+def set_health_check(check: Callable[[], bool] | None) -> None:
+    """Beat only while ``check()`` is true (e.g. "my main loop ticked recently").
+
+    Without one, beats prove only that the process exists; with one, a hung loop stops
+    the beats and the supervisor restarts the process after ``missed_heartbeats``.
+    """
+    global _health_check
+    _health_check = check
+
+
+def _healthy() -> bool:
+    return _health_check() if _health_check is not None else True
+
+
 def on_stop(callback: Callable[[], None]) -> None:
     """Run ``callback`` on SIGTERM instead of raising KeyboardInterrupt."""
     _stop_callbacks.append(callback)
@@ -142,7 +157,8 @@ def _handle_stop(signum: int, _frame: object) -> None:
 def run(name: str, config: RuntimeConfig) -> int:
     """Heartbeat, then run ``name``'s entry point; a graceful stop exits 0."""
     entry = resolve(name)
-    beats = HeartbeatSender(name, interval_s=config.supervisor.heartbeat_interval_s).start()
+    beats = HeartbeatSender(name, interval_s=config.supervisor.heartbeat_interval_s,
+                            healthy=_healthy).start()
     try:
         return int(entry(config) or 0)
     except KeyboardInterrupt:

@@ -47,6 +47,26 @@ def fake_hanger(config: RuntimeConfig) -> int:
     return _idle()
 
 
+def fake_stuck(config: RuntimeConfig) -> int:
+    """Its main loop stops ticking in its first incarnation; its health check notices."""
+    from uniun.runtime.process import set_health_check
+    marker = config.home / "fake-stuck.stuck"
+    last_tick = [time.monotonic()]
+    set_health_check(lambda: time.monotonic() - last_tick[0] < 1.0)
+    first = not marker.exists()
+    if first:
+        marker.write_text(str(os.getpid()))
+    for _ in range(20):  # tick long enough to be seen up
+        last_tick[0] = time.monotonic()
+        time.sleep(0.05)
+    if first:
+        time.sleep(3600)  # "hung": the process lives, the loop does not tick
+    while not STOPPING.is_set():
+        last_tick[0] = time.monotonic()
+        time.sleep(0.05)
+    return 0
+
+
 def fake_parent(config: RuntimeConfig) -> int:
     """Starts a grandchild (a sleeping process) and records its pid, then idles."""
     grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -62,6 +82,7 @@ def fake_stubborn(config: RuntimeConfig) -> int:
 
 
 for _name, _fn in (("fake-sleeper", fake_sleeper), ("fake-crasher", fake_crasher),
-                   ("fake-hanger", fake_hanger), ("fake-parent", fake_parent),
+                   ("fake-hanger", fake_hanger), ("fake-stuck", fake_stuck),
+                   ("fake-parent", fake_parent),
                    ("fake-stubborn", fake_stubborn)):
     register_process(_name, _fn)

@@ -143,6 +143,17 @@ def test_silent_child_is_declared_dead_and_restarted(runtime: Callable[[str], Ru
     assert "sent no heartbeat" in log
 
 
+def test_hung_main_loop_stops_the_beats_and_is_restarted(
+        runtime: Callable[[str], Runtime]) -> None:
+    rt = runtime("fake-stuck").start()
+    stuck = int(wait_for("the stuck child", lambda: (p := rt.home / "fake-stuck.stuck").exists()
+                         and p.read_text()))  # type: ignore[arg-type]
+    state = wait_for("a new fake-stuck", lambda: (s := rt.state()).get("up", {}).get(
+        "fake-stuck") and s["children"]["fake-stuck"] not in (None, stuck) and s)
+    assert state["restarts"]["fake-stuck"] == 1  # type: ignore[index]
+    wait_for("the hung process to be killed", lambda: not alive(stuck))
+
+
 def test_second_start_is_refused(runtime: Callable[[str], Runtime]) -> None:
     rt = runtime("fake-sleeper").start()
     before = rt.running()
