@@ -48,7 +48,7 @@ from uniun.protocol import messages as m
 from uniun.protocol.codec import DEFAULT_LIMITS, EncodeError, Limits, encode, try_decode
 from uniun.protocol.endpoints import EMBED, remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
-from uniun.runtime.embed_worker import EXIT_MODEL
+from uniun.runtime.embed_worker import EXIT_MODEL, INTERNAL_LIMITS
 from uniun.runtime.embed_workers import PIDS_FILE, WorkerProcess, publish_pids
 from uniun.runtime.paths import ensure_private_dir, logs_dir, run_dir
 
@@ -161,7 +161,10 @@ class EmbedPool:
                 frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 return
-            handle(frames)
+            try:
+                handle(frames)
+            except Exception:  # a bug of ours must not take every queued request down
+                logger.exception("failed to handle a message; carrying on")
 
     # -- clients --------------------------------------------------------------------------
     def _on_client_frames(self, frames: list[bytes]) -> None:
@@ -232,7 +235,7 @@ class EmbedPool:
         if len(frames) != 2:
             return
         worker = next((w for w in self.workers if w.identity == frames[0]), None)
-        msg = try_decode(frames[1], self.s.limits)
+        msg = try_decode(frames[1], INTERNAL_LIMITS)
         if worker is None or isinstance(msg, ProtocolError):
             return  # a late message from a replaced incarnation, or garbage
         kind = msg.get("type")
@@ -273,7 +276,8 @@ class EmbedPool:
             req = self.queue.popleft()
             req.attempts += 1
             worker.request, worker.state, worker.busy_since = req, "busy", time.monotonic()
-            frame = encode({"type": "work", "rid": req.rid, "texts": list(req.texts)})
+            frame = encode({"type": "work", "rid": req.rid, "texts": list(req.texts)},
+                           INTERNAL_LIMITS)
             try:
                 self.back.send_multipart([worker.identity, frame], zmq.NOBLOCK)
             except zmq.ZMQError as exc:  # unroutable: it died between ready and now

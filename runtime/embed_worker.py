@@ -33,13 +33,16 @@ from typing import TYPE_CHECKING, Any
 import zmq
 from loguru import logger
 
-from uniun.protocol.codec import encode, try_decode
+from uniun.protocol.codec import Limits, encode, try_decode
 from uniun.protocol.errors import ProtocolError
 
 if TYPE_CHECKING:
     from uniun.models.embedding import EmbeddingSession
 
 EXIT_MODEL = 3
+# Pool <-> worker frames: a ``work`` message carries a whole client request (up to the
+# 1 MiB client frame) plus a few bytes of its own, so it needs more room than a client.
+INTERNAL_LIMITS = Limits(frame_bytes=8 << 20, max_str_len=8 << 20, max_bin_len=8 << 20)
 POLL_MS = 500  # how often an idle worker checks its stop flag and its parent, ms
 
 
@@ -71,7 +74,8 @@ def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads:
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(backend)
-    sock.send(encode({"type": "ready", "name": name, "pid": os.getpid(), "dim": session.dim}))
+    sock.send(encode({"type": "ready", "name": name, "pid": os.getpid(), "dim": session.dim},
+                     INTERNAL_LIMITS))
     logger.info("ready (dim {}, {} thread(s))", session.dim, threads)
     try:
         while not stop.is_set():
@@ -80,7 +84,7 @@ def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads:
                     logger.warning("the pool is gone; exiting")
                     return 0
                 continue
-            msg = try_decode(sock.recv())
+            msg = try_decode(sock.recv(), INTERNAL_LIMITS)
             if isinstance(msg, ProtocolError) or msg.get("type") != "work":
                 logger.error("ignoring a malformed message from the pool: {}", msg)
                 continue
@@ -99,10 +103,11 @@ def _answer(session: EmbeddingSession, msg: dict[str, Any]) -> bytes:
             raise ValueError("work.texts must be a list of strings")
         vectors = session.embed(texts)
         return encode({"type": "result", "rid": rid, "dim": int(vectors.shape[1]),
-                       "data": vectors.astype("<f4", copy=False).tobytes()})
+                       "data": vectors.astype("<f4", copy=False).tobytes()}, INTERNAL_LIMITS)
     except Exception as exc:  # noqa: BLE001 - reported to the pool as a value, not a crash
         logger.exception("request {} failed", rid)
-        return encode({"type": "failed", "rid": rid, "message": f"{type(exc).__name__}: {exc}"[:500]})
+        return encode({"type": "failed", "rid": rid,
+                       "message": f"{type(exc).__name__}: {exc}"[:500]}, INTERNAL_LIMITS)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

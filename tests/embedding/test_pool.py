@@ -129,9 +129,13 @@ def test_malformed_requests_get_the_right_error_codes(pool) -> None:
         assert reply["type"] == "error" and reply["code"] == code, (frame[:40], reply)
         assert reply.get("field") == field, reply
         assert reply["v"] == 1 and "message" in reply
-    # Still serving: the same connection gets a proper answer afterwards.
-    (ok,) = _raw(pool.endpoint, [msg(texts=["still alive"])])
-    assert ok["type"] == "embeddings" and ok["re"] == "m" and len(ok["vectors"][0]) == 4 * 384
+    # Still serving; and a request just under the frame limit is served, not refused.
+    near_limit = msg(texts=["word " * 200_000])
+    assert 1_000_000 < len(near_limit) < 1 << 20
+    ok, big = _raw(pool.endpoint, [msg(texts=["still alive"]), near_limit])
+    for reply in (ok, big):
+        assert reply["type"] == "embeddings" and reply["re"] == "m", reply
+        assert len(reply["vectors"]) == 1 and len(reply["vectors"][0]) == 4 * 384
 
 
 def test_cli_embed_prints_vectors_and_explains_a_missing_pool(pool, tmp_path) -> None:
