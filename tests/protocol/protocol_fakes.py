@@ -117,9 +117,9 @@ class FakeScheduler:
                 job = FakeJob(req.job.job_id, list(self.tokens), auto=self.auto_stream)
                 self.jobs[job.job_id] = job
             job.owner = ident
-            self.send(ident, m.reply_accepted(req.id, job.job_id, "T0"))
+            self.send(ident, m.reply_accepted(req.id, job.job_id, 0))
             if job.sent == 0:
-                self.send(ident, m.event_started(job.job_id, "fake-model", False, "T0"))
+                self.send(ident, m.event_started(job.job_id, "fake-model", False, 0))
             if job.auto:
                 self.stream(job.job_id)
         elif isinstance(req, m.Attach):
@@ -129,7 +129,7 @@ class FakeScheduler:
                     ErrorCode.NOT_FOUND, f"no job {req.job_id}", job_id=req.job_id)))
                 return
             job.owner = ident
-            self.send(ident, m.reply_accepted(req.id, job.job_id, "T0", state="running"))
+            self.send(ident, m.reply_accepted(req.id, job.job_id, 0, state="running"))
             job.sent = max(0, min(job.sent, req.after_seq + 1) - self.replay_overlap)
             if job.auto:
                 self.stream(job.job_id)
