@@ -260,10 +260,13 @@ class PolicyHost(pykka.ThreadingActor):
         self._runner = hello
         for job_id, generated in hello.jobs.items():
             record = self._jobs.live.get(job_id)
-            if record is not None and record.generated == generated:
-                record.on_runner = True
-            else:
+            if record is None:
                 self._command(rp.Drop(job_id=job_id))
+            else:
+                # Equal counts: a Resume will do. Otherwise (it ran on while we were
+                # down) a full Start follows, and the runner keeps what of its snapshot
+                # matches the tokens we streamed.
+                record.on_runner = record.generated == generated
         if hello.model_id:
             self._policy.on_model_loaded(hello.model_id)
 

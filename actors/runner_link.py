@@ -11,7 +11,8 @@ at a time: the one that said ``Hello`` last, addressed by its routing id. It
   with, so a runner it does not know (after a scheduler restart, or after being declared
   dead) says Hello again;
 - declares the runner dead when it was silent for ``LIVENESS`` intervals, when a send to
-  it fails (ROUTER_MANDATORY), or when a new runner says Hello, and tells the host
+  it fails (ROUTER_MANDATORY; a beat goes to it every interval, so a killed runner is
+  noticed within one), or when a new runner says Hello, and tells the host
   :class:`RunnerDown` before the new :class:`RunnerUp`.
 
 It holds no job state: what was in flight is the host's business.
@@ -106,6 +107,7 @@ class RunnerLinkActor(pykka.ThreadingActor):
         self._outbox: Outbox | None = None
         self._peer: bytes | None = None  # routing id of the current runner
         self._peer_boot = ""
+        self._peer_seq = 0  # last beat number read from the current runner
         self._last_seen = 0.0
         self._stats = (0, 0)
 
@@ -192,23 +194,34 @@ class RunnerLinkActor(pykka.ThreadingActor):
                 self._stats = stats
                 self._host.tell(RunnerStats(*stats))
         ack = self._peer_boot if identity == self._peer else ""
+        if identity == self._peer:
+            self._peer_seq = beat.seq
         if self._outbox is not None:
-            self._outbox.send([identity, rp.encode(rp.Heartbeat(boot=self._boot, ack=ack))])
+            self._outbox.send([identity, rp.encode(rp.Heartbeat(boot=self._boot, ack=ack,
+                                                                seq=beat.seq))])
 
     def _on_hello(self, identity: bytes, hello: rp.Hello) -> None:
         if self._peer is not None:
             self._lose("replaced by a new runner" if identity != self._peer else "said hello again")
-        self._peer, self._peer_boot = identity, hello.boot
+        self._peer, self._peer_boot, self._peer_seq = identity, hello.boot, 0
         self._last_seen = time.monotonic()
         logger.info("runner up: pid {} boot {} model {} holding {} jobs", hello.pid, hello.boot,
                     hello.model_id, len(hello.jobs))
         self._host.tell(RunnerUp(hello))
         if self._outbox is not None:  # tell it at once that it is known now
-            self._outbox.send([identity, rp.encode(rp.Heartbeat(boot=self._boot, ack=hello.boot))])
+            self._outbox.send([identity, rp.encode(rp.Heartbeat(boot=self._boot,
+                                                                ack=hello.boot))])
 
     def _check_liveness(self, now: float) -> None:
-        if self._peer is not None and now - self._last_seen > self._liveness * self._heartbeat_s:
+        if self._peer is None:
+            return
+        if now - self._last_seen > self._liveness * self._heartbeat_s:
             self._lose(f"silent for {now - self._last_seen:.1f} s")
+        elif self._outbox is not None:
+            # Unprompted beat: ROUTER_MANDATORY makes a send to a runner whose socket has
+            # closed (killed) fail at once, so a dead runner is noticed within one interval.
+            self._outbox.send([self._peer, rp.encode(rp.Heartbeat(
+                boot=self._boot, ack=self._peer_boot, seq=self._peer_seq))])
 
     def _lose(self, reason: str) -> None:
         logger.warning("runner {} lost: {}", self._peer_boot, reason)

@@ -60,7 +60,14 @@ class _Boot:
 
 @dataclass(frozen=True)
 class _Unacked:
-    """The scheduler answered a heartbeat without acknowledging our boot."""
+    """The scheduler answered our beat ``seq`` without acknowledging our boot."""
+
+    seq: int
+
+
+@dataclass(frozen=True)
+class _SchedulerSilent:
+    """No word from the scheduler for LIVENESS intervals: it is dead or hung."""
 
 
 @dataclass
@@ -96,8 +103,11 @@ class RunnerWorker(pykka.ThreadingActor):
         self._session: Any = None  # DecoderSession, imported lazily (onnxruntime)
         self._active: _Active | None = None
         self._orphans: dict[str, Path] = {}
-        self._hello_at = float("-inf")
+        self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
+        self._beat_seq = 0  # pump thread increments; the actor reads it
         self._stats = (0, 0)  # read by the pump thread for heartbeats
+        self._heard_at = time.monotonic()  # pump thread only: last scheduler message
+        self._silent = False  # pump thread only
         self._pump: SocketPump | None = None
         self._outbox: Outbox | None = None
 
@@ -134,6 +144,7 @@ class RunnerWorker(pykka.ThreadingActor):
     # ---- pump thread callbacks (must not touch actor state but the stats tuple) ------
 
     def _on_frames(self, frames: Frames) -> None:
+        self._heard_at, self._silent = time.monotonic(), False
         try:
             record = rp.decode(frames[-1])
         except rp.BadRecord as err:
@@ -141,13 +152,18 @@ class RunnerWorker(pykka.ThreadingActor):
             return
         if isinstance(record, rp.Heartbeat):
             if record.ack != self._boot:
-                self.actor_ref.tell(_Unacked())
+                self.actor_ref.tell(_Unacked(record.seq))
         elif isinstance(record, rp.Command):
             self.actor_ref.tell(_Cmd(record))
 
     def _on_tick(self, now: float) -> list[Frames]:
+        if not self._silent and now - self._heard_at > self._liveness * self._heartbeat_s:
+            self._silent = True
+            self.actor_ref.tell(_SchedulerSilent())
         count, nbytes = self._stats
-        beat = rp.Heartbeat(boot=self._boot, snapshots=count, snapshot_bytes=nbytes)
+        self._beat_seq += 1
+        beat = rp.Heartbeat(boot=self._boot, seq=self._beat_seq, snapshots=count,
+                            snapshot_bytes=nbytes)
         return [[rp.encode(beat)]]
 
     # ---- messages -------------------------------------------------------------------
@@ -162,7 +178,12 @@ class RunnerWorker(pykka.ThreadingActor):
             else:
                 handler(self, message.command)
         elif isinstance(message, _Unacked):
-            self._on_unacked()
+            self._on_unacked(message.seq)
+        elif isinstance(message, _SchedulerSilent):
+            if self._active is not None:
+                logger.warning("the scheduler is silent; parking the running job until "
+                               "one says hello")
+                self._park_active(report=False)
         elif isinstance(message, _Boot):
             self._on_boot()
 
@@ -185,14 +206,14 @@ class RunnerWorker(pykka.ThreadingActor):
             peek = _peek_progress(path)
             if peek is not None:
                 jobs[job_id] = len(peek.get("generated_ids", ()))
-        self._hello_at = time.monotonic()
+        self._hello_beat = self._beat_seq
         model = self._session.model_id if self._session is not None else None
         self._report(rp.Hello(boot=self._boot, pid=os.getpid(), model_id=model, jobs=jobs))
         logger.info("hello sent (model {}, {} jobs held)", model, len(jobs))
 
-    def _on_unacked(self) -> None:
-        if time.monotonic() - self._hello_at < self._liveness * self._heartbeat_s:
-            return  # our Hello is on its way
+    def _on_unacked(self, seq: int) -> None:
+        if seq <= self._hello_beat + 1:
+            return  # a reply to a beat that left before our Hello: it is on its way
         logger.info("the scheduler does not know us (restarted?); parking and saying hello")
         self._park_active(report=False)
         self._hello()
@@ -237,8 +258,7 @@ class RunnerWorker(pykka.ThreadingActor):
             return
         state = self._take_parked(cmd.job_id)
         try:
-            if state is not None and state.progress.generated_ids == list(cmd.tokens) \
-                    and state.progress.model_id == cmd.model_id:
+            if state is not None and _continues(state, cmd):
                 gen = self._session.resume(state)
             else:
                 if state is not None:
@@ -409,6 +429,21 @@ class RunnerWorker(pykka.ThreadingActor):
         if found:
             logger.info("found {} spilled snapshots of a previous runner", len(found))
         return found
+
+
+def _continues(state: ParkedState, cmd: rp.Start) -> bool:
+    """Can the parked state serve this Start? Yes if it is on the same model and its
+    generated ids begin with the tokens the scheduler streamed; ids generated beyond
+    those (while the scheduler was down) are forgotten, and the resume trims the KV."""
+    p = state.progress
+    tokens = list(cmd.tokens)
+    if p.model_id != cmd.model_id or p.generated_ids[:len(tokens)] != tokens:
+        return False
+    if len(p.generated_ids) > len(tokens):
+        p.generated_ids = tokens
+        p.text = cmd.text
+        p.finished, p.finish_reason = False, None
+    return True
 
 
 def _already_done(gen: Generation) -> str | None:

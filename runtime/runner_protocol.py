@@ -176,12 +176,16 @@ class Heartbeat(Command):
     heartbeat with its own, whose ``ack`` is the boot of the runner it currently works
     with ("" if none): a runner that reads another value than its own boot is unknown to
     this scheduler (a restarted scheduler, or one that declared it dead) and says
-    :class:`Hello` again, after parking whatever it was running.
+    :class:`Hello` again, after parking whatever it was running — but only when the
+    echoed ``seq`` shows the scheduler read a beat sent *after* the runner's last Hello
+    (messages from one peer arrive in order), so a reply that merely crossed the Hello
+    never causes a second one.
     """
 
     kind: ClassVar[str] = "hb"
     boot: str
     ack: str = ""
+    seq: int = 0  # the runner numbers its beats; the scheduler echoes the last it read
     snapshots: int = 0
     snapshot_bytes: int = 0
 

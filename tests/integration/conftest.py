@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .harness import BASE_CONFIG, Runtime
+from .harness import BASE_CONFIG, Runtime, long_job
 
 
 @pytest.fixture(scope="session")
@@ -40,3 +40,14 @@ def make_runtime(tmp_path: Path, tiny_model: str) -> Iterator[Callable[..., Runt
     for rt in made:
         rt.stop()
         print(rt.logs())
+
+
+@pytest.fixture(scope="session")
+def reference(runtime: Runtime) -> str:
+    """The greedy text of ``long_job``, run alone and uninterrupted (any kind: the text
+    depends only on the model and the prompt)."""
+    w = runtime.wire()
+    assert w.submit(long_job("reference", "nataraj"))["type"] == "accepted"
+    done = w.end("reference")
+    assert done["type"] == "done" and done["preemptions"] == 0
+    return done["text"]

@@ -18,16 +18,6 @@ from .harness import Runtime, Wire, assert_gap_free, chat_job, long_job, tokens_
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def reference(runtime: Runtime) -> str:
-    """The greedy text of the long job, run alone and uninterrupted."""
-    w = runtime.wire()
-    assert w.submit(long_job("reference", "nataraj"))["type"] == "accepted"
-    done = w.end("reference")
-    assert done["type"] == "done" and done["preemptions"] == 0
-    return done["text"]
-
-
 def assert_resumed_whole(w: Wire, job_id: str, reference: str) -> dict[str, Any]:
     """The preempted job paused, resumed, and finished with every token, in order."""
     done = w.end(job_id)
