@@ -349,6 +349,7 @@ class Client:
                 f"{now - self._silent_since:.0f}s of reconnecting")
         self._close_socket()
         self._open()
+        self._lost = True  # until re-sent and re-attached (e.g. if Ctrl-C lands in here)
         self.reconnects += 1
         # Asynchronous requests (liveness pings, earlier re-attaches) are regenerated below.
         for mid in [mid for mid, p in self._pending.items() if p.on_reply is not None]:
@@ -357,13 +358,13 @@ class Client:
         deadline = time.monotonic() + self.reconnect_timeout
         while not self._connected:
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                self._lost = True  # try again on the next call
+            if remaining <= 0:  # still lost: the next call tries again
                 raise SchedulerUnavailable(
                     f"the scheduler at {self.endpoint} went away and did not come back "
                     f"within {self.reconnect_timeout:g}s")
             self._pump(min(remaining, 0.5))
         self._recovered_at = time.monotonic()
+        self._lost = False
         logger.info("reconnected to {}; re-attaching {} job(s)", self.endpoint,
                     len(self._streams))
         for pending in list(self._pending.values()):
