@@ -1,0 +1,67 @@
+"""The job journal: what was acknowledged survives a reopen, with its streamed tokens."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from uniun.protocol.jobmap import validate_job
+from uniun.runtime.journal import Journal
+
+KINDS = ("chat", "extract", "nataraj", "gana")
+
+
+def spec(job_id: str, **extra: object):
+    return validate_job({"job_id": job_id, "kind": "extract", "prompt": "p", **extra},
+                        default_model="tiny-1")
+
+
+def replay(path: Path) -> dict:
+    journal = Journal(path)
+    try:
+        entries = journal.replay(default_model="tiny-1", kinds=KINDS, max_new_tokens_cap=4096)
+    finally:
+        journal.close()
+    return {e.spec.job_id: e for e in entries}
+
+
+def test_an_accepted_job_and_its_tokens_survive_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.accept(spec("a", max_new_tokens=9, deadline=5.0), accepted_at=100.0)
+    journal.started("a", seed=42, at=101.0)
+    for seq, (tid, text) in enumerate([(5, "he"), (6, "llo")]):
+        journal.token("a", seq, tid, text, at=102.0 + seq)
+    journal.token("a", 1, 6, "llo", at=104.0)  # a replayed seq is harmless
+    journal.paused("a", preemptions=1)
+    journal.close()  # no clean shutdown needed: every write is committed on return
+
+    entry = replay(path)["a"]
+    assert entry.spec == spec("a", max_new_tokens=9, deadline=5.0)
+    assert (entry.accepted_at, entry.seed, entry.started, entry.preemptions) == (100.0, 42, True, 1)
+    assert entry.token_ids == [5, 6] and entry.texts == ["he", "llo"]
+    assert entry.first_token_at == 102.0 and entry.final is None
+
+
+def test_a_finished_job_keeps_its_outcome_but_not_its_tokens(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.accept(spec("a"), accepted_at=1.0)
+    journal.accept(spec("b"), accepted_at=2.0)
+    journal.token("a", 0, 5, "x", at=3.0)
+    journal.finish("a", {"type": "done", "job_id": "a", "text": "x"}, at=4.0)
+    journal.close()
+    entries = replay(path)
+    assert list(entries) == ["a", "b"]  # oldest first
+    assert entries["a"].final == {"type": "done", "job_id": "a", "text": "x"}
+    assert entries["a"].token_ids == [] and entries["b"].final is None
+
+
+def test_prune_keeps_only_the_newest_finished_jobs(tmp_path: Path) -> None:
+    journal = Journal(tmp_path / "journal.db", keep_done=2)
+    for i in range(4):
+        journal.accept(spec(f"j{i}"), accepted_at=float(i))
+        journal.finish(f"j{i}", {"type": "done"}, at=float(i))
+    journal.accept(spec("live"), accepted_at=9.0)
+    journal.prune()
+    journal.close()
+    assert list(replay(tmp_path / "journal.db")) == ["j2", "j3", "live"]
