@@ -13,11 +13,14 @@ import argparse
 import signal
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from uniun.models.embedding_convert import MODEL_ID
 from uniun.runtime.embed_pool import EmbedPool, PoolSettings
+
+HUNG_AFTER_S = 10.0  # a loop that has not ticked for this long is hung, s
 
 
 def settings_from_config(config: Any) -> PoolSettings:
@@ -34,7 +37,10 @@ def main(config: Any) -> int:
 
     stop = threading.Event()
     process.on_stop(stop.set)
-    return EmbedPool(settings_from_config(config)).run(stop)
+    pool = EmbedPool(settings_from_config(config))
+    # Beat only while the loop turns (it ticks every 0.1 s): a hung pool gets restarted.
+    process.set_health_check(lambda: time.monotonic() - pool.last_tick < HUNG_AFTER_S)
+    return pool.run(stop)
 
 
 def cli(argv: Sequence[str] | None = None) -> int:

@@ -116,6 +116,7 @@ class EmbedPool:
         self.back = self._ctx.socket(zmq.ROUTER)
         self._back_path = run_dir() / f"embed-workers-{os.getpid()}.sock"
         self._published: dict[str, int] = {}
+        self.last_tick = time.monotonic()  # the loop's heartbeat, for the health check
 
     # -- life ---------------------------------------------------------------------------
     def bind(self) -> str:
@@ -145,6 +146,7 @@ class EmbedPool:
         poller.register(self.back, zmq.POLLIN)
         try:
             while not stop.is_set():
+                self.last_tick = time.monotonic()
                 events = dict(poller.poll(POLL_MS))
                 if self.back in events:
                     self._drain(self.back, self._on_worker_message)
