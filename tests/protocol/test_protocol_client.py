@@ -213,7 +213,7 @@ def test_hung_scheduler_is_detected_by_unanswered_pings(ipc_endpoint: str,
                                                         fake_scheduler: Make) -> None:
     fake_scheduler(ipc_endpoint, auto_stream=False,
                    answer=lambda msg: msg["type"] == "submit")
-    with Client(ipc_endpoint, timeout=0.3, heartbeat_s=0.1, reconnect_timeout=1.0) as client:
+    with Client(ipc_endpoint, timeout=0.3, heartbeat_s=0.1, reconnect_timeout=2.0) as client:
         stream = client.submit(_prompt("h"), timeout=WAIT)
         with pytest.raises(SchedulerUnavailable, match="not answered"):
             list(stream)
