@@ -102,7 +102,10 @@ class ExtractProducer:
         self.embed = embed
         self.notes: dict[str, NoteFile] | None = None  # None until the first scan
         self.backlog: deque[tuple[str, str, int]] = deque()
-        self.pacer = Pacer(settings.backfill_per_s, burst=1.0, now=now)
+        # Submissions happen once per scan, so the bucket must hold a scan's worth.
+        self.pacer = Pacer(settings.backfill_per_s,
+                           burst=max(1.0, settings.backfill_per_s * settings.scan_interval_s),
+                           now=now)
         self._next_scan = now
         self._next_sweep = now
         self._embed_after = now

@@ -1,0 +1,197 @@
+"""Seed scenarios 2, 5 and 8 end to end, the lifecycle handover, and the governor.
+
+Each test runs its own runtime (tiny model, short intervals and windows via config).
+Assertions are about what a user would see in the results and on the wire; waits are
+generous and no timing is asserted.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from producers.mesh import Mesh, wait_for
+from uniun.runtime.results_fires import fires
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def make_mesh(tmp_path: Path, tiny_model: str) -> Iterator:
+    made: list[Mesh] = []
+
+    def make(config: str, *, notes: dict[str, str] | None = None,
+             ganas: str | None = None) -> Mesh:
+        home = tmp_path / f"home{len(made)}"
+        (home / "notes").mkdir(parents=True)
+        for name, text in (notes or {}).items():
+            (home / "notes" / name).write_text(text)
+        (home / "ganas.toml").write_text(ganas or "")
+        mesh = Mesh(home, config)
+        made.append(mesh)
+        return mesh.start()
+
+    yield make
+    for mesh in made:
+        code = mesh.stop()
+        print(mesh.logs())
+        assert code == 0, f"the runtime did not stop cleanly (exit {code})"
+
+
+def _gana(gid: str, every_minutes: float, max_new_tokens: int) -> str:
+    return (f'[[gana]]\nid = "{gid}"\nprompt = "Task {gid}: write a long story."\n'
+            f"every_minutes = {every_minutes}\nmax_new_tokens = {max_new_tokens}\n")
+
+
+# -- scenario 2 ----------------------------------------------------------------------------
+
+def test_scenario_2_two_ganas_with_different_flows_alternate(make_mesh) -> None:
+    """Two Ganas in the fair pool: neither monopolises; they take turns by vruntime."""
+    mesh = make_mesh("""
+[policy]
+slice_s = 0.3
+granularity_s = 0.1
+[producers]
+gana = true
+samples = false
+check_interval_s = 0.3
+gana_lead_s = 600
+""", ganas=_gana("alpha", 60, 1500) + _gana("beta", 60, 1500))
+    store = mesh.store()
+    claimed = wait_for("both Ganas fired", lambda: len(fires(store)) == 2 and fires(store))
+    jobs = {f["gana_id"]: f["job_id"] for f in claimed}
+    wire = mesh.wire()
+    for job_id in jobs.values():
+        wire.request("attach", job_id=job_id)
+    for job_id in jobs.values():
+        done = wire.end(job_id, timeout=300)
+        assert done["type"] == "done"
+    owner = {job_id: gid for gid, job_id in jobs.items()}
+    starts = [owner[m["job_id"]] for m in wire.log
+              if m.get("type") == "started" and m.get("job_id") in owner and "re" not in m]
+    switches = sum(1 for a, b in zip(starts, starts[1:]) if a != b)
+    assert switches >= 3, f"the Ganas did not alternate: {starts}"
+    for gid, job_id in jobs.items():  # fair pool, not EDF: submitted well before deadline
+        job = store.job(job_id)["job"]
+        assert job["flow"] == gid and job["deadline"] > time.time() - 300
+    runs = {r["gana_id"]: r for r in store.gana_runs()}
+    assert runs["alpha"]["preemptions"] + runs["beta"]["preemptions"] >= 3
+    store.close()
+
+
+# -- scenario 5 ----------------------------------------------------------------------------
+
+def test_scenario_5_extract_backfill_is_held_to_the_t2_budget(make_mesh) -> None:
+    """A big backfill does not monopolise the runner: Nataraj (T4) gets its share."""
+    notes = {f"n{i:02d}.md": f"# Note {i}\nPerson {i} lives in town {i}.\n" for i in range(40)}
+    mesh = make_mesh("""
+[policy]
+t2_window_s = 12.0
+t2_share_max = 0.6
+[producers]
+extract = true
+nataraj = true
+samples = false
+scan_interval_s = 0.5
+backfill_per_s = 20.0
+extract_in_flight = 20
+extract_max_new_tokens = 400
+deck_low = 30
+deck_high = 40
+card_max_new_tokens = 400
+check_interval_s = 0.5
+""", notes=notes)
+    store = mesh.store()
+    wait_for("the backfill under way",
+             lambda: len(store.list_results("knowledge", limit=1000)) >= 3, timeout=300)
+    cards_before = store.deck_size()
+    time.sleep(12.0)  # one whole window with both kinds of work queued
+    cards_during = store.deck_size() - cards_before
+    shares = []
+    for _ in range(6):
+        st = mesh.status()
+        assert st is not None
+        shares.append(st["t2_share"])
+        time.sleep(1.0)
+    pending = len(notes) - len(store.list_results("knowledge", limit=1000))
+    assert pending > 0, "the backlog ran out before the budget could be observed"
+    assert cards_during >= 2, "the fair pool got no runner time during the backfill"
+    assert max(shares) <= 0.6 + 0.05 + 0.1, f"T2 took more than its budget: {shares}"
+    assert min(shares) >= 0.3, f"extract was starved: {shares}"
+    cards_then = store.deck_size()
+    wait_for("the whole backlog extracted",
+             lambda: len(store.list_results("knowledge", limit=1000)) == len(notes), timeout=600)
+    assert store.deck_size() >= cards_then
+    store.close()
+
+
+# -- scenario 8, the handover, and the governor ---------------------------------------------
+
+def test_scenario_8_background_ganas_run_in_their_own_process_exactly_once(make_mesh) -> None:
+    """Backgrounded: the background-Gana process fires with its own session, the scheduler
+    serves only what it had under the 25 % governor; back in foreground gana-cron fires
+    again. Across both handovers every slot is fired once, and recorded once."""
+    every = 0.1  # minutes: a slot every 6 s
+    mesh = make_mesh("""
+[producers]
+gana = true
+background_gana = true
+samples = false
+check_interval_s = 0.3
+lifecycle_poll_s = 0.3
+gana_lead_s = 0
+background_lease_s = 5
+""", ganas=_gana("tick", every, 12) + _gana("tock", every * 1.5, 12))
+    store = mesh.store()
+    wait_for("both Ganas fired by gana-cron",
+             lambda: {r["gana_id"] for r in store.gana_runs()} == {"tick", "tock"})
+    wire = mesh.wire()
+
+    mesh.lifecycle("background")
+    switched_at = time.time()
+    # The governor: a background job gets 25 % of its tokens, then waits for foreground.
+    probe = {"job_id": "governor-probe", "kind": "nataraj", "prompt": "Count: one two",
+             "max_new_tokens": 200, "flow": "probe"}
+    assert wire.request("submit", job=probe)["type"] == "accepted"
+    paused = wire.wait(lambda m: m.get("job_id") == "governor-probe" and m["type"] == "paused")
+    assert paused["reason"] == "budget"
+    granted = [m for m in wire.events("governor-probe") if m["type"] == "token"]
+    assert len(granted) == 50
+    wait_for("the background process to run each Gana twice", lambda: all(
+        sum(1 for r in store.gana_runs(g) if r["runner"] == "background") >= 2
+        for g in ("tick", "tock")), timeout=180)
+    st = mesh.status()
+    assert st is not None and st["running"] is None  # the scheduler started nothing new
+    assert not [f for f in fires(store) if f["owner"] == "cron" and f["claimed_at"] > switched_at + 2]
+
+    mesh.lifecycle("foreground")
+    back_at = time.time()
+    done = wire.end("governor-probe")
+    tokens = [m for m in wire.events("governor-probe") if m["type"] == "token"]
+    assert done["type"] == "done" and done["usage"]["completion_tokens"] == len(tokens)
+    assert [t["seq"] for t in tokens] == list(range(len(tokens))) and len(tokens) > 50
+    wait_for("gana-cron firing again", lambda: all(
+        any(f["owner"] == "cron" and f["claimed_at"] > back_at for f in fires(store, g))
+        for g in ("tick", "tock")), timeout=120)
+    wait_for("every claimed fire finished",
+             lambda: all(f["state"] == "done" for f in fires(store)), timeout=120)
+
+    for gana_id, every_s in (("tick", every * 60), ("tock", every * 90)):
+        claims = fires(store, gana_id)
+        slots = [f["slot"] for f in claims]
+        gaps = [(b - a) / every_s for a, b in zip(slots, slots[1:])]
+        assert all(g >= 0.999 and abs(g - round(g)) < 1e-6 for g in gaps), gaps  # no doubles
+        runs = store.gana_runs(gana_id)
+        scheduled = [r for r in runs if r["slot"] is not None]
+        assert sorted(r["job_id"] for r in scheduled) == sorted(f["job_id"] for f in claims)
+        for claim in claims:  # the run was made by the side that claimed the slot
+            (run,) = [r for r in scheduled if r["job_id"] == claim["job_id"]]
+            assert run["runner"] == {"cron": "scheduler", "background": "background"}[claim["owner"]]
+        owners = [f["owner"] for f in claims]
+        assert "background" in owners and owners[0] == "cron" and owners[-1] == "cron"
+    background_runs = [r for r in store.gana_runs() if r["runner"] == "background"]
+    assert all(r["model_id"] == "tiny-1" and r["text"] for r in background_runs)
+    store.close()
