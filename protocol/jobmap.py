@@ -162,9 +162,9 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
         if text_len > max_prompt_chars:
             raise InvalidField("messages" if messages else "prompt",
                                f"input is longer than {max_prompt_chars} characters")
-        max_new = raw.get("max_new_tokens", DEFAULT_MAX_NEW_TOKENS)
-        if max_new is None:
-            max_new = DEFAULT_MAX_NEW_TOKENS
+        max_new = raw.get("max_new_tokens")
+        if max_new is None:  # the default never exceeds the configured cap
+            max_new = min(DEFAULT_MAX_NEW_TOKENS, max_new_tokens_cap)
         if not _is_int(max_new) or max_new < 1:
             raise InvalidField("max_new_tokens", "must be an integer >= 1")
         if max_new > max_new_tokens_cap:
