@@ -18,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+import zmq
 from loguru import logger
 
 from uniun.runtime import process as process_registry
@@ -129,6 +130,10 @@ def serve(config: RuntimeConfig, children: list[str], *, daemon: bool = False) -
                   f"front {config.front.endpoint}); logs in {config.logs_dir}; "
                   "Ctrl-C stops it", file=sys.stderr)
         return supervisor.run()
+    except (OSError, ValueError, zmq.ZMQError) as err:  # e.g. a socket path we cannot bind
+        logger.exception("the supervisor could not run")
+        print(f"uniun-runtime: cannot run the runtime: {err}", file=sys.stderr)
+        return 1
     finally:
         clear_state(run_dir)
         remove_endpoint(only_if=config.front.endpoint)
