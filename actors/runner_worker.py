@@ -20,9 +20,7 @@ process.
 
 from __future__ import annotations
 
-import json
 import os
-import struct
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +30,7 @@ import pykka
 import zmq
 from loguru import logger
 
+from uniun.actors.runner_records import already_done, continues, find_orphans, peek_progress
 from uniun.models.generate import Generation
 from uniun.models.kv import ParkedState, SnapshotCorrupt
 from uniun.models.parking import ParkingLot
@@ -129,7 +128,7 @@ class RunnerWorker(pykka.ThreadingActor):
                                 tick_s=self._heartbeat_s, on_tick=self._on_tick)
         self._pump.start()
         self._outbox = self._pump.outbox()
-        self._orphans = self._find_orphans()
+        self._orphans = find_orphans(self._spill_dir)
         self.actor_ref.tell(_Boot())
 
     def on_stop(self) -> None:
@@ -203,7 +202,7 @@ class RunnerWorker(pykka.ThreadingActor):
         jobs = {job_id: len(self._lot.get(job_id).progress.generated_ids)  # type: ignore[union-attr]
                 for job_id in self._lot.job_ids()}
         for job_id, path in self._orphans.items():
-            peek = _peek_progress(path)
+            peek = peek_progress(path)
             if peek is not None:
                 jobs[job_id] = len(peek.get("generated_ids", ()))
         self._hello_beat = self._beat_seq
@@ -258,7 +257,7 @@ class RunnerWorker(pykka.ThreadingActor):
             return
         state = self._take_parked(cmd.job_id)
         try:
-            if state is not None and _continues(state, cmd):
+            if state is not None and continues(state, cmd.model_id, cmd.tokens, cmd.text):
                 gen = self._session.resume(state)
             else:
                 if state is not None:
@@ -268,7 +267,7 @@ class RunnerWorker(pykka.ThreadingActor):
             log.warning("cannot start: {}", err)
             self._report(rp.Failed(job_id=cmd.job_id, message=str(err)[:500]))
             return
-        done = _already_done(gen)
+        done = already_done(gen)
         if done is not None:  # the previous runner died between its last token and Finished
             p = gen.progress
             self._report(rp.Finished(job_id=cmd.job_id, finish_reason=done,
@@ -413,59 +412,3 @@ class RunnerWorker(pykka.ThreadingActor):
         if path is not None:
             path.unlink(missing_ok=True)
         self._update_stats()
-
-    def _find_orphans(self) -> dict[str, Path]:
-        """Spill files of a previous runner process, by job id."""
-        found: dict[str, Path] = {}
-        if not self._spill_dir.is_dir():
-            return found
-        for path in sorted(self._spill_dir.glob("*.kvsnap")):
-            record = _peek_progress(path)
-            job_id = record.get("job_id") if record else None
-            if isinstance(job_id, str):
-                found[job_id] = path
-            else:
-                path.unlink(missing_ok=True)
-        if found:
-            logger.info("found {} spilled snapshots of a previous runner", len(found))
-        return found
-
-
-def _continues(state: ParkedState, cmd: rp.Start) -> bool:
-    """Can the parked state serve this Start? Yes if it is on the same model and its
-    generated ids begin with the tokens the scheduler streamed; ids generated beyond
-    those (while the scheduler was down) are forgotten, and the resume trims the KV."""
-    p = state.progress
-    tokens = list(cmd.tokens)
-    if p.model_id != cmd.model_id or p.generated_ids[:len(tokens)] != tokens:
-        return False
-    if len(p.generated_ids) > len(tokens):
-        p.generated_ids = tokens
-        p.text = cmd.text
-        p.finished, p.finish_reason = False, None
-    return True
-
-
-def _already_done(gen: Generation) -> str | None:
-    """A finish reason if the ids already streamed complete the job, else None."""
-    p = gen.progress
-    if p.generated_ids and p.generated_ids[-1] in p.eos_ids:
-        return "stop"
-    if len(p.generated_ids) >= p.max_new_tokens:
-        return "length"
-    return None
-
-
-def _peek_progress(path: Path) -> dict[str, Any] | None:
-    """The progress record in a ``.kvsnap`` header, without reading the KV payload."""
-    try:
-        with open(path, "rb") as f:
-            head = f.read(12)
-            if len(head) < 12 or head[:8] != b"UNIUNKV1":
-                return None
-            (length,) = struct.unpack("<I", head[8:])
-            header = json.loads(f.read(length))
-        progress = header.get("progress")
-        return progress if isinstance(progress, dict) else None
-    except (OSError, ValueError):
-        return None

@@ -16,14 +16,20 @@ import pytest
 
 from uniun.protocol.client import Client
 
-from .harness import Runtime, assert_gap_free, chat_job, long_job, tokens_of, wait_tokens
+from .harness import (
+    BASE_CONFIG, Runtime, assert_gap_free, chat_job, long_job, tokens_of, wait_for, wait_tokens,
+)
 
 pytestmark = pytest.mark.integration
+
+# No memory for parked snapshots: every paused job is spilled to disk at once, so a
+# spilled snapshot exists to survive a runner kill.
+CONFIG = BASE_CONFIG + "\n[runner]\nsnapshot_cap_bytes = 0\n"
 
 
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator[Runtime]:
-    runtime = Runtime(tmp_path_factory.mktemp("rt-restarts")).start()
+    runtime = Runtime(tmp_path_factory.mktemp("rt-restarts"), CONFIG).start()
     try:
         yield runtime
     finally:
@@ -59,6 +65,27 @@ def test_runner_sigkill_during_a_chat_is_a_retryable_error(rt: Runtime) -> None:
     rt.wait_serving()
     w.submit(chat_job("rk-chat-retry"))  # the retry the error invites works
     assert w.end("rk-chat-retry")["type"] == "done"
+
+
+def test_runner_sigkill_spares_a_spilled_snapshot_which_the_new_runner_resumes(
+        rt: Runtime, reference: str) -> None:
+    w = rt.wire()
+    w.submit(long_job("sp-bg", "nataraj"))
+    wait_tokens(w, "sp-bg", 100)
+    w.submit(chat_job("sp-chat", max_new_tokens=2500))  # parks (spills) the nataraj job
+    wait_tokens(w, "sp-chat", 20)
+    assert w.log[w.index("sp-bg", "paused")]["reason"] == "preempted"
+    assert wait_for("the parked job's spill file",
+                    lambda: list((rt.home / "run" / "spill").glob("*.kvsnap")))
+    rt.kill("runner", signal.SIGKILL)
+    assert w.end("sp-chat")["code"] == "runner_failed"
+    done = w.end("sp-bg")
+    assert done["type"] == "done"
+    events = w.events("sp-bg")
+    assert_gap_free(events)
+    assert "".join(t["text"] for t in tokens_of(events)) == done["text"] == reference
+    runner_log = (rt.home / "logs" / "runner.log").read_text()
+    assert "continuing from the spilled snapshot" in runner_log  # not a recompute
 
 
 def test_scheduler_sigkill_with_jobs_queued_completes_every_acknowledged_job(
