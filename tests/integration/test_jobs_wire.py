@@ -91,3 +91,24 @@ def test_attach_after_a_client_reconnect_continues_the_stream(runtime: Runtime) 
     w = runtime.wire()
     unknown = w.request("attach", job_id="no-such-job")
     assert unknown["type"] == "error" and unknown["code"] == "not_found"
+
+
+def test_background_lifecycle_grants_a_quarter_then_holds_until_foreground(
+        runtime: Runtime) -> None:
+    w = runtime.wire()
+    assert w.request("lifecycle", state="background")["type"] == "ok"
+    try:
+        w.submit({"job_id": "lc", "kind": "nataraj", "prompt": "hello world",
+                  "max_new_tokens": 40})
+        paused = w.wait(lambda m: m.get("job_id") == "lc" and m["type"] == "paused")
+        assert paused["reason"] == "budget"
+        assert len(tokens_of(w.events("lc"))) == 10  # 25 % of 40
+        status = runtime.status()
+        assert "lc" in status["held"] and status["lifecycle"] == "background"
+        assert not any(e["type"] == "done" for e in w.events("lc"))
+    finally:
+        assert w.request("lifecycle", state="foreground")["type"] == "ok"
+    done = w.end("lc")
+    assert done["type"] == "done" and done["usage"]["completion_tokens"] == 40
+    assert done["preemptions"] >= 1
+    assert_gap_free(w.events("lc"))
