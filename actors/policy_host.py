@@ -319,8 +319,11 @@ class PolicyHost(ClientRequests, pykka.ThreadingActor):
             self._timer.start()
 
     def _ring(self) -> None:
-        self._wake_at = None  # read by the actor thread only after it handles _Wake
-        self.actor_ref.tell(_Wake())
+        """Timer thread: only tells; the actor thread owns every field."""
+        try:
+            self.actor_ref.tell(_Wake())
+        except pykka.ActorDeadError:
+            pass
 
     def _on_wake(self, msg: _Wake) -> None:
         self._wake_at = None

@@ -93,8 +93,11 @@ class Journal:
     def accept(self, spec: JobSpec, accepted_at: float) -> None:
         """Persist a newly accepted job; call before sending ``accepted``."""
         blob = msgpack.packb(spec.to_map(), use_bin_type=True)
-        self._db.execute("INSERT INTO jobs (job_id, spec, accepted_at) VALUES (?, ?, ?)",
-                         (spec.job_id, blob, accepted_at))
+        with self._db:  # a finished job pruned from memory may come back under its id
+            self._db.execute("BEGIN")
+            self._db.execute("DELETE FROM tokens WHERE job_id = ?", (spec.job_id,))
+            self._db.execute("INSERT OR REPLACE INTO jobs (job_id, spec, accepted_at) "
+                             "VALUES (?, ?, ?)", (spec.job_id, blob, accepted_at))
 
     def started(self, job_id: str, seed: int, at: float) -> None:
         self._db.execute(
