@@ -35,6 +35,9 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 OPSET = 23
+# Bumped whenever the graph this module writes changes; the store rebuilds models it
+# made with an older builder (see ``store.ensure_model``).
+BUILDER_VERSION = 2
 MS_DOMAIN = "com.microsoft"
 EXTERNAL_DATA_NAME = "model.onnx.data"
 
@@ -76,16 +79,22 @@ class DecoderConfig:
 
 @dataclass(frozen=True)
 class BlockQuantized:
-    """A linear weight [n, k] in ``MatMulNBits`` layout: value = (code - zero) * scale.
+    """A linear weight [n, k] in ``MatMulNBits`` layout, blocks of ``block_size`` along k.
 
-    ``packed`` is uint8 [n, k / block, block * bits / 8], codes packed low-first along
-    k; ``scales`` float32 [n, k / block]; ``zero_points`` float32 [n, k / block] or
-    None (then the op's default ``2 ** (bits - 1)`` applies).
+    value = (code - 2 ** (bits - 1)) * scale + offset, per block. ``packed`` is uint8
+    [n, k / block, block * bits / 8], codes packed low-first along k; ``scales`` and
+    ``offsets`` are float32 [n, k / block]; ``offsets`` may be None (symmetric blocks).
+
+    Why offsets instead of MatMulNBits' own zero points: a GGUF Q4_1 block is
+    ``d * q + m``, which needs a *fractional* zero point ``-m / d``; onnxruntime only
+    has its fast int8 kernels for integer zero points (float ones run ~10x slower). So
+    the graph runs the symmetric kernel and adds ``blocksum(x) @ offsets.T``, a
+    [k / 32]-wide matmul: exact, and cheap.
     """
 
     packed: np.ndarray
     scales: np.ndarray
-    zero_points: np.ndarray | None
+    offsets: np.ndarray | None
     bits: int
     block_size: int
     shape: tuple[int, int]
@@ -96,19 +105,28 @@ class BlockQuantized:
         if self.bits == 8:
             codes = self.packed.reshape(n, -1, self.block_size).astype(np.float32)
         elif self.bits == 4:
-            lo = self.packed & 0x0F
-            hi = self.packed >> 4
-            codes = np.stack([lo, hi], axis=-1).reshape(n, -1, self.block_size)
-            codes = codes.astype(np.float32)
+            codes = np.stack([self.packed & 0x0F, self.packed >> 4], axis=-1)
+            codes = codes.reshape(n, -1, self.block_size).astype(np.float32)
         else:
             raise ValueError(f"unsupported bits={self.bits}")
-        zero = (self.zero_points if self.zero_points is not None
-                else np.float32(2 ** (self.bits - 1)))
-        zero = np.asarray(zero, dtype=np.float32)
-        if zero.ndim:
-            zero = zero[..., None]
-        values = (codes - zero) * self.scales[..., None]
+        values = (codes - np.float32(2 ** (self.bits - 1))) * self.scales[..., None]
+        if self.offsets is not None:
+            values = values + self.offsets[..., None]
         return values.reshape(n, -1)[:, :k].astype(np.float32)
+
+    @staticmethod
+    def concat(parts: list[BlockQuantized]) -> BlockQuantized:
+        """Stack weights that share an input along n (fused QKV, fused gate/up)."""
+        first = parts[0]
+        offsets = None
+        if any(p.offsets is not None for p in parts):
+            offsets = np.concatenate([p.offsets if p.offsets is not None
+                                      else np.zeros_like(p.scales) for p in parts])
+        return BlockQuantized(
+            packed=np.concatenate([p.packed for p in parts]),
+            scales=np.concatenate([p.scales for p in parts]), offsets=offsets,
+            bits=first.bits, block_size=first.block_size,
+            shape=(sum(p.shape[0] for p in parts), first.shape[1]))
 
 
 Weight = np.ndarray | BlockQuantized
@@ -131,6 +149,7 @@ class _Graph:
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self._count = 0
+        self._sums: dict[tuple[str, int], str] = {}
 
     def name(self, hint: str) -> str:
         self._count += 1
@@ -147,21 +166,55 @@ class _Graph:
                                            domain=domain or None, **attrs))
         return names
 
-    def linear(self, x: str, weight: Weight, name: str) -> str:
-        """x @ weight.T, as MatMul (float) or MatMulNBits (block-quantized)."""
-        if isinstance(weight, BlockQuantized):
-            n, k = weight.shape
-            inputs = [x, self.const(f"{name}.qweight", weight.packed),
-                      self.const(f"{name}.scales", weight.scales.astype(np.float32))]
-            if weight.zero_points is not None:
-                inputs.append(self.const(f"{name}.qzeros",
-                                         weight.zero_points.astype(np.float32)))
-            # accuracy_level 4: int8 activations, the fast MLAS path on AVX-512 VNNI.
-            return self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, K=k, N=n,
-                           bits=weight.bits, block_size=weight.block_size,
-                           accuracy_level=4)[0]
-        w_t = self.const(f"{name}.weight_t", np.ascontiguousarray(weight.T, dtype=np.float32))
-        return self.op("MatMul", [x, w_t], name)[0]
+    def linear(self, x: str, weights: list[Weight], name: str) -> list[str]:
+        """x @ w.T for each w, as one fused matmul split afterwards when possible.
+
+        Fusing the projections that read the same input (Q/K/V, gate/up) halves the
+        number of kernel launches per layer, which is most of the cost at batch 1.
+        """
+        quant = [w for w in weights if isinstance(w, BlockQuantized)]
+        fusable = len(quant) in (0, len(weights)) and len(
+            {(w.bits, w.block_size) for w in quant}) <= 1
+        if len(weights) > 1 and not fusable:
+            return [self.linear(x, [w], f"{name}.{j}")[0] for j, w in enumerate(weights)]
+        if quant:
+            fused = BlockQuantized.concat(quant) if len(quant) > 1 else quant[0]
+            y = self._matmul_nbits(x, fused, name)
+        else:
+            w = np.concatenate(weights) if len(weights) > 1 else weights[0]
+            w_t = self.const(f"{name}.weight_t", np.ascontiguousarray(w.T, dtype=np.float32))
+            y = self.op("MatMul", [x, w_t], name)[0]
+        if len(weights) == 1:
+            return [y]
+        sizes = self.const(f"{name}.split", np.array([w.shape[0] for w in weights], np.int64))
+        return self.op("Split", [y, sizes], f"{name}.part", outputs=len(weights), axis=-1)
+
+    def _matmul_nbits(self, x: str, w: BlockQuantized, name: str) -> str:
+        n, k = w.shape
+        inputs = [x, self.const(f"{name}.qweight", w.packed),
+                  self.const(f"{name}.scales", w.scales.astype(np.float32))]
+        # accuracy_level 4: int8 activations in blocks, the fast MLAS path on AVX-512
+        # VNNI; the same trade llama.cpp makes (Q4_1 x Q8_1 dot products).
+        y = self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, K=k, N=n, bits=w.bits,
+                    block_size=w.block_size, accuracy_level=4)[0]
+        if w.offsets is None:
+            return y
+        sums = self._block_sums(x, w.block_size)
+        offsets_t = self.const(f"{name}.offsets_t",
+                               np.ascontiguousarray(w.offsets.T, dtype=np.float32))
+        correction = self.op("MatMul", [sums, offsets_t], f"{name}.offset")[0]
+        return self.op("Add", [y, correction], f"{name}.out")[0]
+
+    def _block_sums(self, x: str, block: int) -> str:
+        """Sum of x over each k-block: [batch, seq, k / block], computed once per input."""
+        key = (x, block)
+        if key not in self._sums:
+            shape = self.const(f"blocks_{block}_{self._count}", np.array([0, 0, -1, block],
+                                                                      np.int64))
+            blocks = self.op("Reshape", [x, shape], "blocks")[0]
+            axes = self.const(f"axes_last_{self._count}", np.array([-1], np.int64))
+            self._sums[key] = self.op("ReduceSum", [blocks, axes], "block_sum", keepdims=0)[0]
+        return self._sums[key]
 
 
 def _io(config: DecoderConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
@@ -217,9 +270,8 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                                        np.asarray(weights[f"{p}.input_layernorm.weight"],
                                                   np.float32))],
                       f"l{i}_ln1", epsilon=eps, axis=-1)[0]
-        q = g.linear(normed, weights[f"{p}.self_attn.q_proj.weight"], f"{p}.self_attn.q_proj")
-        k = g.linear(normed, weights[f"{p}.self_attn.k_proj.weight"], f"{p}.self_attn.k_proj")
-        v = g.linear(normed, weights[f"{p}.self_attn.v_proj.weight"], f"{p}.self_attn.v_proj")
+        q, k, v = g.linear(normed, [weights[f"{p}.self_attn.{x}_proj.weight"]
+                                    for x in ("q", "k", "v")], f"{p}.self_attn.qkv_proj")
         q = g.op("RotaryEmbedding", [q, "rope.cos", "rope.sin", "position_ids"], f"l{i}_qrot",
                  num_heads=cfg.num_attention_heads, interleaved=0)[0]
         k = g.op("RotaryEmbedding", [k, "rope.cos", "rope.sin", "position_ids"], f"l{i}_krot",
@@ -230,18 +282,19 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                     out_names=[g.name(f"l{i}_attn"), f"present.{i}.key", f"present.{i}.value"],
                     q_num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads,
                     is_causal=1, scale=float(cfg.head_dim) ** -0.5)[0]
-        attn = g.linear(attn, weights[f"{p}.self_attn.o_proj.weight"], f"{p}.self_attn.o_proj")
+        attn = g.linear(attn, [weights[f"{p}.self_attn.o_proj.weight"]],
+                        f"{p}.self_attn.o_proj")[0]
         hidden = g.op("Add", [hidden, attn], f"l{i}_res1")[0]
         normed = g.op("RMSNormalization",
                       [hidden, g.const(f"{p}.post_attention_layernorm.weight",
                                        np.asarray(weights[f"{p}.post_attention_layernorm.weight"],
                                                   np.float32))],
                       f"l{i}_ln2", epsilon=eps, axis=-1)[0]
-        gate = g.linear(normed, weights[f"{p}.mlp.gate_proj.weight"], f"{p}.mlp.gate_proj")
-        up = g.linear(normed, weights[f"{p}.mlp.up_proj.weight"], f"{p}.mlp.up_proj")
+        gate, up = g.linear(normed, [weights[f"{p}.mlp.gate_proj.weight"],
+                                     weights[f"{p}.mlp.up_proj.weight"]], f"{p}.mlp.gate_up_proj")
         act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"l{i}_sig")[0]], f"l{i}_silu")[0]
         mlp = g.linear(g.op("Mul", [act, up], f"l{i}_gated")[0],
-                       weights[f"{p}.mlp.down_proj.weight"], f"{p}.mlp.down_proj")
+                       [weights[f"{p}.mlp.down_proj.weight"]], f"{p}.mlp.down_proj")[0]
         hidden = g.op("Add", [hidden, mlp], f"l{i}_res2")[0]
         if progress:
             progress(1)
@@ -255,7 +308,7 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
         if not cfg.tie_word_embeddings:
             raise KeyError("lm_head.weight missing and tie_word_embeddings is false")
         head = weights["model.embed_tokens.weight"]
-    logits = g.linear(normed, head, "lm_head")
+    logits = g.linear(normed, [head], "lm_head")[0]
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits_out"))
 
     inputs, outputs = _io(cfg)

@@ -183,14 +183,15 @@ class ModelStore:
 
     @contextlib.contextmanager
     def install(self, model_id: str, *, kind: str, source: dict[str, Any],
-                weight_format: str, extra: dict[str, Any] | None = None) -> Iterator[Path]:
+                weight_format: str, meta: dict[str, Any] | None = None) -> Iterator[Path]:
         """Yield an empty staging folder; on a clean exit, publish it as ``model_id``.
 
         The caller writes the model files into the staging folder. On success the
         manifest (files, sizes, sha256, I/O contract) is written last and the folder is
         renamed into place, replacing any previous install. On an exception the staging
-        folder is deleted and the store is unchanged. Call it while holding
-        :meth:`lock`.
+        folder is deleted and the store is unchanged. ``meta`` entries are added to the
+        manifest when the block ends, so a converter can record what it decided
+        (e.g. ``meta["weight_format"]``). Call it while holding :meth:`lock`.
         """
         final = self.folder(model_id)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -198,9 +199,12 @@ class ModelStore:
         staging.mkdir()
         try:
             yield staging
+            from uniun.models.onnx_decoder import BUILDER_VERSION
+
             manifest = {"manifest_version": MANIFEST_VERSION, "id": model_id, "kind": kind,
+                        "builder_version": BUILDER_VERSION,
                         "source": source, "weight_format": weight_format,
-                        "created": time.time(), **(extra or {})}
+                        "created": time.time(), **(meta or {})}
             if (staging / "model.onnx").is_file():
                 manifest["io"] = io_contract(staging / "model.onnx")
             manifest["files"] = {
@@ -284,6 +288,12 @@ def known_model_ids() -> list[str]:
     return sorted(RECIPES) + ["tiny-N (N = seed)"]
 
 
+def _up_to_date(store: ModelStore, model_id: str) -> bool:
+    from uniun.models.onnx_decoder import BUILDER_VERSION
+
+    return store.manifest(model_id).get("builder_version") == BUILDER_VERSION
+
+
 def ensure_model(model_id: str, store: ModelStore | None = None) -> Path:
     """The verified folder of ``model_id``, building or pulling it first if needed.
 
@@ -295,7 +305,10 @@ def ensure_model(model_id: str, store: ModelStore | None = None) -> Path:
     check_model_id(model_id)
     recipe = _recipe(model_id)
     try:
-        return store.path(model_id)
+        path = store.path(model_id)
+        if recipe is None or _up_to_date(store, model_id):
+            return path
+        logger.info("model {} was built by an older converter; rebuilding it", model_id)
     except ModelCorrupt as exc:
         if recipe is None:
             raise ModelCorrupt(f"{exc}; re-import it with `uniun-runtime models import DIR`") \
@@ -309,7 +322,9 @@ def ensure_model(model_id: str, store: ModelStore | None = None) -> Path:
                 "import it with `uniun-runtime models import DIR`") from None
     with store.lock(model_id):
         try:  # another process may have built it while we waited for the lock
-            return store.path(model_id)
+            path = store.path(model_id)
+            if _up_to_date(store, model_id):
+                return path
         except ModelStoreError:
             pass
         store.clean_stale(model_id)

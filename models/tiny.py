@@ -16,11 +16,11 @@ sample, use stop strings, or use the real model.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 
+from uniun.models.hf_folder import tokenizer_config, write_hf_files
 from uniun.models.onnx_decoder import DecoderConfig, build_decoder, save_decoder
 from uniun.models.store import ModelStore
 
@@ -73,15 +73,6 @@ def build_tokenizer() -> "tokenizers.Tokenizer":  # type: ignore[name-defined]  
     return tok
 
 
-def tokenizer_config(bos: str, eos: str, chat_template: str, *, pad: str | None = None,
-                     max_length: int = 8192) -> dict[str, object]:
-    """``tokenizer_config.json`` that ``AutoTokenizer`` loads with the fast tokenizer."""
-    return {"tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos,
-            "eos_token": eos, "pad_token": pad or eos, "unk_token": None,
-            "add_bos_token": False, "add_eos_token": False, "clean_up_tokenization_spaces": False,
-            "model_max_length": max_length, "chat_template": chat_template}
-
-
 def tiny_weights(config: DecoderConfig, seed: int) -> dict[str, np.ndarray]:
     """Random weights, scaled so activations stay O(1) through the layers."""
     rng = np.random.default_rng(seed)
@@ -115,19 +106,6 @@ def tiny_weights(config: DecoderConfig, seed: int) -> dict[str, np.ndarray]:
     return w
 
 
-def write_hf_files(folder: Path, config: DecoderConfig, tokenizer_json: str,
-                   tok_config: dict[str, object]) -> None:
-    """``config.json``, ``generation_config.json``, ``tokenizer*.json`` beside the graph."""
-    (folder / "config.json").write_text(json.dumps(config.to_hf_dict(), indent=2))
-    (folder / "generation_config.json").write_text(json.dumps(
-        {"bos_token_id": config.bos_token_id, "eos_token_id": [config.eos_token_id],
-         "do_sample": False}, indent=2))
-    (folder / "tokenizer.json").write_text(tokenizer_json)
-    (folder / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2))
-    (folder / "special_tokens_map.json").write_text(json.dumps(
-        {k: tok_config[k] for k in ("bos_token", "eos_token", "pad_token")}, indent=2))
-
-
 def install_tiny(store: ModelStore, seed: int) -> None:
     """Build ``tiny-<seed>`` into ``store`` (caller holds the store lock for the id)."""
     tok = build_tokenizer()
@@ -139,7 +117,8 @@ def install_tiny(store: ModelStore, seed: int) -> None:
                        source={"type": "tiny", "seed": seed}) as staging:
         save_decoder(model, staging, external=False)
         write_hf_files(staging, config, tok.to_str(),
-                       tokenizer_config(BOS, EOS, CHAT_TEMPLATE, pad="<|endoftext|>"))
+                       tokenizer_config(BOS, EOS, CHAT_TEMPLATE, pad="<|endoftext|>",
+                                        unk="<|endoftext|>", max_length=4096))
 
 
 def build_tiny(seed: int = 1, store: ModelStore | None = None, *, force: bool = False) -> Path:

