@@ -115,3 +115,58 @@ def test_cli_build_list_json_and_rm(tmp_path: Path) -> None:
     again = _cli("rm", "tiny-7", models=models)
     assert again.returncode == 1
     assert "not in the store" in again.stderr
+
+
+def _export_copy(store: ModelStore, dest: Path) -> Path:
+    """An 'optimum-style' folder: a store model's files without our manifest."""
+    import shutil
+
+    src = ensure_model("tiny-1", store)
+    shutil.copytree(src, dest, ignore=shutil.ignore_patterns(MANIFEST_NAME))
+    return dest
+
+
+def test_import_registers_a_valid_folder(store: ModelStore, tmp_path: Path) -> None:
+    from uniun.models.hf_import import import_folder
+
+    export = _export_copy(store, tmp_path / "My-Export")
+    path = import_folder(export, store=store)
+    assert path.name == "my-export"
+    info = {i.model_id: i for i in store.list()}["my-export"]
+    assert info.source == {"type": "import", "from": str(export.resolve())}
+    assert info.weight_format == "float"
+    (path / "model.onnx").write_bytes(b"broken")
+    with pytest.raises(ModelCorrupt, match="re-import"):
+        ensure_model("my-export", ModelStore(store.root))
+
+
+def test_import_lists_every_problem_and_changes_nothing(store: ModelStore,
+                                                        tmp_path: Path) -> None:
+    from uniun.models.hf_import import ImportRejected, import_folder
+
+    export = _export_copy(store, tmp_path / "bad")
+    cfg = json.loads((export / "config.json").read_text())
+    cfg["num_key_value_heads"] = 4
+    cfg["num_hidden_layers"] = 3
+    (export / "config.json").write_text(json.dumps(cfg))
+    (export / "tokenizer.json").unlink()
+    before = sorted(p.name for p in store.root.iterdir())
+    with pytest.raises(ImportRejected) as err:
+        import_folder(export, store=store)
+    message = str(err.value)
+    assert "missing tokenizer.json" in message
+    assert "past_key_values.0.key has shape ['batch', 2, 'past_seq', 16], " \
+           "expected [batch, 4, seq, 16]" in message
+    assert "no input past_key_values.2.key (config.json says 3 layers)" in message
+    assert sorted(p.name for p in store.root.iterdir()) == before
+
+
+def test_cli_import_of_a_folder_without_model_says_what_is_missing(tmp_path: Path) -> None:
+    folder = tmp_path / "empty-export"
+    folder.mkdir()
+    (folder / "decoder_model_merged.onnx").write_bytes(b"")
+    result = _cli("import", str(folder), models=tmp_path / "m")
+    assert result.returncode == 1
+    assert "missing config.json" in result.stderr
+    assert "missing model.onnx (found decoder_model_merged.onnx" in result.stderr
+    assert "missing tokenizer.json" in result.stderr
