@@ -86,7 +86,7 @@ gana_lead_s = 600
 
 def test_scenario_5_extract_backfill_is_held_to_the_t2_budget(make_mesh) -> None:
     """A big backfill does not monopolise the runner: Nataraj (T4) gets its share."""
-    notes = {f"n{i:02d}.md": f"# Note {i}\nPerson {i} lives in town {i}.\n" for i in range(40)}
+    notes = {f"n{i:02d}.md": f"# Note {i}\nPerson {i} lives in town {i}.\n" for i in range(80)}
     mesh = make_mesh("""
 [policy]
 t2_window_s = 12.0
@@ -105,26 +105,28 @@ card_max_new_tokens = 400
 check_interval_s = 0.5
 """, notes=notes)
     store = mesh.store()
-    wait_for("the backfill under way",
-             lambda: len(store.list_results("knowledge", limit=1000)) >= 3, timeout=300)
-    cards_before = store.deck_size()
+
+    def extracted() -> int:
+        return len(store.list_results("knowledge", limit=1000))
+
+    wait_for("the backfill under way", lambda: extracted() >= 3, timeout=300)
+    cards_before, extracted_before = store.deck_size(), extracted()
     time.sleep(12.0)  # one whole window with both kinds of work queued
-    cards_during = store.deck_size() - cards_before
     shares = []
     for _ in range(6):
         st = mesh.status()
         assert st is not None
-        shares.append(st["t2_share"])
+        shares.append(round(st["t2_share"], 3))
         time.sleep(1.0)
-    pending = len(notes) - len(store.list_results("knowledge", limit=1000))
-    assert pending > 0, "the backlog ran out before the budget could be observed"
-    assert cards_during >= 2, "the fair pool got no runner time during the backfill"
-    assert max(shares) <= 0.6 + 0.05 + 0.1, f"T2 took more than its budget: {shares}"
-    assert min(shares) >= 0.3, f"extract was starved: {shares}"
-    cards_then = store.deck_size()
-    wait_for("the whole backlog extracted",
-             lambda: len(store.list_results("knowledge", limit=1000)) == len(notes), timeout=600)
-    assert store.deck_size() >= cards_then
+    cards_during = store.deck_size() - cards_before
+    extracted_during = extracted() - extracted_before
+    seen = (f"shares {shares}, cards {cards_during}, notes extracted {extracted_during}, "
+            f"backlog left {len(notes) - extracted()}")
+    assert extracted() < len(notes), f"the backlog ran out before the window ended: {seen}"
+    assert cards_during >= 2, f"the fair pool got no runner time during the backfill: {seen}"
+    assert extracted_during >= 2, f"extract was starved: {seen}"
+    assert max(shares) <= 0.6 + 0.05 + 0.1, f"T2 took more than its budget: {seen}"
+    assert min(shares) >= 0.3, f"extract got too little: {seen}"
     store.close()
 
 
