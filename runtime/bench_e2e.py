@@ -66,7 +66,9 @@ class BenchRuntime:
     def __enter__(self) -> "BenchRuntime":
         self.home.mkdir(parents=True, exist_ok=True)
         self.config.write_text(f'[models]\nchat_model = "{self.model}"\n'
-                               f'[policy]\nname = "{self.policy}"\n')
+                               f'[policy]\nname = "{self.policy}"\n'
+                               '[producers]\nextract = false\nnataraj = false\n'
+                               'gana = false\nbackground_gana = false\n')  # measured load only
         self.log(f"starting runtime (policy {self.policy}, model {self.model}) in {self.home}")
         out = open(self.home / "start.out", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",

@@ -193,16 +193,20 @@ class EmbedConfig:
 
 @dataclass(frozen=True)
 class ProducersConfig:
-    """Which producer processes the supervisor runs (chat is the CLI, not a process)."""
+    """Which producer processes the supervisor runs (chat is the CLI, not a process).
 
-    extract: bool = field(default=False, metadata=_doc(
-        "run the knowledge-extraction producer (default false)"))
-    nataraj: bool = field(default=False, metadata=_doc(
-        "run the Nataraj deck producer (default false)"))
-    gana: bool = field(default=False, metadata=_doc(
-        "run the Gana cron producer (default false)"))
-    background_gana: bool = field(default=False, metadata=_doc(
-        "run the background-Gana process (default false)"))
+    All on by default, with sample notes and Ganas on a first start, so that a newcomer's
+    ``start`` shows extraction, the deck and Ganas working (docs/producers.md).
+    """
+
+    extract: bool = field(default=True, metadata=_doc(
+        "run the knowledge-extraction producer (default true)"))
+    nataraj: bool = field(default=True, metadata=_doc(
+        "run the Nataraj deck producer (default true)"))
+    gana: bool = field(default=True, metadata=_doc(
+        "run the Gana cron producer (default true)"))
+    background_gana: bool = field(default=True, metadata=_doc(
+        "run the background-Gana process (default true)"))
     # The producers' own settings (docs/producers.md).
     samples: bool = field(default=True, metadata=_doc(
         "first start: write sample notes and two sample Ganas if the notes folder and "

@@ -31,6 +31,12 @@ BASE_CONFIG = """\
 [models]
 chat_model = "tiny-1"
 
+[producers]
+extract = false
+nataraj = false
+gana = false
+background_gana = false
+
 [policy]
 chat_idle_gap_s = 5.0
 

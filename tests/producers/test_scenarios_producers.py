@@ -1,6 +1,7 @@
 """Seed scenarios 2, 5 and 8 end to end, the lifecycle handover, and the governor.
 
-Each test runs its own runtime (tiny model, short intervals and windows via config).
+Each test runs its own runtime (tiny model, short intervals and windows via config)
+with only the producers it is about (all four flags are named: they default to on).
 Assertions are about what a user would see in the results and on the wire; waits are
 generous and no timing is asserted.
 """
@@ -55,7 +56,10 @@ def test_scenario_2_two_ganas_with_different_flows_alternate(make_mesh) -> None:
 slice_s = 0.3
 granularity_s = 0.1
 [producers]
+extract = false
+nataraj = false
 gana = true
+background_gana = false
 samples = false
 check_interval_s = 0.3
 gana_lead_s = 600
@@ -94,6 +98,8 @@ t2_share_max = 0.6
 [producers]
 extract = true
 nataraj = true
+gana = false
+background_gana = false
 samples = false
 scan_interval_s = 0.5
 backfill_per_s = 20.0
@@ -139,6 +145,8 @@ def test_scenario_8_background_ganas_run_in_their_own_process_exactly_once(make_
     every = 0.1  # minutes: a slot every 6 s
     mesh = make_mesh("""
 [producers]
+extract = false
+nataraj = false
 gana = true
 background_gana = true
 samples = false

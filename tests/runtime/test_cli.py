@@ -92,7 +92,9 @@ def test_submit_builds_chat_messages_and_raw_prompts() -> None:
 def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
     """start --detach, status, submit, cancel, second start, stop: as the README shows."""
     config = tmp_path / "u.toml"
-    config.write_text('[models]\nchat_model = "tiny-1"\n[supervisor]\nstop_grace_s = 5\n')
+    config.write_text('[models]\nchat_model = "tiny-1"\n[supervisor]\nstop_grace_s = 5\n'
+                      '[producers]\nextract = false\nnataraj = false\ngana = false\n'
+                      'background_gana = false\n')
     home = tmp_path / "home"
     started = cli("start", "--detach", "--config", str(config), home=home)
     try:
