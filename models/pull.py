@@ -125,11 +125,12 @@ def install_pulled(store: ModelStore, model_id: str, *, progress: bool = True) -
 
 def pull(model_id: str, store: ModelStore | None = None, *, force: bool = False) -> Path:
     """Make sure ``model_id`` is pulled and converted (again if ``force``); its folder."""
-    from uniun.models.store import ensure_model
+    from uniun.models.store import RECIPES, ensure_model
 
     store = store or ModelStore()
-    if model_id not in PULLABLE:
-        raise ModelStoreError(f"{model_id!r} cannot be pulled; known: {', '.join(PULLABLE)}")
+    if model_id not in PULLABLE and model_id not in RECIPES:  # RECIPES: all-minilm-l6-v2
+        raise ModelStoreError(f"{model_id!r} cannot be pulled; known: "
+                              f"{', '.join(sorted(set(PULLABLE) | set(RECIPES)))}")
     if force and store.folder(model_id).exists():
         store.remove(model_id)
     return ensure_model(model_id, store)
