@@ -120,3 +120,13 @@ def test_store_holds_an_embedding_model_with_its_io_contract(minilm_dir) -> None
     assert manifest["io"]["outputs"]["sentence_embedding"]["shape"] == ["batch", 384]
     assert {"model.onnx", "tokenizer.json", "embedding.json"} <= set(manifest["files"])
 
+
+
+def test_models_pull_command_knows_the_embedding_model(minilm_dir) -> None:
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "uniun.runtime", "models", "pull",
+                          "all-minilm-l6-v2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == f"all-minilm-l6-v2: {minilm_dir}"
