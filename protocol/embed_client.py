@@ -131,6 +131,7 @@ class EmbedClient:
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.setsockopt(zmq.RECONNECT_IVL, 100)
         sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
+        sock.setsockopt(zmq.SNDTIMEO, int(self.connect_timeout * 1000))
         self._mon = sock.get_monitor_socket(_EVENTS)
         sock.connect(self.endpoint)
         self._sock, self._connected = sock, False
@@ -155,11 +156,12 @@ class EmbedClient:
         return msg["id"]
 
     def _send_frame(self, frame: bytes) -> None:
+        """Send, waiting at most ``connect_timeout`` for room (SNDTIMEO)."""
         assert self._sock is not None
         try:
-            self._sock.send(frame, zmq.NOBLOCK)
-        except zmq.Again:  # the pool went away this instant: the monitor will say so
-            pass
+            self._sock.send(frame)
+        except zmq.Again:  # no pool took it in time: treat as lost; pending is re-sent
+            self._connected = False
 
     def _ensure_connected(self) -> None:
         if self._sock is None:
