@@ -36,7 +36,9 @@ How a host drives it::
 Contract with the host:
 - ``Run`` is a command: the job is "running" from that moment (the host swaps first when
   ``swap``; it resumes, never restarts, when ``resume``; it passes ``token_grant`` to the
-  runner, which stops itself there and reports ``on_paused(..., "budget")``).
+  runner, which stops itself there and reports ``on_paused(..., "budget")``; a job
+  running with a full budget when the app goes to the background gets a ``Preempt``
+  with reason ``"budget"`` and comes back with a grant).
 - ``Preempt``: ask the runner to pause at the next token boundary. The job stays running
   until ``on_paused`` (or ``on_finished``, if it finished first); ``decide()`` will not
   ask again. Chat is never preempted.

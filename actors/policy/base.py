@@ -277,7 +277,6 @@ class PolicyBase(ABC):
         job.dispatch_tier = tier
         job.dispatched_at = now
         job.grant = grant
-        job.grant_by_runner = grant is not None
         self._running = job
         swap = job.model_id != self.loaded_model
         if swap:
@@ -289,7 +288,6 @@ class PolicyBase(ABC):
     def _clear_dispatch(job: PolicyJob) -> None:
         job.segment_start = job.last_report_at = None
         job.grant = None
-        job.grant_by_runner = False
         job.dispatch_tokens = 0
         job.stop_reason = None
 

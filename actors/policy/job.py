@@ -124,7 +124,6 @@ class PolicyJob:
     segment_start: float | None = None  # when the runner started it (on_started)
     last_report_at: float | None = None  # last runner report of this dispatch
     grant: int | None = None     # token grant of this dispatch (None = no limit)
-    grant_by_runner: bool = False  # the grant was in the Run record: the runner enforces
     dispatch_tokens: int = 0     # tokens produced in this dispatch
     first_token_at: float | None = None
     stop_reason: str | None = None  # reason of the pending Preempt

@@ -23,7 +23,9 @@ never asks twice: after a Preempt the job is STOPPING until the runner reports.
 
 Background lifecycle: every non-chat dispatch carries a token grant (25 % of
 max_new_tokens); a job that used its grant is HELD (snapshot kept) until lifecycle is
-foreground again, then it goes to the front of its tier.
+foreground again, then it goes to the front of its tier. A non-chat job that was
+dispatched with a full budget when the app went to the background is paused (reason
+``budget``) and re-queued at the front, so it continues under a grant.
 """
 
 from __future__ import annotations
@@ -43,9 +45,10 @@ from uniun.actors.policy.tiers import T2, T3, T4, TIER_NAMES, TierIndex, tier_of
 (R_CHAT, R_FG, R_T2, R_DEADLINE, R_FAIR, R_T2_SWAP, R_T2_OVER, R_FAIR_SWAP,
  R_T2_OVER_SWAP) = range(9)
 RANK_TIER = (0, 1, 2, 3, 4, 2, 2, 4, 2)
-# The pause reasons the policy asks for; "grant" is the governor's, "budget" on the wire.
+# The pause reasons the policy asks for; "lifecycle" (the app went to the background
+# during a full-budget dispatch) is "budget" on the wire.
 _WIRE_REASON = {"preempted": "preempted", "slice": "slice", "budget": "budget",
-                "grant": "budget"}
+                "lifecycle": "budget"}
 
 
 class _Survey:
@@ -106,9 +109,10 @@ class UniunPolicy(PolicyBase):
             return self._dispatch(job, RANK_TIER[rank], now)
         if run.status is not JobStatus.RUNNING or run.kind == self.config.chat_kind:
             return Idle(self._wake(now, survey))
-        if (run.grant is not None and not run.grant_by_runner
-                and run.dispatch_tokens >= run.grant):
-            return self._preempt(run, None, "grant", now, survey)
+        if (self.lifecycle == "background" and run.grant is None
+                and run.kind != self.config.chat_kind):
+            # Dispatched in the foreground: pause it, it comes back with a grant.
+            return self._preempt(run, None, "lifecycle", now, survey)
         tier = self.tier(run, now)
         if pick is not None:
             rank, job = pick
@@ -260,23 +264,17 @@ class UniunPolicy(PolicyBase):
             self._last_chat_at, self._last_chat_model = now, job.model_id
 
     def _hold(self, job: PolicyJob, reason: str) -> bool:
+        # Held only when the runner stopped at the end of a background grant.
         held = (self.lifecycle == "background" and job.kind != self.config.chat_kind
-                and (job.stop_reason == "grant"
-                     or (job.stop_reason is None and reason == "budget")))
+                and job.grant is not None and job.stop_reason is None
+                and reason == "budget")
         if held:
             self._held[job.job_id] = job
         return held
 
     def _lifecycle_changed(self, state: str) -> None:
-        run = self._running
         if state == "background":
-            if run is not None and run.kind != self.config.chat_kind and run.grant is None:
-                run.grant = run.dispatch_tokens + math.ceil(
-                    self.config.background_grant * run.spec.max_new_tokens)
-                run.grant_by_runner = False
-            return
-        if run is not None and not run.grant_by_runner:
-            run.grant = None
+            return  # decide() pauses a running full-budget job; new dispatches get grants
         now = self._clock()
         for job in reversed(list(self._held.values())):  # front-insert keeps their order
             job.move("release")
@@ -299,6 +297,7 @@ class UniunPolicy(PolicyBase):
                 order = (job.key,)
             tiers[tier].append((order, job.job_id))
         run_s, run_t2 = self._running_estimate(now)
+        blocked = self._budget.update(now, run_s, run_t2)  # as decide() would see it now
         return {
             "policy": self.name,
             "lifecycle": self.lifecycle,
@@ -311,7 +310,7 @@ class UniunPolicy(PolicyBase):
             "vruntime": dict(self._pool.vruntime),
             "min_vruntime": self._pool.min_vruntime,
             "t2_share": self._budget.share(now, run_s, run_t2),
-            "t2_blocked": self._budget.blocked,
+            "t2_blocked": blocked,
             "swaps": self.swaps,
             "preemptions": self.preemptions,
         }
