@@ -76,8 +76,8 @@ def encode_chat(tokenizer: Any, messages: Iterable[Mapping[str, Any] | Sequence[
         while n < limit and ids[n] == other[n]:
             n += 1
         static = n
-    # Leave at least one prompt position to feed: the first logits come from it.
-    return ids, min(static, max(len(ids) - 1, 0))
+    # Leave at least two prompt positions to feed (the prefill is a pass of >= 2).
+    return ids, max(0, min(static, len(ids) - 2))
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:

@@ -9,9 +9,9 @@ Sharing is safe without copies because KV arrays are never written in place: the
 decoder reads ``past_key_values`` and returns new ``present`` buffers.
 
 Eviction is least-recently-used under a byte cap. Lookups scan the entries (a handful of
-system prompts in practice); the longest matching prefix wins. A prefix as long as the
-whole prompt is not used: the decoder needs at least one position to feed to produce the
-first logits.
+system prompts in practice); the longest matching prefix wins. A hit leaves at least
+two prompt positions to feed: the first logits need one, and the prefill is always a
+pass of two or more positions (see ``feed_plan``).
 """
 
 from __future__ import annotations
@@ -43,12 +43,12 @@ class PrefixCache:
         return tuple(ids) in self._entries
 
     def lookup(self, prompt_ids: Sequence[int]) -> tuple[int, KVCache | None]:
-        """The longest cached prefix of ``prompt_ids`` shorter than the prompt: (length, kv)."""
+        """The longest cached prefix of ``prompt_ids`` leaving >= 2 positions: (length, kv)."""
         best: tuple[int, ...] | None = None
         n_prompt = len(prompt_ids)
         for key in self._entries:
             n = len(key)
-            if n < n_prompt and (best is None or n > len(best)) and tuple(prompt_ids[:n]) == key:
+            if n < n_prompt - 1 and (best is None or n > len(best)) and tuple(prompt_ids[:n]) == key:
                 best = key
         if best is None:
             self.misses += 1

@@ -49,6 +49,7 @@ import numpy as np
 from loguru import logger
 
 from uniun.models.chat_template import encode_chat, encode_prompt
+from uniun.models.feed_plan import next_pass
 from uniun.models.generate import FinishedError, Generation, TokenEvent
 from uniun.models.kv import JobProgress, KVCache, ParkedState
 from uniun.models.prefix_cache import PrefixCache
@@ -95,7 +96,8 @@ class DecoderSession:
     """A loaded decoder plus tokenizer; runs any number of jobs, one step at a time."""
 
     def __init__(self, model_dir: Path | str, *, threads: int = 2, model_id: str | None = None,
-                 prefix_cache_bytes: int | None = None, spinning: bool = True) -> None:
+                 prefix_cache_bytes: int | None = None, spinning: bool = True,
+                 replay: str = "auto") -> None:
         import onnxruntime as ort
 
         self.model_dir = Path(model_dir)
@@ -120,6 +122,10 @@ class DecoderSession:
         self.prefix_cache: PrefixCache | None = (
             PrefixCache() if prefix_cache_bytes is None
             else PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None)
+        if replay not in ("auto", "exact", "batched"):
+            raise ValueError(f"replay must be auto, exact or batched, not {replay!r}")
+        # None until probed (lazily, at the first resume that has tokens to re-feed).
+        self._exact_replay: bool | None = {"auto": None, "exact": True, "batched": False}[replay]
         self.load_s = time.perf_counter() - t0
         self.resident_bytes = max(0, rss_bytes() - rss0)
         self.threads = options.intra_op_num_threads
@@ -237,7 +243,8 @@ class DecoderSession:
         progress = JobProgress(
             prompt_ids=ids, max_new_tokens=int(max_new_tokens), sampling=params,
             seed=Sampler(params).seed, stop=tuple(stop), eos_ids=() if ignore_eos else self.eos_ids,
-            static_prefix=min(static if static_prefix is None else int(static_prefix), len(ids) - 1),
+            static_prefix=max(0, min(static if static_prefix is None else int(static_prefix),
+                                     len(ids) - 2)),
             job_id=job_id, model_id=self.model_id)
         gen = self._generation(progress, None)
         if use_prefix_cache and self.prefix_cache is not None:
@@ -251,36 +258,64 @@ class DecoderSession:
         return Generation(progress, self.tokenizer, kv, max_positions=self.max_positions)
 
     def prefill(self, gen: Generation, max_tokens: int | None = None) -> int:
-        """Feed up to ``max_tokens`` uncovered positions, keeping at least one for the step.
+        """Feed up to ``max_tokens`` uncovered positions ahead of the next :meth:`step`.
 
-        Optional: :meth:`step` feeds whatever is left. Returns the positions fed. When the
-        feed crosses the static prefix, the prefix KV is put in the prefix cache.
+        Optional: :meth:`step` feeds whatever is left; a caller that wants to check its
+        control messages during a long prompt or a recompute calls this in a loop until
+        it returns 0. Returns the positions fed. In exact-replay mode generated tokens
+        are re-fed one per pass (a decode step each), so bound ``max_tokens`` with that
+        in mind. Crossing the static prefix puts its KV in the prefix cache.
         """
         gen.check_live()
-        pending = gen.pending_ids()
-        budget = len(pending) - 1 if max_tokens is None else min(max_tokens, len(pending) - 1)
-        fed = 0
-        while fed < budget:
-            start = gen.kv_length
-            chunk_end = start + budget - fed
-            prefix = gen.progress.static_prefix
-            if self._should_cache_prefix(gen) and start < prefix < chunk_end:
-                chunk_end = prefix  # stop exactly at the prefix so its KV can be cached as is
-            ids = gen.progress.all_ids[start:chunk_end]
-            _, gen.kv = self.forward(ids, gen.kv)
-            fed += len(ids)
-            self._maybe_cache_prefix(gen)
-        return fed
+        return self._feed(gen, for_step=False, budget=max_tokens)
 
     def step(self, gen: Generation) -> TokenEvent:
         """Feed the uncovered positions, sample ONE token, return what to stream."""
         gen.check_live()
-        p = gen.progress
-        if self._should_cache_prefix(gen) and gen.kv_length < p.static_prefix:
-            self.prefill(gen, p.static_prefix - gen.kv_length)
+        self._feed(gen, for_step=True)
         logits, gen.kv = self.forward(gen.pending_ids(), gen.kv)
-        token = gen.sampler.pick(logits, len(p.generated_ids))
+        token = gen.sampler.pick(logits, len(gen.progress.generated_ids))
         return gen.accept(token)
+
+    def _feed(self, gen: Generation, *, for_step: bool, budget: int | None = None) -> int:
+        """Feed the passes :func:`next_pass` plans, up to ``budget`` positions."""
+        fed = 0
+        p = gen.progress
+        while budget is None or fed < budget:
+            replaying = p.total_tokens - len(p.prompt_ids) >= 1 and gen.kv_length < p.total_tokens - 1
+            plan = next_pass(kv_length=gen.kv_length, prompt_len=len(p.prompt_ids),
+                             total=p.total_tokens, static_prefix=p.static_prefix,
+                             cache_split=self._should_cache_prefix(gen),
+                             exact=self.exact_replay if replaying else True, for_step=for_step,
+                             budget=None if budget is None else budget - fed)
+            if plan is None:
+                break
+            start, end = plan
+            if gen.kv is not None and start < gen.kv_length:
+                gen.kv = gen.kv.prefix(start) if start > 0 else None
+            _, gen.kv = self.forward(p.all_ids[start:end], gen.kv)
+            fed += end - start
+            self._maybe_cache_prefix(gen)
+        return fed
+
+    @property
+    def exact_replay(self) -> bool:
+        """Whether resumes must re-feed generated tokens one per pass (see feed_plan)."""
+        if self._exact_replay is None:
+            self._exact_replay = not self._one_and_many_agree()
+            logger.info("{}: one- and many-position passes {}; resumes replay {}", self.model_id,
+                        "disagree" if self._exact_replay else "agree bit for bit",
+                        "token by token" if self._exact_replay else "in one batched pass")
+        return self._exact_replay
+
+    def _one_and_many_agree(self) -> bool:
+        """Probe: logits of a position fed alone vs. fed with others, bit for bit."""
+        ids = list(self.tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"])
+        ids = (ids + [1, 2, 3, 4])[:4]
+        many, _ = self.forward(ids, None)
+        _, kv = self.forward(ids[:-1], None)
+        one, _ = self.forward(ids[-1:], kv)
+        return bool(np.array_equal(many, one))
 
     def _should_cache_prefix(self, gen: Generation) -> bool:
         return (self.prefix_cache is not None and gen.cache_prefix
@@ -330,7 +365,7 @@ class DecoderSession:
         gen.recomputed_tokens = p.total_tokens - 1 - gen.kv_length
         gen.cache_prefix = True
         if gen.kv is None and self.prefix_cache is not None:
-            n, cached = self.prefix_cache.lookup(p.all_ids)
+            n, cached = self.prefix_cache.lookup(p.prompt_ids)
             if cached is not None:
                 gen.kv, gen.prefix_cache_tokens = cached, n
                 gen.recomputed_tokens = p.total_tokens - 1 - n

@@ -128,3 +128,52 @@ def test_parked_jobs_under_pressure_all_finish_with_the_right_tokens(tiny_model:
     stats = lot.stats()
     assert stats.trimmed and stats.spilled and stats.dropped  # every stage was exercised
     assert tokens == expected
+
+
+def _passes(kv: int, prompt: int, total: int, static: int, *, for_step: bool, exact: bool = True,
+            budget: int | None = None) -> list[tuple[int, int]]:
+    from uniun.models.feed_plan import next_pass
+
+    out = []
+    while (plan := next_pass(kv_length=kv, prompt_len=prompt, total=total, static_prefix=static,
+                             cache_split=True, exact=exact, for_step=for_step,
+                             budget=budget)) is not None:
+        out.append(plan)
+        kv = plan[1]
+    if for_step:
+        out.append((kv, total))  # the step's own final pass
+    return out
+
+
+def _single_fed(passes: list[tuple[int, int]]) -> dict[int, bool]:
+    """Position -> was it computed in a one-position pass (last computation wins)."""
+    fed: dict[int, bool] = {}
+    for start, end in passes:
+        for pos in range(start, end):
+            fed[pos] = end - start == 1
+    return fed
+
+
+@pytest.mark.parametrize("prompt", [1, 2, 3, 5, 40])
+@pytest.mark.parametrize("chunk", [None, 2, 7])
+def test_resume_replays_every_position_the_way_the_run_computed_it(prompt: int,
+                                                                   chunk: int | None) -> None:
+    # A job runs (a chunked prefill, then steps), is paused after each token, loses its KV
+    # down to 0, its static prefix, or one position short of its prompt, and resumes.
+    static = max(0, min(prompt // 2, prompt - 2))
+    total = prompt + 6
+    run: list[tuple[int, int]] = []
+    kv = 0
+    if chunk:
+        run += _passes(0, prompt, prompt, static, for_step=False, budget=chunk)
+        kv = run[-1][1] if run else 0
+    run += _passes(kv, prompt, prompt, static, for_step=True)
+    for t in range(prompt + 1, total + 1):
+        run += _passes(t - 1, prompt, t, static, for_step=True)
+    original = _single_fed(run)
+    for paused_at in range(prompt + 1, total + 1):
+        for kept in {0, static, max(0, prompt - 1), paused_at - 1}:
+            replay = _passes(kept, prompt, paused_at, static, for_step=True)
+            assert replay[0][0] <= kept and replay[-1][1] == paused_at
+            for pos, single in _single_fed(replay).items():
+                assert single == original[pos], (paused_at, kept, pos)

@@ -20,10 +20,12 @@ def session(smollm2: str) -> DecoderSession:
 
 
 def test_answers_a_plain_factual_question(session: DecoderSession) -> None:
-    gen = session.start(messages=[{"role": "user", "content": "What is the capital of France?"}],
+    # Chosen by trying: greedy SmolLM2-135M answers this with a clear margin at every token
+    # (its first token for "capital of France?" is a near-tie, 0.08 logits in float32).
+    gen = session.start(messages=[{"role": "user", "content": "What is the capital of Japan?"}],
                         max_new_tokens=32)
     streamed = "".join(e.text_delta for e in session.generate(gen))
-    assert "Paris" in streamed
+    assert "Tokyo" in streamed
     assert streamed == gen.text
     assert gen.finish_reason == "stop"  # it ended on <|im_end|>, not on the token limit
 
