@@ -34,6 +34,7 @@ from uniun.actors.front import ClientGone, ClientRequest, Outgoing
 from uniun.actors.host_requests import ClientRequests
 from uniun.actors.jobs import JobRecord, JobTable, done_event, start_command
 from uniun.actors.policy.decision import Idle, Preempt, ReportOutcome, Run
+from uniun.actors.policy.job import PolicyError
 from uniun.actors.runner_link import FromRunner, RunnerDown, RunnerStats, RunnerUp, ToRunner
 from uniun.protocol import messages as m
 from uniun.protocol.errors import ErrorCode
@@ -129,7 +130,14 @@ class PolicyHost(ClientRequests, pykka.ThreadingActor):
                     e.spec.job_id, ErrorCode.RUNNER_FAILED,
                     "the scheduler restarted during this chat; retry", retryable=True))
             else:
-                record.tier = self._policy.submit(e.spec, arrival=now - (wall - e.accepted_at))
+                try:
+                    record.tier = self._policy.submit(e.spec,
+                                                      arrival=now - (wall - e.accepted_at))
+                except Exception as err:  # one bad row must not crash-loop the scheduler
+                    logger.bind(job=e.spec.job_id).exception("cannot replay this job")
+                    self._end(record, m.event_error(e.spec.job_id, ErrorCode.INTERNAL,
+                                                    f"lost on restart: {err}"))
+                    continue
                 self._jobs.add(record)
                 logger.bind(job=e.spec.job_id).info("replayed from the journal ({} tokens "
                                                     "streamed before)", record.generated)
@@ -192,7 +200,10 @@ class PolicyHost(ClientRequests, pykka.ThreadingActor):
         if running is None or running.job_id != job_id:
             logger.bind(job=job_id).debug("stale {} report ignored", report.kind)
             return
-        self._REPORTS[type(report)](self, self._jobs.live[job_id], report)
+        try:
+            self._REPORTS[type(report)](self, self._jobs.live[job_id], report)
+        except PolicyError:  # a report the policy's state does not allow: our bug, logged
+            logger.bind(job=job_id).exception("{} report refused by the policy", report.kind)
 
     def _started(self, record: JobRecord, rep: rp.Started) -> None:
         self._policy.on_started(record.job_id)

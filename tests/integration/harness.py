@@ -160,8 +160,9 @@ class Runtime:
         home.mkdir(parents=True, exist_ok=True)
         self.config_path = home / "uniun.toml"
         self.config_path.write_text(config)
-        self.env = dict(os.environ, UNIUN_HOME=str(home))
-        self.env.pop("UNIUN_CHILDREN", None)
+        # Just the two processes under test: producers and the embedding pool would add
+        # jobs and CPU load of their own (they have their own end-to-end tests).
+        self.env = dict(os.environ, UNIUN_HOME=str(home), UNIUN_CHILDREN="scheduler,runner")
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoint = f"ipc://{home / 'run' / 'front.sock'}"
         self._wires: list[Wire] = []
