@@ -257,17 +257,21 @@ class DecoderSession:
     def _generation(self, progress: JobProgress, kv: KVCache | None) -> Generation:
         return Generation(progress, self.tokenizer, kv, max_positions=self.max_positions)
 
-    def prefill(self, gen: Generation, max_tokens: int | None = None) -> int:
-        """Feed up to ``max_tokens`` uncovered positions ahead of the next :meth:`step`.
+    def prefill(self, gen: Generation, max_tokens: int | None = None,
+                max_passes: int | None = None) -> int:
+        """Feed up to ``max_tokens`` uncovered positions (in at most ``max_passes`` forward
+        passes) ahead of the next :meth:`step`; returns the positions fed, 0 when only
+        the step's own pass is left.
 
-        Optional: :meth:`step` feeds whatever is left; a caller that wants to check its
-        control messages during a long prompt or a recompute calls this in a loop until
-        it returns 0. Returns the positions fed. In exact-replay mode generated tokens
-        are re-fed one per pass (a decode step each), so bound ``max_tokens`` with that
-        in mind. Crossing the static prefix puts its KV in the prefix cache.
+        Optional: :meth:`step` feeds whatever is left. A caller that checks control
+        messages during a long prompt or a recompute loops
+        ``while session.prefill(gen, 64, max_passes=1): check_control()`` and then steps;
+        each call then costs at most one 64-position pass or one decode-sized pass (in
+        exact-replay mode generated tokens are re-fed one per pass). Crossing the static
+        prefix puts its KV in the prefix cache.
         """
         gen.check_live()
-        return self._feed(gen, for_step=False, budget=max_tokens)
+        return self._feed(gen, for_step=False, budget=max_tokens, max_passes=max_passes)
 
     def step(self, gen: Generation) -> TokenEvent:
         """Feed the uncovered positions, sample ONE token, return what to stream."""
@@ -277,11 +281,12 @@ class DecoderSession:
         token = gen.sampler.pick(logits, len(gen.progress.generated_ids))
         return gen.accept(token)
 
-    def _feed(self, gen: Generation, *, for_step: bool, budget: int | None = None) -> int:
+    def _feed(self, gen: Generation, *, for_step: bool, budget: int | None = None,
+              max_passes: int | None = None) -> int:
         """Feed the passes :func:`next_pass` plans, up to ``budget`` positions."""
-        fed = 0
+        fed = passes = 0
         p = gen.progress
-        while budget is None or fed < budget:
+        while (budget is None or fed < budget) and (max_passes is None or passes < max_passes):
             replaying = p.total_tokens - len(p.prompt_ids) >= 1 and gen.kv_length < p.total_tokens - 1
             plan = next_pass(kv_length=gen.kv_length, prompt_len=len(p.prompt_ids),
                              total=p.total_tokens, static_prefix=p.static_prefix,
@@ -295,6 +300,7 @@ class DecoderSession:
                 gen.kv = gen.kv.prefix(start) if start > 0 else None
             _, gen.kv = self.forward(p.all_ids[start:end], gen.kv)
             fed += end - start
+            passes += 1
             self._maybe_cache_prefix(gen)
         return fed
 

@@ -159,3 +159,20 @@ def test_bad_input_is_refused_clearly(session: DecoderSession, tiny_model_b: str
     # The runner still has the progress: the job resumes by recompute, nothing lost.
     resumed = session.recompute(parked.progress.to_record())
     assert len(list(session.generate(resumed))) == 7
+
+
+def test_chunked_prefill_and_replay_give_the_same_tokens(session: DecoderSession,
+                                                          reference: list[TokenEvent]) -> None:
+    # The runner's loop: feed in bounded passes (checking control between), then step.
+    gen = session.start(messages=MESSAGES, max_new_tokens=N, use_prefix_cache=False)
+    events: list[TokenEvent] = []
+    passes = 0
+    while not gen.finished:
+        while session.prefill(gen, 5, max_passes=1):
+            passes += 1
+        events.append(session.step(gen))
+        if len(events) == 17:  # lose the KV: the replay goes through the same loop
+            session.prefix_cache.clear()
+            gen = session.resume(ParkedState.from_record(session.park(gen).progress.to_record()))
+    assert passes > 17  # the prompt came in chunks and the replay one token per pass
+    assert _ids(events) == _ids(reference)
