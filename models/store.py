@@ -44,6 +44,11 @@ _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
 _TINY_RE = re.compile(r"^tiny-([0-9]{1,6})$")
 
 
+# (path, size, mtime_ns) -> sha256 already verified in this process: hashing 200 MB
+# takes a while, and an unchanged file need not be hashed twice.
+_VERIFIED: dict[tuple[str, int, int], str] = {}
+
+
 class ModelStoreError(Exception):
     """Something about a stored model is wrong; the message says what and what to do."""
 
@@ -96,8 +101,6 @@ class ModelStore:
 
     def __init__(self, root: Path | None = None) -> None:
         self.root = Path(root) if root is not None else models_dir()
-        # (path, size, mtime_ns) -> sha256 already verified in this process.
-        self._verified: dict[tuple[str, int, int], str] = {}
 
     # -- reading ----------------------------------------------------------------------
     def folder(self, model_id: str) -> Path:
@@ -134,12 +137,12 @@ class ModelStore:
                 raise ModelCorrupt(f"model {model_id!r}: file {name} has {stat.st_size} bytes, "
                                    f"the manifest says {meta['size']} (truncated or altered)")
             key = (str(path), stat.st_size, stat.st_mtime_ns)
-            if self._verified.get(key) == meta["sha256"]:
+            if _VERIFIED.get(key) == meta["sha256"]:
                 continue
             if sha256_file(path) != meta["sha256"]:
                 raise ModelCorrupt(f"model {model_id!r}: file {name} fails its sha256 check "
                                    "(altered or partly written)")
-            self._verified[key] = meta["sha256"]
+            _VERIFIED[key] = meta["sha256"]
 
     def path(self, model_id: str, *, verify: bool = True) -> Path:
         """The folder of a complete, checksum-verified model; raises if absent or corrupt."""
