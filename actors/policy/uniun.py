@@ -106,7 +106,7 @@ class UniunPolicy(PolicyBase):
             if pick is None:
                 return Idle(self._wake(now, survey))
             rank, job = pick
-            return self._dispatch(job, RANK_TIER[rank], now)
+            return self._dispatch(job, RANK_TIER[rank], now, survey)
         if run.status is not JobStatus.RUNNING or run.kind == self.config.chat_kind:
             return Idle(self._wake(now, survey))
         if (self.lifecycle == "background" and run.grant is None
@@ -212,7 +212,7 @@ class UniunPolicy(PolicyBase):
         return min(later) if later else None
 
     # --- acting ----------------------------------------------------------------------------
-    def _dispatch(self, job: PolicyJob, tier: int, now: float) -> Run:
+    def _dispatch(self, job: PolicyJob, tier: int, now: float, survey: _Survey) -> Run:
         self._index.remove(job)
         grant = None
         if self.lifecycle == "background" and job.kind != self.config.chat_kind:
@@ -220,8 +220,11 @@ class UniunPolicy(PolicyBase):
             grant = max(1, min(share, job.spec.max_new_tokens - job.tokens))
         resume = job.dispatches > 0
         swap = self._dispatched(job, now, tier, grant)
+        # The survey from before the pick still gives safe wake times: nothing new can
+        # fall due before the host reports on_started and asks again, and an early
+        # wake only costs an Idle answer.
         return Run(job_id=job.job_id, model_id=job.model_id, resume=resume, swap=swap,
-                   token_grant=grant, tier=tier, wake_at=self._wake(now, self._survey(now)))
+                   token_grant=grant, tier=tier, wake_at=self._wake(now, survey))
 
     def _preempt(self, run: PolicyJob, for_job: PolicyJob | None, reason: str,
                  now: float, survey: _Survey) -> Preempt:

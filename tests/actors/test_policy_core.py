@@ -149,7 +149,11 @@ def test_wall_clock_deadline_is_converted_once_to_the_policy_clock() -> None:
     policy.on_model_loaded(MODEL)
     policy.submit(spec("g", "gana", deadline=wall.t + 30.0))
     assert policy.job("g").deadline_at == 80.0
-    assert policy.decide().wake_at is None  # type: ignore[union-attr]  (it runs at once)
+    wall.advance(3600.0)  # the wall clock jumps (NTP, a time zone trip): no effect
+    clock.t = 79.9
+    assert policy.status()["queues"]["T4"] == ["g"]
+    clock.t = 80.0
+    assert policy.status()["queues"]["T3"] == ["g"]
     policy.submit(spec("g2", "gana", deadline=wall.t + 30.0), deadline_at=65.0)
     assert policy.job("g2").deadline_at == 65.0
 
