@@ -81,7 +81,8 @@ gana_lead_s = 600
     for gid, job_id in jobs.items():  # fair pool, not EDF: submitted well before deadline
         job = store.job(job_id)["job"]
         assert job["flow"] == gid and job["deadline"] > time.time() - 300
-    runs = {r["gana_id"]: r for r in store.gana_runs()}
+    runs = wait_for("both runs recorded", lambda: len(store.gana_runs()) == 2
+                    and {r["gana_id"]: r for r in store.gana_runs()})
     assert runs["alpha"]["preemptions"] + runs["beta"]["preemptions"] >= 3
     store.close()
 
