@@ -1,5 +1,12 @@
 """The T2 budget (DESIGN.md §3 rule 5): extract's share of runner time, rolling window.
 
+Why a ratio over busy time, not over the window's length: with a length-based cap
+(180 of every 300 s) T2 would take its whole 180 s first while fair-pool work waits
+minutes; the ratio lets the fair pool in as soon as T2 has had its share of what ran.
+Its weakness, wild swings while the window is nearly empty (after start or an idle
+spell), is damped by the policy: a fair-pool job runs at least one slice before T2 may
+take the runner back.
+
 The ledger holds samples of (time, seconds, whether the job was dispatched as T2), one
 per ``t2_window_s / 100`` slot at most (reports inside one slot are merged, so a busy
 host cannot grow the ledger, and the window rolls in at most 100 steps). The share is T2 seconds over all seconds in the last ``t2_window_s``,

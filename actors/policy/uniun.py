@@ -16,7 +16,8 @@ still runs rather than leave the runner idle, and rather than pay a swap for a f
 job that has not yet waited out the starvation bound (a swap for one small job would
 cost more than the budget is worth; after the bound, a batch of them goes at once). With the runner free, the first non-empty rank runs. With a job
 running, the running job is ranked too: a candidate of a better tier *and* a better rank
-preempts it (chat is never preempted); a running T2 job over budget yields to anything
+preempts it (chat is never preempted; a T2 candidate waits until a running T4 job has
+had one slice); a running T2 job over budget yields to anything
 that can run without a swap (or is starved or swap-worthy); a running T4 job is re-examined at every slice boundary and
 yields if another flow's vruntime is lower by more than the granularity. The policy
 never asks twice: after a Preempt the job is STOPPING until the runner reports.
@@ -116,7 +117,8 @@ class UniunPolicy(PolicyBase):
         tier = self.tier(run, now)
         if pick is not None:
             rank, job = pick
-            if RANK_TIER[rank] < tier and rank < self._rank_running(tier):
+            if (RANK_TIER[rank] < tier and rank < self._rank_running(tier)
+                    and not self._within_first_slice(run, RANK_TIER[rank], tier, now)):
                 return self._preempt(run, job, "preempted", now, survey)
             if tier == T2 and self._budget.blocked and rank < R_T2_OVER:
                 return self._preempt(run, job, "budget", now, survey)
@@ -182,6 +184,13 @@ class UniunPolicy(PolicyBase):
             survey.wakes.append(promotion)
         return survey
 
+    def _within_first_slice(self, run: PolicyJob, pick_tier: int, tier: int,
+                            now: float) -> bool:
+        """A fair-pool job runs at least one slice before T2 takes the runner back, so
+        that budget swings (see budget.py) cannot make the two trade every token."""
+        return (pick_tier == T2 and tier == T4 and (
+            run.segment_start is None or now - run.segment_start < self.config.slice_s))
+
     def _rank_running(self, tier: int) -> int:
         if tier == T2:
             return R_T2_OVER if self._budget.blocked else R_T2
@@ -199,8 +208,8 @@ class UniunPolicy(PolicyBase):
         run = self._running
         run_s, run_t2 = self._running_estimate(now)
         if (run is not None and run.status is JobStatus.RUNNING
-                and run.segment_start is not None and survey.best[R_FAIR] is not None
-                and self.tier(run, now) == T4):
+                and run.segment_start is not None and self.tier(run, now) == T4
+                and (survey.best[R_FAIR] is not None or survey.has_t2)):
             slice_s = self.config.slice_s
             done = math.floor((now - run.segment_start) / slice_s) + 1
             times.append(run.segment_start + done * slice_s)

@@ -166,15 +166,17 @@ def test_scenario_7_opened_note_extract_is_t1_and_preempts_nataraj() -> None:
     policy.submit(spec("nataraj-1", "nataraj", max_new_tokens=200))
     runner.decide()
     runner.run_for(1.0)
-    policy.set_foreground("extract")
+    policy.set_foreground("extract")  # the user opens a note
     assert policy.submit(spec("backfill-1", "extract")) == 2  # no dodging the T2 budget
-    assert isinstance(runner.decide(), Preempt)  # T2 beats T4 anyway
-    runner.step()
+    assert isinstance(runner.decide(), Idle)  # T2 waits for the end of nataraj's slice
     assert policy.submit(spec("note-1", "extract", foreground_hint=True)) == 1
     decision = runner.decide()
-    assert decision == Preempt("backfill-1", "note-1", "preempted", decision.wake_at)
+    assert decision == Preempt("nataraj-1", "note-1", "preempted", decision.wake_at)
     runner.step()
     assert runner.running == "note-1" and runner.decisions[-1].tier == 1
+    runner.run_until_idle()
+    order = [seg.job_id for seg in runner.timeline]
+    assert order == ["nataraj-1", "note-1", "backfill-1", "nataraj-1"]
 
 
 def test_scenario_8_background_lifecycle_dispatches_nothing_idle_and_grants_25_percent() -> None:
