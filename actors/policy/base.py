@@ -168,6 +168,8 @@ class PolicyBase(ABC):
             raise PolicyError(f"n_new_tokens must be an int >= 0 (got {n_new_tokens!r})")
         seconds = _seconds(runner_seconds)
         now = self._clock()
+        if job.segment_start is None:  # a host that skipped on_started
+            job.segment_start = job.last_report_at = now
         if n_new_tokens and job.first_token_at is None:
             job.first_token_at = now
         job.tokens += n_new_tokens

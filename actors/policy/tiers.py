@@ -71,6 +71,9 @@ class Bucket:
 
     def remove(self, job: PolicyJob) -> None:
         del self.jobs[job.job_id]
+        if len(self._waits) > 2 * len(self.jobs) + 64:  # drop stale entries, keep it O(n)
+            self._waits = [(j.waiting_since, j.key, j.job_id) for j in self.jobs.values()]
+            heapq.heapify(self._waits)
 
     def front(self) -> PolicyJob:
         return next(iter(self.jobs.values()))
@@ -127,6 +130,18 @@ class TierIndex:
         bucket.remove(job)
         if not bucket.jobs:
             del self.buckets[bkey]
+        if job.deadline_at is not None:
+            heap = self._edf.get(job.spec.kind)
+            if heap is not None and len(heap) > 2 * len(self._where) + 64:
+                self._edf[job.spec.kind] = self._compact(heap)
+            if len(self._promotions) > 2 * len(self._where) + 64:
+                self._promotions = self._compact(self._promotions)
+
+    def _compact(self, heap: list[tuple[float, int, str]]) -> list[tuple[float, int, str]]:
+        """The heap without its stale entries (keeps memory O(live jobs))."""
+        live = [entry for entry in heap if self._live(entry)]
+        heapq.heapify(live)
+        return live
 
     def _live(self, entry: tuple[float, int, str]) -> bool:
         bkey = self._where.get(entry[2])
