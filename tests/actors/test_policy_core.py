@@ -232,3 +232,19 @@ def test_policy_and_simulator_import_no_actor_transport_or_runtime_libraries() -
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == ""
+
+
+def test_a_long_run_keeps_the_policy_small() -> None:
+    policy, clock = uniun()
+    for n in range(50):
+        policy.submit(spec(f"e{n}", "extract", deadline=clock.t + 1e6))
+    for n in range(50, 3050):  # 3,000 jobs through one never-empty queue
+        run = policy.decide()
+        assert isinstance(run, Run)
+        policy.on_finished(run.job_id, 0.01)
+        clock.advance(0.01)
+        policy.submit(spec(f"e{n}", "extract", deadline=clock.t + 1e6))
+    index = policy._index  # white-box: the lazy heaps must not keep dead entries
+    assert max(len(b._waits) for b in index.buckets.values()) <= 2 * 50 + 64
+    assert len(index._promotions) <= 2 * 50 + 64
+    assert policy.live_count() == 50
