@@ -1,23 +1,26 @@
 """``models bench``: what the decoder session costs on this machine, in numbers.
 
-Every figure is a median over a few repetitions, because other processes share the two
-cores and single timings are noisy. The keys of :func:`run_bench`'s result are the
+Other processes share the two cores, so single timings are noisy and mostly *too slow*:
+each time below is the best of a few repetitions (the run least disturbed by others,
+closest to this code's own cost), and each ratio compares best against best. The keys of :func:`run_bench`'s result are the
 contract of issue 3 (``--json`` prints exactly these):
 
 * ``load_s`` — :meth:`DecoderSession.load` wall time (onnxruntime session + tokenizer).
 * ``prefill_tokens_per_s`` — a 256-token prompt fed in one step, no prefix cache.
 * ``decode_ms_per_token`` — per-step time of a 128-token greedy generation after a short
-  prompt (median step, median over repetitions).
+  prompt (median step of a run, best run).
 * ``kv_bytes_per_token`` — float32 keys + values over all layers for one position.
 * ``snapshot_ms`` / ``restore_ms`` — :meth:`DecoderSession.park` / :meth:`resume` of a job
   with 256 positions of KV. Parking keeps the KV by reference, so these are tiny.
 * ``snapshot_resume_ms`` / ``recompute_resume_ms`` — resume + the next token for a job
-  paused at 256 positions, from its snapshot vs. from its record alone (re-prefill).
+  paused at 256 positions (192 system prompt, 32 question, 32 generated), from its
+  snapshot vs. from its record alone (re-prefill; in exact-replay mode the 32 generated
+  tokens are re-fed one per pass, see ``feed_plan``).
 * ``resume_overhead_pct`` — active time of a 128-token generation paused once at token 64
   and resumed from its snapshot, against the same generation uninterrupted
   (time spent parked is not counted; noise can make it slightly negative).
-* ``partial_evict_saving_pct`` — resume after trimming a 256-position job to its
-  192-token system prompt, against a full recompute of 256 positions.
+* ``partial_evict_saving_pct`` — resume of that job after trimming it to its 192-token
+  system prompt, against a full recompute of its 256 positions.
 * ``prefix_cache_ttft_saving_pct`` — time to first token of a job with a 192-token system
   prompt and a 32-token question, prefix cache hit vs. cold.
 * ``peak_rss_mb`` — the process's peak resident memory (``ru_maxrss``).
@@ -44,6 +47,7 @@ BENCH_KEYS = ("load_s", "prefill_tokens_per_s", "decode_ms_per_token", "kv_bytes
 CONTEXT = 256  # positions of the paused job
 SYSTEM = 192  # static prefix kept by partial eviction / shared through the prefix cache
 GEN = 128  # tokens of the resume-overhead generation
+ANSWERED = 32  # tokens a paused job has generated (192 system + 32 question + 32 answer)
 
 _FILLER = (
     "You are a careful assistant that runs on a small device. Answer briefly and "
@@ -67,20 +71,23 @@ def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
     return time.perf_counter() - t0, out
 
 
-def _median(fn: Callable[[], float], reps: int) -> float:
-    return statistics.median(fn() for _ in range(reps))
+def _best(fn: Callable[[], float], reps: int) -> float:
+    return min(fn() for _ in range(reps))
 
 
-def run_bench(model_dir: Path, *, threads: int = 2, reps: int = 3,
+def run_bench(model_dir: Path, *, threads: int = 2, reps: int = 3, replay: str = "auto",
+              spinning: bool | None = None,
               log: Callable[[str], None] = lambda _msg: None) -> dict[str, float]:
     """Measure the session on ``model_dir``; returns a map with exactly :data:`BENCH_KEYS`."""
+    options = {} if spinning is None else {"spinning": spinning}
     loads = []
     for _ in range(reps):
-        session = DecoderSession.load(model_dir, threads=threads, prefix_cache_bytes=0)
+        session = DecoderSession.load(model_dir, threads=threads, prefix_cache_bytes=0,
+                                      replay=replay, **options)
         loads.append(session.load_s)
         if len(loads) < reps:
             session.unload()
-    out: dict[str, float] = {"load_s": statistics.median(loads)}
+    out: dict[str, float] = {"load_s": min(loads)}
     log(f"load {out['load_s']:.2f}s")
     context = _ids(session, CONTEXT)
 
@@ -89,12 +96,13 @@ def run_bench(model_dir: Path, *, threads: int = 2, reps: int = 3,
         list(session.generate(gen))
 
     warm()
+    log(f"replay {'token by token (exact)' if session.exact_replay else 'batched'}")
 
     def prefill() -> float:
         gen = session.start(prompt_ids=context, max_new_tokens=1, ignore_eos=True)
         return _timed(lambda: session.step(gen))[0]
 
-    out["prefill_tokens_per_s"] = CONTEXT / _median(prefill, reps + 2)
+    out["prefill_tokens_per_s"] = CONTEXT / _best(prefill, reps + 2)
     log(f"prefill {out['prefill_tokens_per_s']:.0f} tokens/s")
 
     def decode() -> float:
@@ -103,18 +111,20 @@ def run_bench(model_dir: Path, *, threads: int = 2, reps: int = 3,
         steps = [_timed(lambda: session.step(gen))[0] for _ in range(GEN - 1)]
         return statistics.median(steps) * 1e3
 
-    out["decode_ms_per_token"] = _median(decode, reps)
+    out["decode_ms_per_token"] = _best(decode, reps)
     log(f"decode {out['decode_ms_per_token']:.2f} ms/token")
     out["kv_bytes_per_token"] = float(session.kv_bytes_per_token)
 
-    def paused_job() -> Any:  # a job with exactly CONTEXT positions of KV, about to step
-        gen = session.start(prompt_ids=context[:-1], max_new_tokens=GEN, ignore_eos=True,
-                            static_prefix=SYSTEM)
-        session.step(gen)
+    def paused_job() -> Any:
+        """A chat-like job paused at CONTEXT positions: system prompt, question, answer so far."""
+        gen = session.start(prompt_ids=context[:CONTEXT - ANSWERED], max_new_tokens=GEN,
+                            ignore_eos=True, static_prefix=SYSTEM)
+        for _ in range(ANSWERED):
+            session.step(gen)
         return gen
 
     snaps, restores, snap_resumes, recomputes, partials = [], [], [], [], []
-    for _ in range(reps + 2):
+    for _ in range(reps):
         gen = paused_job()
         t_park, parked = _timed(lambda: session.park(gen))
         t_resume, gen2 = _timed(lambda: session.resume(parked))
@@ -128,12 +138,11 @@ def run_bench(model_dir: Path, *, threads: int = 2, reps: int = 3,
         parked = session.park(gen)
         parked.evict_to_prefix(SYSTEM)
         partials.append(_timed(lambda: session.step(session.resume(parked)))[0])
-    out["snapshot_ms"] = statistics.median(snaps) * 1e3
-    out["restore_ms"] = statistics.median(restores) * 1e3
-    out["snapshot_resume_ms"] = statistics.median(snap_resumes) * 1e3
-    out["recompute_resume_ms"] = statistics.median(recomputes) * 1e3
-    out["partial_evict_saving_pct"] = (1 - statistics.median(partials)
-                                       / statistics.median(recomputes)) * 100
+    out["snapshot_ms"] = min(snaps) * 1e3
+    out["restore_ms"] = min(restores) * 1e3
+    out["snapshot_resume_ms"] = min(snap_resumes) * 1e3
+    out["recompute_resume_ms"] = min(recomputes) * 1e3
+    out["partial_evict_saving_pct"] = (1 - min(partials) / min(recomputes)) * 100
     log(f"resume: snapshot {out['snapshot_resume_ms']:.1f} ms, recompute "
         f"{out['recompute_resume_ms']:.1f} ms, partial saves {out['partial_evict_saving_pct']:.0f}%")
 
@@ -154,10 +163,10 @@ def run_bench(model_dir: Path, *, threads: int = 2, reps: int = 3,
     for _ in range(reps):  # interleaved, so drifting load hits both alike
         plain.append(generation(None))
         paused.append(generation(GEN // 2))
-    out["resume_overhead_pct"] = (statistics.median(paused) / statistics.median(plain) - 1) * 100
+    out["resume_overhead_pct"] = (min(paused) / min(plain) - 1) * 100
     log(f"resume overhead {out['resume_overhead_pct']:.1f}%")
 
-    cached = DecoderSession.load(model_dir, threads=threads)
+    cached = DecoderSession.load(model_dir, threads=threads, replay=replay, **options)
     system_ids = context[:SYSTEM]
 
     def ttft(question: int, cold: bool) -> float:
@@ -172,8 +181,7 @@ def run_bench(model_dir: Path, *, threads: int = 2, reps: int = 3,
     for i in range(reps + 2):
         colds.append(ttft(2 * i, cold=True))
         warms.append(ttft(2 * i + 1, cold=False))
-    out["prefix_cache_ttft_saving_pct"] = (1 - statistics.median(warms)
-                                           / statistics.median(colds)) * 100
+    out["prefix_cache_ttft_saving_pct"] = (1 - min(warms) / min(colds)) * 100
     log(f"prefix cache saves {out['prefix_cache_ttft_saving_pct']:.0f}% of TTFT")
     out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {key: round(float(out[key]), 4) for key in BENCH_KEYS}

@@ -43,7 +43,11 @@ def register_models(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("--out", type=Path, default=None,
                        help="result file (default bench-results/models-<id>.json)")
     bench.add_argument("--threads", type=int, default=2)
-    bench.add_argument("--reps", type=int, default=3, help="repetitions per figure (median)")
+    bench.add_argument("--reps", type=int, default=3, help="repetitions per figure (best kept)")
+    bench.add_argument("--replay", choices=("auto", "exact", "batched"), default="auto",
+                       help="how resumes re-feed generated tokens (see docs/kv-cache.md)")
+    bench.add_argument("--spinning", choices=("on", "off"), default=None,
+                       help="onnxruntime worker threads spin between ops (default: session's)")
     bench.set_defaults(func=_bench)
 
 
@@ -119,7 +123,9 @@ def _bench(args: argparse.Namespace) -> int:
     if model_dir is None:
         return EXIT_ERROR
     log = (lambda _m: None) if args.json else (lambda m: print(f"  {m}", file=sys.stderr))
-    result = run_bench(model_dir, threads=args.threads, reps=max(1, args.reps), log=log)
+    spinning = None if args.spinning is None else args.spinning == "on"
+    result = run_bench(model_dir, threads=args.threads, reps=max(1, args.reps),
+                       replay=args.replay, spinning=spinning, log=log)
     out = args.out or Path("bench-results") / f"models-{args.model_id}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
