@@ -49,17 +49,34 @@ def _client(config: RuntimeConfig, **kwargs: Any) -> Any:
     return Client(config.front.endpoint, timeout=CLIENT_TIMEOUT_S, **kwargs)
 
 
-def _embedder(config: RuntimeConfig) -> Callable[[list[str]], Any] | None:
-    """The embedding pool as a function texts -> vectors, or None if the pool is off."""
-    if not config.embed.enabled:
-        return None
-    try:
-        from uniun.protocol.embed_client import EmbedClient  # the embedding lane's client
-    except ImportError:
-        logger.warning("no embedding client available; notes are not embedded")
-        return None
-    client = EmbedClient(config.embed.endpoint)
-    return lambda texts: client.embed(texts)
+class PoolEmbedder:
+    """The embedding pool as a function texts -> ``[n, dim]`` vectors.
+
+    The connection is made on first use and dropped after any failure (pool down,
+    ``queue_full``, timeout), so the extract producer's retry starts clean.
+    """
+
+    def __init__(self, endpoint: str, timeout: float = 60.0) -> None:
+        self.endpoint = endpoint
+        self.timeout = timeout
+        self._client: Any = None
+
+    def __call__(self, texts: list[str]) -> Any:
+        from uniun.protocol.embed_client import EmbedClient
+
+        if self._client is None:
+            self._client = EmbedClient(self.endpoint, timeout=self.timeout)
+        try:
+            return self._client.embed(texts)
+        except Exception:
+            self._client.close()
+            self._client = None
+            raise
+
+
+def _embedder(config: RuntimeConfig) -> PoolEmbedder | None:
+    """The embedding pool, or None when it is not enabled (notes are then not embedded)."""
+    return PoolEmbedder(config.embed.endpoint) if config.embed.enabled else None
 
 
 def extract_logic(config: RuntimeConfig) -> ProducerLogic:

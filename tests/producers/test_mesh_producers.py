@@ -1,7 +1,7 @@
 """End to end: a newcomer's first run with every producer, and the producer commands.
 
-One runtime (supervisor, scheduler, runner, extract, nataraj, gana-cron, background-Gana;
-tiny model) over a fresh home, so the sample notes and Ganas are written on first start.
+One runtime (supervisor, scheduler, runner, embedding pool, extract, nataraj, gana-cron,
+background-Gana; tiny decoder, all-MiniLM-L6-v2 embedder) over a fresh home, so the sample notes and Ganas are written on first start.
 """
 
 from __future__ import annotations
@@ -34,6 +34,10 @@ deck_high = 4
 extract_max_new_tokens = 48
 card_max_new_tokens = 24
 gana_lead_s = 0
+
+[embed]
+enabled = true
+workers = 1
 """
 
 
@@ -171,3 +175,19 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(mesh: Mesh, tmp_path: 
     with mesh.store() as store:
         after = store.query("SELECT count(*) FROM producer_jobs WHERE producer='open-note'")
     assert after[0][0] == before[0][0]
+
+
+def test_notes_are_embedded_and_search_finds_them_by_meaning(mesh: Mesh) -> None:
+    with mesh.store() as store:
+        wait_for("every sample note embedded", lambda: len(store.note_embeddings()[0]) == 5)
+        paths, matrix = store.note_embeddings()
+    assert matrix.shape == (5, 384)
+    for query, expected in [("Charles Babbage and the first computer program",
+                             "ada-lovelace.md"),
+                            ("tram rides and pastries in Portugal", "trip-to-lisbon.md"),
+                            ("when to water the tomatoes", "garden.txt")]:
+        out = mesh.cli("search", query, "-k", "2", "--json")
+        assert out.returncode == 0, out.stderr
+        hits = [json.loads(line) for line in out.stdout.splitlines()]
+        assert hits[0]["note_path"] == expected, (query, hits)
+        assert hits[0]["score"] > hits[1]["score"]
