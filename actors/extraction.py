@@ -1,9 +1,11 @@
 """Knowledge extraction: the prompt, and a tolerant parser for what a small model answers.
 
 Small on-device models rarely emit clean JSON: they wrap it in code fences or prose,
-leave trailing commas, use Python literals or single quotes, or stop mid-object when
-``max_new_tokens`` runs out. :func:`parse_extraction` repairs what it safely can and
-otherwise reports why it failed; the producer stores the raw text either way, so a
+leave trailing commas, use Python literals or single quotes, stop mid-object when
+``max_new_tokens`` runs out, or repeat themselves into a broken structure.
+:func:`parse_extraction` repairs what it safely can (as a last resort it salvages the
+well-formed entity and relation objects out of a broken whole) and otherwise reports
+why it failed; the producer stores the raw text either way, so a
 failure is a recorded result, never a dropped one. Pure functions, no I/O.
 """
 
@@ -15,14 +17,18 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-SYSTEM_PROMPT = ("You extract knowledge from personal notes. "
-                 "Answer with one JSON object and nothing else.")
-INSTRUCTION = (
-    "List the entities (people, places, organisations, things, ideas) in the note below and "
-    "the relations between them. Answer with JSON of this shape:\n"
-    '{"entities": [{"name": "...", "type": "..."}], '
-    '"relations": [{"source": "...", "relation": "...", "target": "..."}]}'
-)
+SYSTEM_PROMPT = ("You extract knowledge from personal notes. Answer with one JSON object "
+                 "listing the entities (people, places, organisations, things, ideas) and "
+                 "the relations between them, and nothing else.")
+# One worked example: small models copy a shape far better than they follow a schema.
+# System prompt + example are the same for every note, so the runner's prefix cache
+# serves them after the first extraction.
+EXAMPLE_NOTE = "Marie Curie worked in Paris with Pierre Curie."
+EXAMPLE_ANSWER = (
+    '{"entities": [{"name": "Marie Curie", "type": "person"}, '
+    '{"name": "Paris", "type": "place"}, {"name": "Pierre Curie", "type": "person"}], '
+    '"relations": [{"source": "Marie Curie", "relation": "worked in", "target": "Paris"}, '
+    '{"source": "Marie Curie", "relation": "worked with", "target": "Pierre Curie"}]}')
 DEFAULT_MAX_NOTE_CHARS = 4000
 
 _FENCE_RE = re.compile(r"```(?:json|JSON)?\s*(.*?)(?:```|$)", re.DOTALL)
@@ -44,11 +50,13 @@ class Extraction:
 
 def extraction_messages(note_text: str, *, title: str | None = None,
                         max_note_chars: int = DEFAULT_MAX_NOTE_CHARS) -> list[dict[str, str]]:
-    """The chat messages of one extraction job."""
+    """The chat messages of one extraction job (system, worked example, the note)."""
     text = note_text if len(note_text) <= max_note_chars else note_text[:max_note_chars] + "\n…"
-    head = f"Note title: {title}\n" if title else ""
+    head = f"Title: {title}\n" if title else ""
     return [{"role": "system", "content": SYSTEM_PROMPT},
-            {"role": "user", "content": f"{INSTRUCTION}\n\n{head}Note:\n{text}"}]
+            {"role": "user", "content": f"Note:\n{EXAMPLE_NOTE}\nJSON:"},
+            {"role": "assistant", "content": EXAMPLE_ANSWER},
+            {"role": "user", "content": f"Note:\n{head}{text.strip()}\nJSON:"}]
 
 
 def _candidate(text: str) -> tuple[str | None, list[str]]:
@@ -155,6 +163,33 @@ def _relation(item: Any) -> dict[str, str] | None:
     return None
 
 
+_FLAT_OBJECT_RE = re.compile(r"\{[^{}\[\]]*\}")
+
+
+def _salvage(raw: str) -> tuple[list[Any], list[Any]]:
+    """Flat ``{...}`` objects that parse on their own, sorted into entities and relations.
+
+    The last resort for an answer whose overall structure is broken (a small model that
+    repeats itself, closes the wrong bracket, or runs out of tokens mid-list), while the
+    individual entity and relation objects in it are fine.
+    """
+    entities: list[Any] = []
+    relations: list[Any] = []
+    for match in _FLAT_OBJECT_RE.finditer(raw.translate(_SMART_QUOTES)):
+        try:
+            value = _loads(match.group(0), [])
+        except ValueError:
+            continue
+        if not isinstance(value, dict):
+            continue
+        keys = {str(k).lower() for k in value}
+        if keys & set(_SOURCE_KEYS) and keys & set(_TARGET_KEYS):
+            relations.append(value)
+        elif keys & {"name", "entity", "text"}:
+            entities.append(value)
+    return entities, relations
+
+
 def parse_extraction(raw: str) -> Extraction:
     """Entities and relations from a model's answer, repairing what it safely can."""
     fragment, repairs = _candidate(raw)
@@ -163,7 +198,11 @@ def parse_extraction(raw: str) -> Extraction:
     try:
         value = _loads(fragment, repairs)
     except ValueError as err:
-        return Extraction(None, str(err), tuple(repairs))
+        entities, relations = _salvage(raw)
+        if not entities and not relations:
+            return Extraction(None, str(err), tuple(repairs))
+        value = {"entities": entities, "relations": relations}
+        repairs.append("salvaged_objects")
     if isinstance(value, list):
         value = {"entities": value}
         repairs.append("bare_list")
@@ -179,12 +218,20 @@ def parse_extraction(raw: str) -> Extraction:
                           tuple(repairs))
     if not isinstance(raw_entities, list) or not isinstance(raw_relations, list):
         return Extraction(None, "'entities' and 'relations' must be lists", tuple(repairs))
-    entities = [e for e in map(_entity, raw_entities) if e]
-    relations = [r for r in map(_relation, raw_relations) if r]
-    dropped = len(raw_entities) - len(entities) + len(raw_relations) - len(relations)
+    entities: list[dict[str, Any]] = []
+    known: set[str] = set()
+    for entity in filter(None, map(_entity, raw_entities)):
+        if entity["name"].lower() not in known:  # small models repeat themselves
+            known.add(entity["name"].lower())
+            entities.append(entity)
+    relations: list[dict[str, str]] = []
+    for rel in filter(None, map(_relation, raw_relations)):
+        if rel not in relations:
+            relations.append(rel)
+    dropped = sum(1 for e in raw_entities if not _entity(e)) + \
+        sum(1 for r in raw_relations if not _relation(r))
     if dropped:
         repairs.append(f"dropped_{dropped}_items")
-    known = {e["name"].lower() for e in entities}
     for rel in relations:  # an entity named only in a relation is still an entity
         for end in (rel["source"], rel["target"]):
             if end.lower() not in known:
