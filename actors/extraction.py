@@ -122,7 +122,7 @@ def _loads(fragment: str, repairs: list[str]) -> Any:
                                                    re.sub(r"\bnull\b", "None", cleaned)))
     try:
         value = ast.literal_eval(pythonish)
-    except (ValueError, SyntaxError, MemoryError, RecursionError) as err:
+    except (ValueError, TypeError, SyntaxError, MemoryError, RecursionError) as err:
         raise ValueError(f"not JSON: {err.__class__.__name__}: {err}") from None
     repairs.append("python_literal")
     return value

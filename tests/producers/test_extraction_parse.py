@@ -72,6 +72,7 @@ def test_relation_shapes_are_normalised_and_their_ends_become_entities() -> None
     ('{"entities": "bees"}', "must be lists"),
     ("{entities: [bees}", "not JSON"),
     ("42", "no JSON"),
+    ("{[", "not JSON"),  # closes to '{[]}', a Python set of a list: unhashable
 ])
 def test_failures_are_reported_with_a_reason_not_raised(raw: str, why: str) -> None:
     out = parse_extraction(raw)
