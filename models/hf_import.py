@@ -80,6 +80,11 @@ def _dims(value: Any) -> list[Any]:
     return [d.dim_param or d.dim_value for d in value.type.tensor_type.shape.dim]
 
 
+def _dim_fits(dims: list[Any], expected: int) -> bool:
+    """A symbolic (named or unknown) dim fits anything; a static one must be equal."""
+    return not dims or not isinstance(dims[0], int) or dims[0] in (0, expected)
+
+
 def _check_graph(folder: Path, cfg: dict[str, Any] | None, problems: list[str]) -> None:
     import onnx
 
@@ -110,7 +115,7 @@ def _check_graph(folder: Path, cfg: dict[str, Any] | None, problems: list[str]) 
             problems.append(f"input {name} must be int64")
     if "logits" not in outputs:
         problems.append("model.onnx has no output logits")
-    elif cfg and _dims(outputs["logits"])[-1:] not in ([cfg["vocab_size"]], [""], [0]):
+    elif cfg and not _dim_fits(_dims(outputs["logits"])[-1:], cfg["vocab_size"]):
         problems.append(f"logits last dim {_dims(outputs['logits'])[-1]} != vocab_size "
                         f"{cfg['vocab_size']} in config.json")
     if cfg is None:
@@ -129,7 +134,8 @@ def _check_graph(folder: Path, cfg: dict[str, Any] | None, problems: list[str]) 
                 dims = _dims(value)
                 if value.type.tensor_type.elem_type != f32:
                     problems.append(f"{name} must be float32")
-                elif len(dims) != 4 or [dims[1], dims[3]] != want:
+                elif len(dims) != 4 or not (_dim_fits([dims[1]], want[0])
+                                            and _dim_fits([dims[3]], want[1])):
                     problems.append(f"{name} has shape {dims}, expected [batch, "
                                     f"{want[0]}, seq, {want[1]}] from config.json")
     extra = sorted(n for n in inputs if n.startswith("past_key_values.")
