@@ -119,7 +119,8 @@ class SocketPump:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(inbox, zmq.POLLIN)
-        next_tick = time.monotonic() + self._tick_s
+        # Without a tick callback there is nothing to wake for but the stop flag.
+        next_tick = time.monotonic() + self._tick_s if self._on_tick else float("inf")
         while not self._stop.is_set():
             wait = max(0.0, min(next_tick - time.monotonic(), 0.2))
             events = dict(poller.poll(wait * 1000))
