@@ -252,7 +252,8 @@ class PolicyMachine(RuleBasedStateMachine):
     def runner_fails(self, requeue: bool) -> None:
         job = self.jobs[self.running]  # type: ignore[index]
         cancelling = self.stop == "cancel"
-        outcome = self.policy.on_failed(job.job_id, 0.05, requeue=requeue)
+        # Reports carry runner time since the previous one: none has passed here.
+        outcome = self.policy.on_failed(job.job_id, 0.0, requeue=requeue)
         self.running = None
         if outcome is ReportOutcome.REQUEUED:
             assert requeue and job.kind != "chat" and not cancelling
@@ -265,7 +266,7 @@ class PolicyMachine(RuleBasedStateMachine):
     @rule()
     def runner_pauses_on_its_own(self) -> None:  # e.g. it must swap models for a reload
         job = self.jobs[self.running]  # type: ignore[index]
-        outcome = self.policy.on_paused(job.job_id, 0.05, "swap")
+        outcome = self.policy.on_paused(job.job_id, 0.0, "swap")
         self.running = None
         self.after_pause(job, outcome)
         self.decide()
