@@ -1,0 +1,172 @@
+"""Benchmark: chat time-to-first-token with every producer (and an embedding flood) busy.
+
+``python -m uniun.runtime.bench_producers [--model M] [--chats N] [--out FILE]``
+
+Two runtimes, each over a temporary home with the shared model store:
+
+- ``idle``: scheduler and runner only. ``N`` chats, one after another.
+- ``producers``: the default producers (extract with a 40-note backlog, Nataraj,
+  gana-cron, background-Gana) and the embedding pool (embedding the notes). The chats are
+  sent once the runner is busy with producer work.
+- ``flood``: the same, plus a thread flooding the embedding pool with requests the whole
+  time (on this 2-core machine the pool's two workers compete with the runner for CPU).
+
+Per mode: client-side TTFT (submit sent -> first ``token``) median and 90th percentile,
+and for the loaded modes what the producers got done meanwhile. Results go to
+``bench-results/producers.json`` (default). Figures depend on the machine's load; the
+point is the ratio loaded / idle, which the five-tier policy keeps small.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any
+
+from uniun.protocol.client import Client
+from uniun.runtime.results import ResultsStore
+
+CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
+WAIT_S = 300.0
+QUIET = "[producers]\nextract = false\nnataraj = false\ngana = false\nbackground_gana = false\n"
+LOADED = "[embed]\nenabled = true\n[producers]\ndeck_low = 6\ndeck_high = 12\n"
+
+
+def _start(home: Path, config: str) -> subprocess.Popen[bytes]:
+    (home / "uniun.toml").write_text(config)
+    env = {**__import__("os").environ, "UNIUN_HOME": str(home)}
+    env.pop("UNIUN_CONFIG", None)
+    out = open(home / "start.out", "wb")
+    proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start", "--config",
+                             str(home / "uniun.toml")], env=env, stdout=out,
+                            stderr=subprocess.STDOUT)
+    return proc
+
+
+def _wait(what: str, check: Any, timeout: float = WAIT_S) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = check()
+        except Exception:
+            value = None
+        if value:
+            return value
+        time.sleep(0.2)
+    raise RuntimeError(f"timed out waiting for {what}")
+
+
+def _chat_ttft(client: Client, model: str) -> float:
+    job = {"job_id": f"bench-chat-{uuid.uuid4().hex[:8]}", "kind": "chat", "messages": CHAT,
+           "max_new_tokens": 8, "model_id": model}
+    sent = time.monotonic()
+    first = None
+    for event in client.submit(job):
+        if event["type"] == "token" and first is None:
+            first = time.monotonic() - sent
+        if event["type"] in ("done", "error"):
+            break
+    if first is None:
+        raise RuntimeError(f"chat {job['job_id']} streamed no token")
+    return first
+
+
+def _flood(endpoint: str, stop: threading.Event, counts: dict[str, int]) -> None:
+    from uniun.protocol.embed_client import EmbedClient
+
+    with EmbedClient(endpoint, timeout=120) as pool:
+        i = 0
+        while not stop.is_set():
+            ids = [pool.submit([f"flood sentence number {i + j}"]) for j in range(16)]
+            i += 16
+            for result in pool.wait(ids).values():
+                counts["ok" if not isinstance(result, Exception) else "refused"] += 1
+
+
+def run_mode(mode: str, model: str, chats: int, log: Any) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix=f"uniun-bench-{mode}-") as tmp:
+        home = Path(tmp)
+        config = f'[models]\nchat_model = "{model}"\n' + (QUIET if mode == "idle" else LOADED)
+        if mode != "idle":
+            notes = home / "notes"
+            notes.mkdir()
+            for i in range(40):
+                (notes / f"n{i:02d}.md").write_text(
+                    f"# Note {i}\nPerson {i} met a friend in city {i} to talk about books.\n")
+        proc = _start(home, config)
+        flood_stop, counts = threading.Event(), {"ok": 0, "refused": 0}
+        try:
+            client = Client(f"ipc://{home / 'run' / 'front.sock'}", timeout=60)
+            _wait("the runtime", lambda: client.status(timeout=5)["runner"]["up"])
+            flood = None
+            if mode == "flood":
+                flood = threading.Thread(target=_flood, daemon=True, args=(
+                    f"ipc://{home / 'run' / 'embed.sock'}", flood_stop, counts))
+                _wait("the embedding pool", lambda: (home / "run" / "embed.sock").exists())
+                flood.start()
+            ttfts = []
+            for n in range(chats):
+                if mode != "idle":
+                    _wait("producer work running", lambda: (client.status(timeout=5)
+                                                            .get("running") or {}).get("kind")
+                          not in (None, "chat"))
+                ttfts.append(_chat_ttft(client, model))
+                log(f"{mode}: chat {n + 1}/{chats} first token after {ttfts[-1]:.3f}s")
+                time.sleep(1.0)
+            result: dict[str, Any] = {
+                "ttft_p50_s": statistics.median(ttfts),
+                "ttft_p90_s": sorted(ttfts)[max(0, int(round(0.9 * len(ttfts))) - 1)],
+                "ttft_all_s": [round(t, 4) for t in ttfts]}
+            if mode != "idle":
+                with ResultsStore(home / "results.db") as store:
+                    result["meanwhile"] = {
+                        "notes_extracted": len(store.list_results("knowledge", limit=10_000)),
+                        "notes_embedded": len(store.note_embeddings()[0]),
+                        "cards": len(store.list_results("card", limit=10_000)),
+                        "gana_runs": len(store.gana_runs()),
+                        "embed_flood_answered": counts["ok"],
+                        "embed_flood_refused": counts["refused"]}
+            client.close()
+            return result
+        finally:
+            flood_stop.set()
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m uniun.runtime.bench_producers")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--chats", type=int, default=7)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/producers.json"))
+    args = parser.parse_args(argv)
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
+    modes = ("idle", "producers", "flood")
+    results: dict[str, Any] = {mode: run_mode(mode, args.model, args.chats, log)
+                               for mode in modes}
+    for mode in modes[1:]:
+        results[f"ratio_p50_{mode}"] = (results[mode]["ttft_p50_s"]
+                                        / results["idle"]["ttft_p50_s"])
+    results["model"] = args.model
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1) + "\n")
+    print(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
