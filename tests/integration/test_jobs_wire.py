@@ -112,3 +112,27 @@ def test_background_lifecycle_grants_a_quarter_then_holds_until_foreground(
     assert done["type"] == "done" and done["usage"]["completion_tokens"] == 40
     assert done["preemptions"] >= 1
     assert_gap_free(w.events("lc"))
+
+
+def test_status_carries_every_protocol_field(runtime: Runtime) -> None:
+    w = runtime.wire()
+    w.submit(long_job("st-running", "nataraj"))
+    wait_tokens(w, "st-running")
+    w.submit(long_job("st-queued", "gana", flow="gana-a"))
+    status = w.request("status")
+    try:
+        assert status["type"] == "status"
+        assert status["policy"] == "uniun" and status["lifecycle"] == "foreground"
+        assert status["foreground"] is None and status["loaded_model"] == "tiny-1"
+        assert status["running"]["job_id"] == "st-running"
+        assert set(status["queues"]) == {"T0", "T1", "T2", "T3", "T4"}
+        assert "st-queued" in status["queues"]["T4"]
+        assert "nataraj" in status["vruntime"] and 0.0 <= status["t2_share"] <= 1.0
+        assert set(status["snapshots"]) == {"count", "bytes"}
+        processes = status["processes"]
+        assert processes["scheduler"] == runtime.pid("scheduler")
+        assert processes["runner"] == runtime.pid("runner")
+    finally:
+        for job_id in ("st-queued", "st-running"):
+            w.request("cancel", job_id=job_id)
+            w.end(job_id)
