@@ -214,7 +214,7 @@ def run_bench(model_dir: Path, *, threads: int = 2, reps: int = 3, replay: str =
 
     plain: list[_Clock] = []
     paused: list[_Clock] = []
-    for _ in range(reps):  # interleaved, so drifting load hits both alike
+    for _ in range(reps + 2):  # interleaved, so drifting load hits both alike
         plain.append(generation(None))
         paused.append(generation(GEN // 2))
     saving, wall_pct = _saving(paused, plain)

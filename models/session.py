@@ -96,7 +96,7 @@ class DecoderSession:
     """A loaded decoder plus tokenizer; runs any number of jobs, one step at a time."""
 
     def __init__(self, model_dir: Path | str, *, threads: int = 2, model_id: str | None = None,
-                 prefix_cache_bytes: int | None = None, spinning: bool = False,
+                 prefix_cache_bytes: int | None = None, spinning: bool = True,
                  replay: str = "auto") -> None:
         import onnxruntime as ort
 
@@ -110,9 +110,11 @@ class DecoderSession:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if not spinning:
-            # Spinning workers burn the core the scheduler, producers and the other ORT
-            # thread need: on this 2-core machine under load, decode took 100-115 ms/token
-            # spinning vs 60 ms not spinning (same CPU time per token otherwise).
+            # Spinning worker threads win on a quiet machine and lose under contention.
+            # SmolLM2, 2 threads, this 2-core machine: quiet, 10.8 ms/token spinning vs
+            # 15.5 not; with other test suites running (load 9), 100-115 vs 60 ms/token.
+            # The runner decodes while the rest of the runtime mostly waits, so spin by
+            # default; turn it off where other heavy work shares the cores.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._ort = ort
         self._sess = ort.InferenceSession(str(self.model_dir / "model.onnx"), options,
