@@ -180,9 +180,11 @@ class RunnerWorker(pykka.ThreadingActor):
             self._on_unacked(message.seq)
         elif isinstance(message, _SchedulerSilent):
             if self._active is not None:
-                logger.warning("the scheduler is silent; parking the running job until "
-                               "one says hello")
-                self._park_active(report=False)
+                # Reported like any pause: a scheduler that was only slow re-queues and
+                # resumes the job; a dead one never reads it, and its successor is told
+                # about the parked job in our next Hello.
+                logger.warning("the scheduler is silent; parking the running job")
+                self._park_active(report=True)
         elif isinstance(message, _Boot):
             self._on_boot()
 
