@@ -10,8 +10,9 @@ Theory of operation (Erlang's one-for-one supervisor, at the process level):
   alone. Restarts are rate-limited: more than ``max_restarts`` in ``restart_window_s``
   means something is broken for good, so everything stops with a message naming the
   child and its log, and the supervisor exits 1.
-- SIGINT / SIGTERM / SIGHUP: children stop in reverse order, SIGTERM first and SIGKILL
-  after ``stop_grace_s``; the supervisor exits 0.
+- SIGINT / SIGTERM / SIGHUP: children stop in reverse order (the runner last, so the
+  scheduler can park the running job), SIGTERM first and SIGKILL after
+  ``stop_grace_s``; the supervisor exits 0.
 - No orphans: each child leads its own process group (so the terminal's Ctrl-C reaches
   only the supervisor, which then stops children in order, and a kill takes grandchildren
   too), and each child asks Linux for SIGKILL when the supervisor dies
@@ -64,6 +65,11 @@ def plan_children(config: RuntimeConfig) -> list[str]:
         if flag:
             names.append(name)
     return names
+
+
+def stop_order(children: Sequence["Child"]) -> list["Child"]:
+    """Reverse start order, with the runner moved last (see :meth:`Supervisor.stop_all`)."""
+    return sorted(reversed(children), key=lambda c: c.name == "runner")
 
 
 class RestartLimiter:
@@ -276,8 +282,13 @@ class Supervisor:
         child.last_beat = None
 
     def stop_all(self) -> None:
-        """Stop every child, last started first."""
-        for child in reversed(self.children):
+        """Stop every child, last started first, except that the runner goes last.
+
+        The scheduler parks the running job while it stops, and parking needs a live
+        runner: stopping the runner first would turn a graceful stop into a failure
+        (a chat would see ``runner_failed``, a background job would lose its snapshot).
+        """
+        for child in stop_order(self.children):
             child.restart_at = None
             if child.proc is not None:
                 logger.info("stopping {} (pid {})", child.name, child.pid)

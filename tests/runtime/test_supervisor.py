@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from uniun.runtime.supervisor import RestartLimiter
+from uniun.runtime.supervisor import Child, RestartLimiter, stop_order
 
 pytestmark = pytest.mark.integration
 
@@ -222,3 +222,8 @@ def test_restart_limiter_counts_a_sliding_window() -> None:
     assert limiter.allow(0.0) and limiter.allow(1.0)
     assert not limiter.allow(2.0)
     assert limiter.allow(11.5)  # the restart at 0.0 has left the window
+
+
+def test_runner_stops_after_the_scheduler_so_the_running_job_can_be_parked() -> None:
+    children = [Child(name) for name in ("scheduler", "runner", "embed", "extract")]
+    assert [c.name for c in stop_order(children)] == ["extract", "embed", "scheduler", "runner"]
