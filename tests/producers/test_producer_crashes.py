@@ -78,7 +78,11 @@ def test_killing_each_producer_mid_work_loses_nothing(tmp_path: Path, tiny_model
 
         wait_for("every note extracted",
                  lambda: len(store.list_results("knowledge", limit=1000)) >= 12, timeout=300)
-        wait_for("a full deck", lambda: store.deck_size() >= 6, timeout=300)
+        # A kill may land between two of a refill's submissions: the jobs persisted before it
+        # must all finish; the deck is then at least at its low mark (hysteresis: a deck
+        # at the low mark is not refilled).
+        wait_for("every card job finished and the deck at its low mark", lambda: not
+                 store.open_jobs("nataraj") and store.deck_size() >= 3, timeout=300)
         wait_for("every claimed fire finished",
                  lambda: all(f["state"] == "done" for f in fires(store)), timeout=180)
 
@@ -90,9 +94,9 @@ def test_killing_each_producer_mid_work_loses_nothing(tmp_path: Path, tiny_model
         assert all(j["state"] == "done" for j in extract_jobs)
         card_jobs = store.query("SELECT job_id, state FROM producer_jobs "
                                 "WHERE producer='nataraj'")
-        assert not [j for j in card_jobs if j["state"] == "failed"]
-        cards = store.query("SELECT job_id FROM deck_cards")
-        assert len(cards) == len({c[0] for c in cards})
+        assert card_jobs and all(j["state"] == "done" for j in card_jobs)
+        cards = [c[0] for c in store.query("SELECT job_id FROM deck_cards")]
+        assert sorted(cards) == sorted(j["job_id"] for j in card_jobs)  # one card per job
         claims = fires(store, "ticker")
         runs = [r for r in store.gana_runs("ticker") if r["slot"] is not None]
         assert sorted(r["job_id"] for r in runs) == sorted(f["job_id"] for f in claims)
