@@ -353,11 +353,10 @@ class RunnerWorker(pykka.ThreadingActor):
         if a is None:
             return
         try:
-            if len(a.gen.pending_ids()) > PREFILL_CHUNK + 1:
-                self._session.prefill(a.gen, PREFILL_CHUNK)
+            ev = self._session.advance(a.gen, PREFILL_CHUNK)  # one bounded pass, or a token
+            if ev is None:  # a prefill/replay pass: let control messages in first
                 self.actor_ref.tell(_Step())
                 return
-            ev = self._session.step(a.gen)
         except Exception as err:
             logger.bind(job=a.job_id).exception("generation failed")
             self._active = None

@@ -286,6 +286,21 @@ class DecoderSession:
         token = gen.sampler.pick(logits, len(gen.progress.generated_ids))
         return gen.accept(token)
 
+    def advance(self, gen: Generation, max_tokens: int = 64) -> TokenEvent | None:
+        """One bounded unit of work: a pass of a long prefill or of a replay (returns None,
+        call again), or the step that samples the next token (returns its event).
+
+        The runner's loop: ``ev = session.advance(gen)``; on None check control messages
+        and call again. Each call costs at most one ``max_tokens``-position pass or one
+        decode-sized pass, plus the step's own pass; a short prompt or a plain decode step
+        takes exactly the passes :meth:`step` would.
+        """
+        gen.check_live()
+        chunked = len(gen.pending_ids()) > max_tokens + 1
+        if self._feed(gen, for_step=not chunked, budget=max_tokens, max_passes=1):
+            return None
+        return self.step(gen)
+
     def _feed(self, gen: Generation, *, for_step: bool, budget: int | None = None,
               max_passes: int | None = None) -> int:
         """Feed the passes :func:`next_pass` plans, up to ``budget`` positions."""

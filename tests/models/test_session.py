@@ -163,14 +163,16 @@ def test_bad_input_is_refused_clearly(session: DecoderSession, tiny_model_b: str
 
 def test_chunked_prefill_and_replay_give_the_same_tokens(session: DecoderSession,
                                                           reference: list[TokenEvent]) -> None:
-    # The runner's loop: feed in bounded passes (checking control between), then step.
+    # The runner's loop: bounded units of work (checking control between), tokens when due.
     gen = session.start(messages=MESSAGES, max_new_tokens=N, use_prefix_cache=False)
     events: list[TokenEvent] = []
     passes = 0
     while not gen.finished:
-        while session.prefill(gen, 5, max_passes=1):
+        event = session.advance(gen, 5)
+        if event is None:
             passes += 1
-        events.append(session.step(gen))
+            continue
+        events.append(event)
         if len(events) == 17:  # lose the KV: the replay goes through the same loop
             session.prefix_cache.clear()
             gen = session.resume(ParkedState.from_record(session.park(gen).progress.to_record()))
