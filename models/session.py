@@ -7,7 +7,8 @@ Theory of operation — the runner process owns one of these::
                         max_new_tokens=128, sampling=SamplingParams(...), stop=("\\n\\n",),
                         job_id="j1")
     while not gen.finished:
-        ev = session.step(gen)          # ONE token per call: check control messages between
+        ev = session.advance(gen, 64)   # one bounded pass (None) or ONE token per call:
+        if ev is None: continue         #   check control messages between calls
         send(ev.seq, ev.text_delta)     # TokenEvent(seq, token_id, text_delta, finished, finish_reason)
         if preempted:
             parked = session.park(gen)  # ParkedState: progress + KV (zero-copy), .nbytes
@@ -30,9 +31,10 @@ The model is any decoder with the Hugging Face / optimum I/O contract: inputs
 outputs as zero-copy numpy views of onnxruntime's buffers, which become the next step's
 inputs as they are: no KV bytes are copied in Python, and a snapshot is free.
 
-A step on a long uncovered tail (a long prompt, a recompute) is one forward pass; a
-caller that wants to stay responsive during it can feed it in chunks with
-:meth:`DecoderSession.prefill` first.
+:meth:`DecoderSession.step` feeds whatever is uncovered (a long prompt, a replay) before
+sampling; :meth:`DecoderSession.advance` does the same work one bounded pass per call,
+so the caller stays responsive. How positions are cut into passes (so that resumes are
+bit-exact) is ``feed_plan``'s job.
 """
 
 from __future__ import annotations
