@@ -53,7 +53,7 @@ from loguru import logger
 from uniun.models.chat_template import encode_chat, encode_prompt
 from uniun.models.feed_plan import next_pass
 from uniun.models.generate import FinishedError, Generation, TokenEvent
-from uniun.models.kv import JobProgress, KVCache, ParkedState
+from uniun.models.kv import JobProgress, KVCache, ParkedState, SnapshotCorrupt
 from uniun.models.prefix_cache import PrefixCache
 from uniun.models.sampling import Sampler, SamplingParams
 
@@ -381,7 +381,11 @@ class DecoderSession:
         if p.model_id and p.model_id != self.model_id:
             raise ValueError(f"job {p.job_id!r} was parked on model {p.model_id!r}, "
                              f"not {self.model_id!r}")
-        kv = parked.load_kv()
+        try:
+            kv = parked.load_kv()
+        except SnapshotCorrupt as exc:  # the progress is intact: recompute, lose nothing
+            logger.bind(job=p.job_id).warning("spilled KV unusable ({}); recomputing", exc)
+            kv = None
         if kv is not None and kv.shape != (self.num_layers, self.kv_heads, self.head_dim):
             raise ValueError(f"job {p.job_id!r}: parked KV shape {kv.shape} does not fit "
                              f"{self.model_id}")
