@@ -61,8 +61,10 @@ def _knowledge_by_note(mesh: Mesh) -> dict[str, list[dict]]:
 
 
 def test_first_run_writes_samples_and_extracts_every_note_once(mesh: Mesh) -> None:
-    notes = sorted(p.name for p in (mesh.home / "notes").iterdir())
-    assert len(notes) == 5 and (mesh.home / "ganas.toml").exists()
+    folder = mesh.home / "notes"  # written by the extract process once it starts
+    wait_for("the sample notes", lambda: folder.is_dir() and len(list(folder.iterdir())) == 5)
+    notes = sorted(p.name for p in folder.iterdir())
+    assert (mesh.home / "ganas.toml").exists()
     wait_for("every sample note extracted", lambda: len(_knowledge_by_note(mesh)) == 5)
     by_note = _knowledge_by_note(mesh)
     assert sorted(by_note) == notes
