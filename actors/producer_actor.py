@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import pykka
@@ -36,14 +37,23 @@ class ProducerLogic(Protocol):
 class ProducerActor(pykka.ThreadingActor):
     """Ticks a producer's logic; see the module docstring."""
 
-    def __init__(self, logic: ProducerLogic, *, pump_s: float = 0.2,
+    def __init__(self, make_logic: Callable[[], ProducerLogic], *, pump_s: float = 0.2,
                  failed: threading.Event | None = None) -> None:
         super().__init__()
-        self.logic = logic
+        self._make_logic = make_logic
+        self.logic: ProducerLogic | None = None
         self.pump_s = pump_s
-        self.failed = failed or threading.Event()  # set when a tick raised
+        self.failed = failed or threading.Event()  # set when start-up or a tick raised
 
     def on_start(self) -> None:
+        # Built here, in the actor's thread: the logic's ZeroMQ sockets and database
+        # connection are then created and used by one thread only.
+        try:
+            self.logic = self._make_logic()
+        except Exception:
+            self.failed.set()  # pykka calls no on_failure for on_start: say it here
+            logger.exception("the producer could not start")
+            raise
         logger.info("{} producer started", self.logic.name)
         self.actor_ref.tell(_TICK)
 
@@ -51,6 +61,7 @@ class ProducerActor(pykka.ThreadingActor):
         if message != _TICK:
             logger.warning("ignored unknown message {!r}", message)
             return None
+        assert self.logic is not None
         tracker = getattr(self.logic, "tracker", None)
         if tracker is not None:
             tracker.pump(self.pump_s)
@@ -63,14 +74,17 @@ class ProducerActor(pykka.ThreadingActor):
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
         self.failed.set()
         logger.opt(exception=(exception_type, exception_value, traceback)).error(
-            "{} producer failed", self.logic.name)
+            "{} producer failed", getattr(self.logic, "name", "a"))
         self._close()
 
     def on_stop(self) -> None:
-        logger.info("{} producer stopping", self.logic.name)
+        if self.logic is not None:
+            logger.info("{} producer stopping", self.logic.name)
         self._close()
 
     def _close(self) -> None:
+        if self.logic is None:
+            return
         try:
             self.logic.close()
         except Exception:

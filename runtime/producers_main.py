@@ -146,7 +146,7 @@ def run_producer(make_logic: Callable[[], ProducerLogic], *, pump_s: float = 0.2
     from uniun.runtime import process
 
     failed = threading.Event()
-    ref = ProducerActor.start(make_logic(), pump_s=pump_s, failed=failed)
+    ref = ProducerActor.start(make_logic, pump_s=pump_s, failed=failed)
     process.on_stop(lambda: ref.stop(block=False))
     try:
         while ref.is_alive():
