@@ -63,7 +63,7 @@ background_gana = false
 samples = false
 check_interval_s = 0.3
 gana_lead_s = 600
-""", ganas=_gana("alpha", 60, 1500) + _gana("beta", 60, 1500))
+""", ganas=_gana("alpha", 60, 2500) + _gana("beta", 60, 2500))
     store = mesh.store()
     claimed = wait_for("both Ganas fired", lambda: len(fires(store)) == 2 and fires(store))
     jobs = {f["gana_id"]: f["job_id"] for f in claimed}
@@ -76,8 +76,10 @@ gana_lead_s = 600
     owner = {job_id: gid for gid, job_id in jobs.items()}
     starts = [owner[m["job_id"]] for m in wire.log
               if m.get("type") == "started" and m.get("job_id") in owner and "re" not in m]
+    # The attach lands after the first dispatch, so the wire log may miss the first
+    # start; the runs' preemption counts below are the complete record.
     switches = sum(1 for a, b in zip(starts, starts[1:]) if a != b)
-    assert switches >= 3, f"the Ganas did not alternate: {starts}"
+    assert switches >= 2, f"the Ganas did not alternate: {starts}"
     for gid, job_id in jobs.items():  # fair pool, not EDF: submitted well before deadline
         job = store.job(job_id)["job"]
         assert job["flow"] == gid and job["deadline"] > time.time() - 300
