@@ -42,6 +42,7 @@ from zmq.utils.monitor import recv_monitor_message
 
 from uniun.protocol import messages as m
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
+from uniun.protocol.dealer import close_monitored_dealer, open_monitored_dealer
 from uniun.protocol.endpoints import front_endpoint
 from uniun.protocol.errors import ProtocolError
 from uniun.protocol.jobstream import (ClientError, JobFailed, JobStream,
@@ -184,13 +185,9 @@ class Client:
         return f"{self._prefix}-{next(self._ids)}"
 
     def _open(self) -> None:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, self._linger_ms)
-        sock.setsockopt(zmq.IMMEDIATE, 1)  # never queue for a peer that is not there
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)  # ms; capped back-off below
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        self._mon = sock.get_monitor_socket(_MONITOR_EVENTS)
-        sock.connect(self.endpoint)
+        sock, self._mon = open_monitored_dealer(self._ctx, self.endpoint,
+                                                linger_ms=self._linger_ms,
+                                                events=_MONITOR_EVENTS)
         self._sock = sock
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
@@ -200,13 +197,7 @@ class Client:
     def _close_socket(self) -> None:
         if self._sock is None:
             return
-        try:
-            self._sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        assert self._mon is not None
-        self._mon.close(linger=0)
-        self._sock.close(linger=self._linger_ms)
+        close_monitored_dealer(self._sock, self._mon, linger_ms=self._linger_ms)
         self._sock = self._mon = None
         self._connected = False
 

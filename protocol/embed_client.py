@@ -35,6 +35,7 @@ from zmq.utils.monitor import recv_monitor_message
 from uniun.protocol import messages as m
 from uniun.protocol.client import ClientError, Timeout
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
+from uniun.protocol.dealer import close_monitored_dealer, open_monitored_dealer
 from uniun.protocol.endpoints import embed_endpoint
 
 _EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
@@ -126,26 +127,15 @@ class EmbedClient:
         return f"{self._prefix}-{next(self._ids)}"
 
     def _open(self) -> None:
-        sock = self._ctx.socket(zmq.DEALER)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.IMMEDIATE, 1)
-        sock.setsockopt(zmq.RECONNECT_IVL, 100)
-        sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)
-        sock.setsockopt(zmq.SNDTIMEO, int(self.connect_timeout * 1000))
-        self._mon = sock.get_monitor_socket(_EVENTS)
-        sock.connect(self.endpoint)
-        self._sock, self._connected = sock, False
+        self._sock, self._mon = open_monitored_dealer(
+            self._ctx, self.endpoint, linger_ms=0, events=_EVENTS,
+            send_timeout_ms=int(self.connect_timeout * 1000))
+        self._connected = False
 
     def _close_socket(self) -> None:
         if self._sock is None:
             return
-        try:
-            self._sock.disable_monitor()
-        except zmq.ZMQError:
-            pass
-        if self._mon is not None:
-            self._mon.close(linger=0)
-        self._sock.close(linger=0)
+        close_monitored_dealer(self._sock, self._mon, linger_ms=0)
         self._sock = self._mon = None
 
     def _send_request(self, msg: dict[str, Any]) -> str:
