@@ -253,30 +253,25 @@ def model_bench(model: str, *, reps: int, log: Log) -> dict[str, Any] | None:
                           log=lambda msg: log(f"  {msg}")))
 
 
-def policy_decision_bench(*, queued: int = 10_000, reps: int = 200) -> dict[str, Any] | None:
-    """Median and p99 of ``policy.decide()`` with ``queued`` jobs waiting (pure policy)."""
+def policy_decision_bench(*, queued: int = 10_000, rounds: int = 500) -> dict[str, Any]:
+    """The policy room's decision-time benchmark (``actors/bench_policy.py``)."""
+    from uniun.actors.bench_policy import run_bench
+
+    return run_bench(jobs=queued, rounds=rounds)
+
+
+def embed_bench(*, log: Log) -> dict[str, Any] | None:
+    """Embedding throughput of a real pool of 2 (``runtime/embed_bench.py``)."""
+    from uniun.models.store import ModelNotFound, ModelStoreError
+    from uniun.runtime.embed_bench import run as run_embed
+
+    log("embedding pool bench (pool of 2)")
     try:
-        from uniun.actors.policy import make_policy
-        from uniun.protocol.jobmap import validate_job
-    except ImportError:
-        return None
-    out: dict[str, Any] = {"queued": queued}
-    kinds = ("extract", "nataraj", "gana")
-    for name in ("uniun", "fcfs"):
-        policy = make_policy(name)
-        for i in range(queued):
-            policy.submit(validate_job({"job_id": f"j{i}", "kind": kinds[i % 3],
-                                        "prompt": "x", "flow": f"f{i % 17}"},
-                                       default_model="m"))
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            policy.decide()
-            times.append(time.perf_counter() - t0)
-        times.sort()
-        out[name] = {"decide_ms_p50": 1e3 * times[len(times) // 2],
-                     "decide_ms_p99": 1e3 * times[int(len(times) * 0.99) - 1]}
-    return out
+        with tempfile.TemporaryDirectory(prefix="uniun-eb-out-") as out:
+            return run_embed(Path(out))
+    except (ModelNotFound, ModelStoreError, RuntimeError) as err:
+        log(f"  embedding bench skipped: {err}")
+        return {"error": str(err)}
 
 
 def run(*, model: str, policies: tuple[str, ...] = ("uniun", "fcfs"), reps: int = 5,
@@ -299,11 +294,10 @@ def run(*, model: str, policies: tuple[str, ...] = ("uniun", "fcfs"), reps: int 
         "uniun_loaded_over_idle": _ratio(uni.get("ttft_loaded_s"), uni.get("ttft_idle_s")),
         "fcfs_over_uniun_loaded": _ratio(fcfs.get("ttft_loaded_s"), uni.get("ttft_loaded_s")),
     }
-    decision = policy_decision_bench()
-    if decision is not None:
-        result["policy_decision"] = decision
+    result["policy_decision"] = policy_decision_bench()
     if with_model_bench:
         result["model_bench"] = model_bench(model, reps=3, log=log)
+        result["embed_bench"] = embed_bench(log=log)
     return result
 
 

@@ -99,10 +99,15 @@ def table(result: dict[str, Any]) -> Table:
     if restart:
         out.add_row("runner SIGKILL -> new runner up", _fmt(restart.get("up_s")))
         out.add_row("runner SIGKILL -> chat answering", _fmt(restart.get("serving_s")))
-    for name, numbers in (result.get("policy_decision") or {}).items():
-        if isinstance(numbers, dict):
-            out.add_row(f"{name}: decide() with {result['policy_decision']['queued']} queued",
-                        f"{numbers['decide_ms_p50']:.3f} ms")
+    decision = result.get("policy_decision") or {}
+    for kind in ("dispatch_cpu", "check_cpu"):
+        if kind in decision:
+            out.add_row(f"policy decide() ({kind[:-4]}), {decision['queued_jobs']} queued",
+                        f"p50 {decision[kind]['median_us']:.0f} us, "
+                        f"p99 {decision[kind]['p99_us']:.0f} us")
+    embed = result.get("embed_bench") or {}
+    if "pool_texts_per_s" in embed:
+        out.add_row("embedding pool of 2: texts/s", f"{embed['pool_texts_per_s']:.1f}")
     model = result.get("model_bench") or {}
     for key in ("decode_ms_per_token", "prefill_tokens_per_s", "load_s"):
         if key in model:

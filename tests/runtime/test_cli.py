@@ -144,6 +144,8 @@ def test_bench_writes_its_results(tmp_path: Path) -> None:
     assert uniun["bg_every_token"] is True
     assert uniun["ttft_idle_s"] > 0 and uniun["ttft_loaded_s"] > 0
     assert data["runner_restart"]["serving_s"] > 0
+    assert data["policy_decision"]["queued_jobs"] == 10_000
+    assert data["policy_decision"]["dispatch"]["n"] > 0
     assert "chat TTFT idle" in result.stdout
 
 
