@@ -10,14 +10,16 @@ optimum and onnxruntime-genai exports use (so imported folders look the same too
 - outputs: ``logits`` float32 [batch, seq, vocab]; ``present.{i}.key`` / ``.value``
   float32 [batch, kv_heads, past_seq + seq, head_dim]
 
-Theory of operation: the graph uses the opset-23 ``RMSNormalization``,
-``RotaryEmbedding`` (HF "rotate half" layout, position-id indexed cos/sin tables) and
-``Attention`` (GQA via ``q_num_heads``/``kv_num_heads``, past/present KV, bottom-right
-causal alignment with ``is_causal=1``; ``attention_mask`` becomes a boolean key mask
-so left padding works). A linear weight is either a float matrix (plain ``MatMul``) or
-a :class:`BlockQuantized` matrix (``com.microsoft.MatMulNBits``), which lets a GGUF's
-Q4_1 / Q8_0 blocks run as they are instead of being inflated to float32 — the choice
-that decodes fastest here (see docs/models.md).
+Theory of operation: the graph uses the opset-23 ``RMSNormalization`` and
+``RotaryEmbedding`` (HF "rotate half" layout, position-id indexed cos/sin tables);
+attention is spelled out as MatMul / Softmax / MatMul over the query heads grouped by
+KV head (GQA, past/present KV, bottom-right causal alignment; ``attention_mask`` adds
+a key mask so left padding works) so a position's result does not depend on how many
+positions share its pass (see :func:`_attention`). A linear weight is either a float
+matrix (plain ``MatMul``) or a :class:`BlockQuantized` matrix
+(``com.microsoft.MatMulNBits``), which lets a GGUF's Q4_1 / Q8_0 blocks run as they are
+instead of being inflated to float32 — the choice that decodes fastest here (see
+docs/models.md).
 
 Weights use Hugging Face names (``model.layers.{i}.self_attn.q_proj.weight``, shape
 [out, in]) so a reader can check them against any HF checkpoint.
@@ -26,7 +28,7 @@ Weights use Hugging Face names (``model.layers.{i}.self_attn.q_proj.weight``, sh
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +39,7 @@ from onnx import TensorProto, helper, numpy_helper
 OPSET = 23
 # Bumped whenever the graph this module writes changes; the store rebuilds models it
 # made with an older builder (see ``store.ensure_model``).
-BUILDER_VERSION = 3
+BUILDER_VERSION = 5
 MS_DOMAIN = "com.microsoft"
 EXTERNAL_DATA_NAME = "model.onnx.data"
 
@@ -235,6 +237,87 @@ def _io(config: DecoderConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Val
     return inputs, outputs
 
 
+def _attention_bias(g: _Graph, group: int) -> str:
+    """Additive mask [batch, 1, group * seq, total_seq]: 0 where a query may look, else -3e38.
+
+    Key padding (``attention_mask`` 0) and bottom-right causality (query i of a pass of
+    ``seq`` sits at position total - seq + i), tiled once for the ``group`` query heads
+    that share a KV head (see :func:`_attention`). A large finite value, not -inf, so a
+    fully padded query row gives a harmless uniform softmax instead of NaN.
+    """
+    mask = g.op("Cast", ["attention_mask"], "mask_bool", to=TensorProto.BOOL)[0]
+    mask = g.op("Unsqueeze", [mask, g.const("axes_1_2", np.array([1, 2], np.int64))],
+                "mask4d")[0]  # [batch, 1, 1, total]
+    total = g.op("Shape", ["attention_mask"], "total_len", start=1, end=2)[0]
+    seq = g.op("Shape", ["input_ids"], "seq_len", start=1, end=2)[0]
+    axis0 = g.const("axes_0", np.array([0], np.int64))
+    total, seq = (g.op("Squeeze", [x, axis0], "scalar")[0] for x in (total, seq))
+    zero, one = g.const("int_0", np.array(0, np.int64)), g.const("int_1", np.array(1, np.int64))
+    keys = g.op("Range", [zero, total, one], "key_pos")[0]  # [total]
+    queries = g.op("Add", [g.op("Range", [zero, seq, one], "query_idx")[0],
+                           g.op("Sub", [total, seq], "past_len")[0]], "query_pos")[0]
+    queries = g.op("Unsqueeze", [queries, g.const("axes_1", np.array([1], np.int64))],
+                   "query_col")[0]  # [seq, 1]
+    allowed = g.op("And", [mask, g.op("LessOrEqual", [keys, queries], "causal")[0]],
+                   "allowed")[0]  # [batch, 1, seq, total]
+    bias = g.op("Where", [allowed, g.const("bias_open", np.array(0.0, np.float32)),
+                          g.const("bias_shut", np.array(-3.0e38, np.float32))], "bias")[0]
+    return g.op("Tile", [bias, g.const("bias_tile", np.array([1, 1, group, 1], np.int64))],
+                "bias_grouped")[0]
+
+
+def _scaled(w: Weight, factor: float) -> Weight:
+    """``w * factor``: folds attention's 1/sqrt(head_dim) into the Q projection.
+
+    Exact when ``factor`` is a power of two (head_dim 64 or 16: SmolLM2, tiny), and it
+    saves a Mul per layer per step (measurable in decode at batch 1).
+    """
+    if isinstance(w, BlockQuantized):
+        return replace(w, scales=w.scales * np.float32(factor),
+                       offsets=None if w.offsets is None else w.offsets * np.float32(factor))
+    return np.asarray(w, np.float32) * np.float32(factor)
+
+
+def _attention(g: _Graph, q: str, k: str, v: str, bias: str, layer: int,
+               cfg: DecoderConfig) -> str:
+    """GQA attention with past/present KV from MatMul + Softmax, not the ``Attention`` op;
+    ``q`` arrives already scaled by 1/sqrt(head_dim) (see :func:`_scaled`).
+
+    Why not the opset-23 ``Attention`` op: onnxruntime computes a one-query pass on a
+    different kernel path than a many-query pass, so a position's logits moved by up to
+    ~1 (after int8 activation quantisation amplified the ulp-level change) between a
+    decode step and a batched pass, and resumes had to replay generated tokens one pass
+    each. Here the query heads that share a KV head are stacked as rows, so a
+    one-position pass multiplies ``group`` rows and, for GQA (group >= 2: SmolLM2 3,
+    tiny 2), takes the same MLAS path as a prefill: a position comes out bit for bit
+    the same whichever pass feeds it (and many-position passes match the ``Attention``
+    op's bit for bit). Decode speed is within noise of the op's (docs/models.md).
+    """
+    heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    t = f"l{layer}_attn"
+    presents = []
+    kv_shape = g.const(f"{t}.kv_shape", np.array([0, 0, kv_heads, dim], np.int64))
+    for x, kind in ((k, "key"), (v, "value")):
+        split = g.op("Reshape", [x, kv_shape], t)[0]
+        heads_first = g.op("Transpose", [split], t, perm=[0, 2, 1, 3])[0]
+        presents.append(g.op("Concat", [f"past_key_values.{layer}.{kind}", heads_first], t,
+                             out_names=[f"present.{layer}.{kind}"], axis=2)[0])
+    key, value = presents
+    split = g.op("Reshape", [q, g.const(f"{t}.q_shape", np.array([0, 0, heads, dim],
+                                                                np.int64))], t)[0]
+    heads_first = g.op("Transpose", [split], t, perm=[0, 2, 1, 3])[0]  # [b, heads, seq, dim]
+    grouped = g.op("Reshape", [heads_first, g.const(f"{t}.group_shape", np.array(
+        [0, kv_heads, -1, dim], np.int64))], t)[0]  # [b, kv_heads, group * seq, dim]
+    scores = g.op("MatMul", [grouped, g.op("Transpose", [key], t, perm=[0, 1, 3, 2])[0]], t)[0]
+    probs = g.op("Softmax", [g.op("Add", [scores, bias], t)[0]], t, axis=-1)[0]
+    out = g.op("MatMul", [probs, value], t)[0]  # [b, kv_heads, group * seq, dim]
+    out = g.op("Reshape", [out, g.const(f"{t}.head_shape", np.array([0, heads, -1, dim],
+                                                                   np.int64))], t)[0]
+    out = g.op("Transpose", [out], t, perm=[0, 2, 1, 3])[0]
+    return g.op("Reshape", [out, g.const(f"{t}.out_shape", np.array([0, 0, heads * dim],
+                                                                   np.int64))], t)[0]
+
+
 def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                   progress: Progress | None = None) -> onnx.ModelProto:
     """The decoder graph for ``config`` with ``weights`` (HF names) as initializers.
@@ -263,15 +346,7 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
             embed = embed.dequantize()
         hidden = g.op("Gather", [g.const("model.embed_tokens.weight", embed), "input_ids"],
                       "embed", axis=0)[0]
-    # Boolean key mask [batch, 1, 1, total_seq]; Attention composes it with is_causal.
-    mask = g.op("Cast", ["attention_mask"], "mask_bool", to=TensorProto.BOOL)[0]
-    mask = g.op("Unsqueeze", [mask, g.const("axes_1_2", np.array([1, 2], np.int64))],
-                "mask4d")[0]
-    # onnxruntime wants the mask's query axis spelled out: expand to [batch, 1, seq, total].
-    seq = g.op("Shape", ["input_ids"], "seq_len", start=1, end=2)[0]
-    target = g.op("Concat", [g.const("ones_2", np.array([1, 1], np.int64)), seq,
-                             g.const("ones_1", np.array([1], np.int64))], "mask_shape", axis=0)[0]
-    mask = g.op("Expand", [mask, target], "mask_full")[0]
+    bias = _attention_bias(g, cfg.num_attention_heads // cfg.num_key_value_heads)
 
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -280,18 +355,15 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                                        np.asarray(weights[f"{p}.input_layernorm.weight"],
                                                   np.float32))],
                       f"l{i}_ln1", epsilon=eps, axis=-1)[0]
-        q, k, v = g.linear(normed, [weights[f"{p}.self_attn.{x}_proj.weight"]
-                                    for x in ("q", "k", "v")], f"{p}.self_attn.qkv_proj")
+        q, k, v = g.linear(normed, [_scaled(weights[f"{p}.self_attn.q_proj.weight"],
+                                            cfg.head_dim ** -0.5)]
+                           + [weights[f"{p}.self_attn.{x}_proj.weight"] for x in ("k", "v")],
+                           f"{p}.self_attn.qkv_proj")
         q = g.op("RotaryEmbedding", [q, "rope.cos", "rope.sin", "position_ids"], f"l{i}_qrot",
                  num_heads=cfg.num_attention_heads, interleaved=0)[0]
         k = g.op("RotaryEmbedding", [k, "rope.cos", "rope.sin", "position_ids"], f"l{i}_krot",
                  num_heads=cfg.num_key_value_heads, interleaved=0)[0]
-        attn = g.op("Attention",
-                    [q, k, v, mask, f"past_key_values.{i}.key", f"past_key_values.{i}.value"],
-                    f"l{i}_attn",
-                    out_names=[g.name(f"l{i}_attn"), f"present.{i}.key", f"present.{i}.value"],
-                    q_num_heads=cfg.num_attention_heads, kv_num_heads=cfg.num_key_value_heads,
-                    is_causal=1, scale=float(cfg.head_dim) ** -0.5)[0]
+        attn = _attention(g, q, k, v, bias, i, cfg)
         attn = g.linear(attn, [weights[f"{p}.self_attn.o_proj.weight"]],
                         f"{p}.self_attn.o_proj")[0]
         hidden = g.op("Add", [hidden, attn], f"l{i}_res1")[0]
