@@ -1,12 +1,15 @@
 """How the uncovered positions of a job are cut into forward passes — so resumes are exact.
 
 Why this exists: onnxruntime's kernels need not compute a position the same way in a
-one-position pass (a decode step) as in a many-position pass (a prefill). With SmolLM2's
-4-bit ``MatMulNBits`` at ``accuracy_level=4`` they do not: a position's logits differ by
-up to ~1 between the two, while any two *many*-position passes agree bit for bit however
-the positions are chunked (measured: 37 = 20 + 17 = 35 + 2, but 36 + 1 differs). A resume
-that re-feeds generated tokens in one batched pass therefore recomputes them slightly
-differently from how the uninterrupted run did, and greedy decoding can drift.
+one-position pass (a decode step) as in a many-position pass (a prefill). With the
+opset-23 ``Attention`` op (decoder builder < 5) they did not: a one-query pass took
+another kernel path, and after int8 activation quantisation a position's logits differed
+by up to ~1, while any two *many*-position passes agreed bit for bit. A resume that
+re-feeds generated tokens in one batched pass would then recompute them slightly
+differently from the uninterrupted run, and greedy decoding could drift. Builder 5 stacks
+the query heads of each KV head as rows, so every pass is a many-row pass and the two
+agree bit for bit; the session's probe checks this for every model it loads, and a model
+where they disagree (an imported one, say) still gets exact one-token replay.
 
 The canonical cut, followed by every run and every replay alike:
 
