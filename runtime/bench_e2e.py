@@ -68,7 +68,8 @@ class BenchRuntime:
         self.config.write_text(f'[models]\nchat_model = "{self.model}"\n'
                                f'[policy]\nname = "{self.policy}"\n'
                                '[producers]\nextract = false\nnataraj = false\n'
-                               'gana = false\nbackground_gana = false\n')  # measured load only
+                               'gana = false\nbackground_gana = false\n'
+                               '[embed]\nenabled = false\n')  # measured load only
         self.log(f"starting runtime (policy {self.policy}, model {self.model}) in {self.home}")
         out = open(self.home / "start.out", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",

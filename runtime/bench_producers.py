@@ -36,7 +36,8 @@ from uniun.runtime.results import ResultsStore
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 WAIT_S = 300.0
-QUIET = "[producers]\nextract = false\nnataraj = false\ngana = false\nbackground_gana = false\n"
+QUIET = ("[producers]\nextract = false\nnataraj = false\ngana = false\nbackground_gana = false\n"
+         "[embed]\nenabled = false\n")
 LOADED = "[embed]\nenabled = true\n[producers]\ndeck_low = 6\ndeck_high = 12\n"
 
 

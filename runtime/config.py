@@ -177,9 +177,9 @@ class SupervisorConfig:
 class EmbedConfig:
     """The embedding worker pool (its own ROUTER and processes)."""
 
-    # Bool; default false until the embedding pool lands.
-    enabled: bool = field(default=False, metadata=_doc(
-        "run the embedding pool (default false)"))
+    # Bool; default true: the extract producer embeds notes and `search` reads them.
+    enabled: bool = field(default=True, metadata=_doc(
+        "run the embedding pool (default true)"))
     # Processes; default 2.
     workers: int = field(default=2, metadata=_doc(
         "embedding worker processes = requests served at once (default 2)"))

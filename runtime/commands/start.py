@@ -92,20 +92,28 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _ensure_model(config: RuntimeConfig, children: list[str]) -> bool:
-    """Pull/convert the default chat model if the runner will need it (with progress)."""
-    if "runner" not in children or not config.models.pull_on_start:
+    """Pull/convert the models the children will need (with progress), before they start.
+
+    The chat model for the runner, the embedding model for the pool: converting in the
+    foreground, once, shows the user progress instead of a runtime that is up but slow
+    to answer. ``[models] pull_on_start = false`` leaves it to the processes.
+    """
+    if not config.models.pull_on_start:
         return True
     from uniun.models.store import ModelStore, ModelStoreError, ensure_model
     store = ModelStore()
-    model = config.models.chat_model
-    if not store.has(model):
-        print(f"uniun: first start: fetching and converting {model} into {store.root} "
-              "(once; takes a minute or two)...", file=sys.stderr)
-    try:
-        ensure_model(model, store)
-    except (ModelStoreError, OSError, RuntimeError) as err:
-        print(f"uniun-runtime: cannot prepare model {model}: {err}", file=sys.stderr)
-        return False
+    needed = [model for child, model in (("runner", config.models.chat_model),
+                                         ("embed", config.models.embed_model))
+              if child in children]
+    for model in needed:
+        if not store.has(model):
+            print(f"uniun: first start: fetching and converting {model} into {store.root} "
+                  "(once; takes a minute or two)...", file=sys.stderr)
+        try:
+            ensure_model(model, store)
+        except (ModelStoreError, OSError, RuntimeError) as err:
+            print(f"uniun-runtime: cannot prepare model {model}: {err}", file=sys.stderr)
+            return False
     return True
 
 

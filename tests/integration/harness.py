@@ -37,6 +37,9 @@ nataraj = false
 gana = false
 background_gana = false
 
+[embed]
+enabled = false
+
 [policy]
 chat_idle_gap_s = 5.0
 

@@ -18,6 +18,9 @@ from uniun.runtime.results_fires import fires
 pytestmark = pytest.mark.integration
 
 CONFIG = """
+[embed]
+enabled = false
+
 [producers]
 extract = true
 nataraj = true

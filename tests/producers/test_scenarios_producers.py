@@ -52,6 +52,8 @@ def _gana(gid: str, every_minutes: float, max_new_tokens: int) -> str:
 def test_scenario_2_two_ganas_with_different_flows_alternate(make_mesh) -> None:
     """Two Ganas in the fair pool: neither monopolises; they take turns by vruntime."""
     mesh = make_mesh("""
+[embed]
+enabled = false
 [policy]
 slice_s = 0.3
 granularity_s = 0.1
@@ -95,6 +97,8 @@ def test_scenario_5_extract_backfill_is_held_to_the_t2_budget(make_mesh) -> None
     """A big backfill does not monopolise the runner: Nataraj (T4) gets its share."""
     notes = {f"n{i:02d}.md": f"# Note {i}\nPerson {i} lives in town {i}.\n" for i in range(80)}
     mesh = make_mesh("""
+[embed]
+enabled = false
 [policy]
 t2_window_s = 12.0
 t2_share_max = 0.6
@@ -147,6 +151,8 @@ def test_scenario_8_background_ganas_run_in_their_own_process_exactly_once(make_
     again. Across both handovers every slot is fired once, and recorded once."""
     every = 0.1  # minutes: a slot every 6 s
     mesh = make_mesh("""
+[embed]
+enabled = false
 [producers]
 extract = false
 nataraj = false

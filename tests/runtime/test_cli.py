@@ -94,7 +94,7 @@ def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
     config = tmp_path / "u.toml"
     config.write_text('[models]\nchat_model = "tiny-1"\n[supervisor]\nstop_grace_s = 5\n'
                       '[producers]\nextract = false\nnataraj = false\ngana = false\n'
-                      'background_gana = false\n')
+                      'background_gana = false\n[embed]\nenabled = false\n')
     home = tmp_path / "home"
     started = cli("start", "--detach", "--config", str(config), home=home)
     try:
