@@ -34,6 +34,7 @@ from uniun.actors.runner_records import already_done, continues, find_orphans, p
 from uniun.models.generate import Generation
 from uniun.models.kv import ParkedState, SnapshotCorrupt
 from uniun.models.parking import ParkingLot
+from uniun.models.session import Interrupted
 from uniun.runtime import runner_protocol as rp
 from uniun.runtime.socket_pump import Frames, Outbox, SocketPump
 
@@ -154,6 +155,21 @@ class RunnerWorker(pykka.ThreadingActor):
                 self.actor_ref.tell(_Unacked(record.seq))
         elif isinstance(record, rp.Command):
             self.actor_ref.tell(_Cmd(record))
+            self._cut_short_for(record)
+
+    def _cut_short_for(self, record: rp.Command) -> None:
+        """A pause or cancel of the active job aborts its pass in flight (pump thread).
+
+        The command is already in the actor's inbox, ahead of the retried step, so the
+        actor parks the job at its last token boundary right after the aborted pass
+        returns instead of finishing a step nobody will wait for. Reading ``_active``
+        and ``_session`` from this thread is safe: each is one reference, and
+        ``interrupt`` only sets a flag that onnxruntime checks.
+        """
+        if isinstance(record, (rp.Pause, rp.Cancel)):
+            active, session = self._active, self._session
+            if active is not None and session is not None and active.job_id == record.job_id:
+                session.interrupt()
 
     def _on_tick(self, now: float) -> list[Frames]:
         if not self._silent and now - self._heard_at > self._liveness * self._heartbeat_s:
@@ -357,6 +373,9 @@ class RunnerWorker(pykka.ThreadingActor):
             if ev is None:  # a prefill/replay pass: let control messages in first
                 self.actor_ref.tell(_Step())
                 return
+        except Interrupted:  # a pause/cancel is next in the inbox; retried if it was not ours
+            self.actor_ref.tell(_Step())
+            return
         except Exception as err:
             logger.bind(job=a.job_id).exception("generation failed")
             self._active = None

@@ -57,10 +57,18 @@ from uniun.models.kv import JobProgress, KVCache, ParkedState, SnapshotCorrupt
 from uniun.models.prefix_cache import PrefixCache
 from uniun.models.sampling import Sampler, SamplingParams
 
-__all__ = ["DecoderSession", "Generation", "TokenEvent", "FinishedError", "rss_bytes",
-           "MIN_CACHED_PREFIX"]
+__all__ = ["DecoderSession", "Generation", "TokenEvent", "FinishedError", "Interrupted",
+           "rss_bytes", "MIN_CACHED_PREFIX"]
 
 MIN_CACHED_PREFIX = 16  # static prefixes shorter than this (tokens) are not worth caching
+
+
+class Interrupted(Exception):
+    """A forward pass was cut short by :meth:`DecoderSession.interrupt`.
+
+    Nothing of the pass was kept: the generation is exactly where it was before the
+    call (at its last token boundary) and the same call can be made again later.
+    """
 
 
 def rss_bytes() -> int:
@@ -119,6 +127,7 @@ class DecoderSession:
             # default; turn it off where other heavy work shares the cores.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         self._ort = ort
+        self._inflight: Any = None  # RunOptions of the pass running now (see interrupt)
         self._sess = ort.InferenceSession(str(self.model_dir / "model.onnx"), options,
                                           providers=["CPUExecutionProvider"])
         self.tokenizer = _load_tokenizer(self.model_dir)
@@ -199,7 +208,15 @@ class DecoderSession:
                 k, v = kv.layers[i] if kv is not None else (self._empty, self._empty)
                 feeds[f"past_key_values.{i}.key"] = ort_value(k)
                 feeds[f"past_key_values.{i}.value"] = ort_value(v)
-        outs = self._sess.run_with_ort_values(self._output_names, feeds)
+        run_options = self._inflight = self._ort.RunOptions()
+        try:
+            outs = self._sess.run_with_ort_values(self._output_names, feeds, run_options)
+        except Exception as err:
+            if run_options.terminate:
+                raise Interrupted(f"{self.model_id}: pass interrupted") from err
+            raise
+        finally:
+            self._inflight = None
         logits = outs[0].numpy()[0, -1]
         if n > 1:
             logits = logits.copy()  # don't keep a [seq, vocab] prefill buffer alive for one row
@@ -207,6 +224,20 @@ class DecoderSession:
         layers = [(present[2 * i].numpy(), present[2 * i + 1].numpy())
                   for i in range(self.num_layers)]
         return logits, KVCache(layers, present)
+
+    def interrupt(self) -> None:
+        """Cut the pass running now short (safe to call from any thread).
+
+        Why: a preempted job must give the model up at its next token boundary, and
+        waiting for the decode step in flight costs the chat that preempts it up to one
+        step. Aborting the step instead (onnxruntime's ``RunOptions.terminate``) returns
+        the job to its *last* token boundary at once; the abandoned step is simply
+        computed again when the job resumes, with identical results. The pass raises
+        :class:`Interrupted`; with no pass running this does nothing.
+        """
+        run_options = self._inflight
+        if run_options is not None:
+            run_options.terminate = True
 
     # -- jobs ------------------------------------------------------------------------------
     def encode(self, *, prompt: str | None = None,

@@ -14,7 +14,7 @@ import pytest
 
 from uniun.models.generate import FinishedError, TokenEvent
 from uniun.models.kv import ParkedState, SnapshotCorrupt
-from uniun.models.session import DecoderSession
+from uniun.models.session import DecoderSession, Interrupted
 from uniun.models.store import ensure_model
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant. Answer the question."},
@@ -205,3 +205,28 @@ def test_models_run_and_bench_commands(tiny_model: str, tmp_path: Path) -> None:
     bad = subprocess.run(cmd + ["run", tiny_model, "hi", "--top-p", "2"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "top_p" in bad.stderr
+
+
+def test_an_interrupted_step_leaves_the_job_at_its_last_token_boundary(
+        session: DecoderSession, reference: list[TokenEvent],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preemption that aborts the pass in flight loses nothing and changes nothing."""
+    gen = session.start(messages=MESSAGES, max_new_tokens=N, use_prefix_cache=False)
+    got = [session.step(gen) for _ in range(10)]
+    real_options = session._ort.RunOptions
+
+    def already_interrupted():  # the flag set by interrupt() while the pass runs
+        options = real_options()
+        options.terminate = True
+        return options
+
+    monkeypatch.setattr(session._ort, "RunOptions", already_interrupted)
+    kv_before = gen.kv_length
+    with pytest.raises(Interrupted):
+        session.step(gen)
+    assert gen.kv_length == kv_before and len(gen.generated_ids) == 10
+    monkeypatch.setattr(session._ort, "RunOptions", real_options)
+    session.interrupt()  # no pass in flight: nothing to cut short, nothing happens
+    got += list(session.generate(gen))
+    assert _ids(got) == _ids(reference)
+    assert [e.seq for e in got] == list(range(len(reference)))
