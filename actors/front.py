@@ -18,7 +18,6 @@ the only way to refuse a frame that big without reading it.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -76,9 +75,7 @@ class _Inbound:
 
 
 class ModelIds:
-    """``model_id in ModelIds()``: installed in the store, or one the store can make."""
-
-    _TINY = re.compile(r"^tiny-[0-9]{1,6}$")
+    """``model_id in ModelIds()``: a decoder a job can run on (see ``store.can_run_jobs``)."""
 
     def __init__(self) -> None:
         self._known: set[str] = set()
@@ -90,8 +87,7 @@ class ModelIds:
             return True
         from uniun.models import store  # late: keeps the front importable without models
 
-        ok = (model_id in store.RECIPES or bool(self._TINY.match(model_id))
-              or store.ModelStore().has(model_id))
+        ok = store.can_run_jobs(model_id)
         if ok:
             self._known.add(model_id)
         return ok

@@ -285,6 +285,27 @@ RECIPES: dict[str, str] = {
 }
 
 
+# Recipes that make something other than a decoder (no job can run on these).
+NON_DECODER_RECIPES = frozenset({"all-minilm-l6-v2"})
+
+
+def can_run_jobs(model_id: str, store: ModelStore | None = None) -> bool:
+    """Whether a job may name ``model_id``: a decoder installed, or one the store can make.
+
+    An installed model answers by its manifest's kind (imported decoders included); the
+    embedding model is in the store too, but a job on it could only fail later.
+    """
+    if _TINY_RE.match(model_id):
+        return True
+    store = store or ModelStore()
+    if store.has(model_id):
+        try:
+            return store.manifest(model_id).get("kind", "decoder") == "decoder"
+        except (ModelStoreError, ValueError):
+            return False
+    return model_id in RECIPES and model_id not in NON_DECODER_RECIPES
+
+
 def known_model_ids() -> list[str]:
     return sorted(RECIPES) + ["tiny-N (N = seed)"]
 

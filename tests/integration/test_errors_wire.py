@@ -104,6 +104,10 @@ def test_unknown_model(w: Wire) -> None:
     reply = _error(w.submit({"job_id": "um", "kind": "extract", "prompt": "x",
                              "model_id": "no-such-model"}))
     assert reply["code"] == "unknown_model"
+    # The embedding model is a model of the runtime, but no job can run on it.
+    reply = _error(w.submit({"job_id": "um2", "kind": "extract", "prompt": "x",
+                             "model_id": "all-minilm-l6-v2"}))
+    assert reply["code"] == "unknown_model"
 
 
 def test_not_found(w: Wire) -> None:
