@@ -28,6 +28,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -146,6 +147,17 @@ def run_mode(mode: str, model: str, chats: int, log: Any) -> dict[str, Any]:
                 proc.kill()
 
 
+def run(model: str, chats: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """All three modes and the loaded / idle ratios (what ``bench --producers`` adds)."""
+    modes = ("idle", "producers", "flood")
+    results: dict[str, Any] = {mode: run_mode(mode, model, chats, log) for mode in modes}
+    for mode in modes[1:]:
+        results[f"ratio_p50_{mode}"] = (results[mode]["ttft_p50_s"]
+                                        / results["idle"]["ttft_p50_s"])
+    results["model"] = model
+    return results
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m uniun.runtime.bench_producers")
     parser.add_argument("--model", default="smollm2-135m-instruct")
@@ -156,13 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    modes = ("idle", "producers", "flood")
-    results: dict[str, Any] = {mode: run_mode(mode, args.model, args.chats, log)
-                               for mode in modes}
-    for mode in modes[1:]:
-        results[f"ratio_p50_{mode}"] = (results[mode]["ttft_p50_s"]
-                                        / results["idle"]["ttft_p50_s"])
-    results["model"] = args.model
+    results = run(args.model, args.chats, log)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))

@@ -40,6 +40,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="runner SIGKILLs to time (default 3; 0 skips)")
     parser.add_argument("--no-model-bench", action="store_true",
                         help="skip the model session benchmark")
+    parser.add_argument("--producers", action="store_true",
+                        help="also measure chat TTFT with every producer busy, and with an "
+                             "embedding flood on top (three more runtimes; a few minutes)")
     parser.add_argument("--home", type=Path, default=None,
                         help="home for the benchmark runtimes (default: a new temp dir)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -67,6 +70,11 @@ def run(args: argparse.Namespace) -> int:
                            restart_reps=args.restart_reps,
                            with_model_bench=not args.no_model_bench,
                            log=lambda msg: print(msg, file=sys.stderr))
+        if args.producers:
+            from uniun.runtime.bench_producers import run as run_producers
+
+            result["producers"] = run_producers(args.model, args.reps,
+                                                lambda msg: print(msg, file=sys.stderr))
     except RuntimeError as err:
         print(f"uniun-runtime: bench failed: {err}", file=sys.stderr)
         return 1
@@ -105,6 +113,12 @@ def table(result: dict[str, Any]) -> Table:
             out.add_row(f"policy decide() ({kind[:-4]}), {decision['queued_jobs']} queued",
                         f"p50 {decision[kind]['median_us']:.0f} us, "
                         f"p99 {decision[kind]['p99_us']:.0f} us")
+    producers = result.get("producers") or {}
+    for mode in ("producers", "flood"):
+        if mode in producers:
+            label = "all producers" if mode == "producers" else "producers + embed flood"
+            out.add_row(f"chat TTFT, {label} busy", f"{producers[mode]['ttft_p50_s']:.3f} s "
+                        f"({producers[f'ratio_p50_{mode}']:.2f}x idle)")
     embed = result.get("embed_bench") or {}
     if "pool_texts_per_s" in embed:
         out.add_row("embedding pool of 2: texts/s", f"{embed['pool_texts_per_s']:.1f}")
