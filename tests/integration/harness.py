@@ -64,13 +64,14 @@ def chat_job(job_id: str, **extra: Any) -> dict[str, Any]:
             "messages": [{"role": "user", "content": "Hello! How are you?"}], **extra}
 
 
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
+def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S,
+             every: float = 0.05) -> Any:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = check()
         if value:
             return value
-        time.sleep(0.05)
+        time.sleep(every)
     raise AssertionError(f"timed out waiting for {what}")
 
 
@@ -216,12 +217,15 @@ class Runtime:
         wait_for(f"a new {name}", lambda: self.pid(name) not in (None, old))
         return old
 
-    def logs(self) -> str:
+    LOGGED: tuple[str, ...] = ("supervisor", "scheduler", "runner")  # tails in logs()
+
+    def logs(self, names: tuple[str, ...] | None = None, lines_each: int = 40) -> str:
+        """The tails of ``start.out`` and of each process's log, for failure messages."""
         parts = []
-        for name in ("start.out", "logs/supervisor.log", "logs/scheduler.log", "logs/runner.log"):
+        for name in ("start.out", *(f"logs/{n}.log" for n in names or self.LOGGED)):
             path = self.home / name
             if path.exists():
-                lines = path.read_text(errors="replace").splitlines()[-40:]
+                lines = path.read_text(errors="replace").splitlines()[-lines_each:]
                 parts.append(f"--- {name}\n" + "\n".join(lines))
         return "\n".join(parts)
 
