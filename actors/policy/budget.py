@@ -9,7 +9,8 @@ take the runner back.
 
 The ledger holds samples of (time, seconds, whether the job was dispatched as T2), one
 per ``t2_window_s / 100`` slot at most (reports inside one slot are merged, so a busy
-host cannot grow the ledger, and the window rolls in at most 100 steps). The share is T2 seconds over all seconds in the last ``t2_window_s``,
+host cannot grow the ledger, and the window rolls in at most 100 steps). The share is
+T2 seconds over all seconds in the last ``t2_window_s``,
 counting the running job's not-yet-reported seconds too, so that a long job is judged
 while it runs, not after.
 
@@ -26,6 +27,8 @@ from collections import deque
 
 from uniun.actors.policy.config import PolicyConfig
 
+_SLOT_EPS = 1e-6  # of a slot: absorbs float error at slot boundaries (3 µs at 5-min windows)
+
 
 class T2Budget:
     """Rolling-window ledger of runner time, and the blocked/unblocked state."""
@@ -35,16 +38,22 @@ class T2Budget:
         self._max = config.t2_share_max
         self._resume = config.t2_share_max - config.t2_hysteresis
         self._slot = config.t2_window_s / 100.0
-        # (slot start, seconds, is_t2); at most two samples (T2 and other) per slot.
-        self._samples: deque[tuple[float, float, bool]] = deque()
+        # (slot index, seconds, is_t2); at most two samples (T2 and other) per slot.
+        # Integer slot indexes, not float slot starts: ``floor(t / slot) * slot`` lands a
+        # hair above or below the true boundary, which kept a sample one slot too long.
+        self._samples: deque[tuple[int, float, bool]] = deque()
         self._t2 = 0.0
         self._total = 0.0
         self.blocked = False
 
+    def _slot_of(self, t: float) -> int:
+        """The index of the slot holding time ``t`` (a boundary belongs to the later one)."""
+        return math.floor(t / self._slot + _SLOT_EPS)
+
     def charge(self, now: float, runner_s: float, is_t2: bool) -> None:
         if runner_s <= 0:
             return
-        slot = math.floor(now / self._slot) * self._slot
+        slot = self._slot_of(now)
         samples = self._samples
         merged = False
         for i in (-1, -2):
@@ -59,7 +68,7 @@ class T2Budget:
             self._t2 += runner_s
 
     def _trim(self, now: float) -> None:
-        cutoff = now - self._window
+        cutoff = self._slot_of(now - self._window)
         samples = self._samples
         while samples and samples[0][0] <= cutoff:
             _, seconds, is_t2 = samples.popleft()
@@ -97,7 +106,7 @@ class T2Budget:
         t2 = self._t2 + (running_s if running_t2 else 0.0)
         times: list[float] = []
         if self._samples:
-            times.append(self._samples[0][0] + self._window)
+            times.append(self._samples[0][0] * self._slot + self._window)
         if running:
             if running_t2 and not self.blocked and self._max < 1.0:
                 # (t2 + x) / (total + x) = max  ->  x = (max * total - t2) / (1 - max)

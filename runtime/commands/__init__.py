@@ -1,1 +1,1 @@
-"""runtime/commands"""
+"""One module per ``uniun-runtime`` subcommand (or family of them)."""

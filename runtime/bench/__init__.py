@@ -1,0 +1,1 @@
+"""End-to-end benchmarks: real runtimes, real sockets, the real model (``uniun-runtime bench``)."""
