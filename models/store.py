@@ -269,7 +269,7 @@ Recipe = Callable[["ModelStore", str], None]
 def _recipe(model_id: str) -> Recipe | None:
     """How to build ``model_id`` from nothing, or None (imported models)."""
     if _TINY_RE.match(model_id):
-        from uniun.models.tiny import install_tiny
+        from uniun.models.convert.tiny import install_tiny
         return lambda store, mid: install_tiny(store, int(_TINY_RE.match(mid).group(1)))
     if model_id in RECIPES:
         module_name, func_name = RECIPES[model_id].split(":")
@@ -280,8 +280,8 @@ def _recipe(model_id: str) -> Recipe | None:
 
 # id -> "module:function(store, model_id)"; each installs the model under its lock.
 RECIPES: dict[str, str] = {
-    "smollm2-135m-instruct": "uniun.models.pull:install_pulled",
-    "all-minilm-l6-v2": "uniun.models.embedding_convert:install_pulled",
+    "smollm2-135m-instruct": "uniun.models.convert.pull:install_pulled",
+    "all-minilm-l6-v2": "uniun.models.convert.embedding:install_pulled",
 }
 
 
@@ -317,9 +317,9 @@ def builder_version(kind: str) -> int:
     the decoder graph rebuilds decoders only, not the embedding model.
     """
     if kind == "embedding":
-        from uniun.models.embedding_convert import CONVERTER_VERSION
+        from uniun.models.convert.embedding import CONVERTER_VERSION
         return CONVERTER_VERSION
-    from uniun.models.onnx_decoder import BUILDER_VERSION
+    from uniun.models.convert.onnx_decoder import BUILDER_VERSION
     return BUILDER_VERSION
 
 

@@ -17,8 +17,8 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from uniun.models.embedding_convert import MODEL_ID
-from uniun.runtime.embed_pool import EmbedPool, PoolSettings
+from uniun.models.convert.embedding import MODEL_ID
+from uniun.actors.embedding.pool import EmbedPool, PoolSettings
 
 HUNG_AFTER_S = 10.0  # a loop that has not ticked for this long is hung, s
 

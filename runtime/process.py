@@ -51,7 +51,7 @@ _REGISTRY: dict[str, str | EntryPoint] = {
     "extract": "uniun.runtime.producers_main:extract_main",
     "nataraj": "uniun.runtime.producers_main:nataraj_main",
     "gana": "uniun.runtime.producers_main:gana_main",
-    "background-gana": "uniun.runtime.background_gana:main",
+    "background-gana": "uniun.actors.producers.background_gana:main",
     "embed": "uniun.runtime.embed_main:main",  # the pool; it spawns its own workers
 }
 

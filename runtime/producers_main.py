@@ -16,14 +16,14 @@ from typing import Any
 
 from loguru import logger
 
-from uniun.actors.deck import WaterMarks
-from uniun.actors.extract_producer import ExtractProducer, ExtractSettings
-from uniun.actors.gana_cron import GanaCron, GanaSettings
-from uniun.actors.lifecycle import LifecycleWatch
-from uniun.actors.nataraj_producer import NatarajProducer, NatarajSettings
-from uniun.actors.producer_actor import ProducerActor, ProducerLogic
+from uniun.actors.producers.deck import WaterMarks
+from uniun.actors.producers.extract import ExtractProducer, ExtractSettings
+from uniun.actors.producers.gana_cron import GanaCron, GanaSettings
+from uniun.actors.producers.lifecycle import LifecycleWatch
+from uniun.actors.producers.nataraj import NatarajProducer, NatarajSettings
+from uniun.actors.producers.actor import ProducerActor, ProducerLogic
 from uniun.runtime.config import RuntimeConfig
-from uniun.runtime.results import ResultsStore
+from uniun.actors.producers.results import ResultsStore
 
 CLIENT_TIMEOUT_S = 10.0  # a reply from the scheduler
 STATUS_TIMEOUT_S = 3.0  # the lifecycle poll must not hold a producer up for long
@@ -80,7 +80,7 @@ def _embedder(config: RuntimeConfig) -> PoolEmbedder | None:
 
 
 def extract_logic(config: RuntimeConfig) -> ProducerLogic:
-    from uniun.runtime.samples import ensure_samples
+    from uniun.actors.producers.samples import ensure_samples
 
     p = config.producers
     if p.samples:
@@ -106,7 +106,7 @@ def nataraj_logic(config: RuntimeConfig) -> ProducerLogic:
 
 
 def gana_logic(config: RuntimeConfig) -> ProducerLogic:
-    from uniun.runtime.samples import ensure_samples
+    from uniun.actors.producers.samples import ensure_samples
 
     p = config.producers
     if p.samples:
@@ -123,7 +123,7 @@ def gana_logic(config: RuntimeConfig) -> ProducerLogic:
 
 def background_gana_logic(config: RuntimeConfig) -> ProducerLogic:
     from uniun.runtime import process
-    from uniun.runtime.background_gana import (BackgroundGana, BackgroundSettings,
+    from uniun.actors.producers.background_gana import (BackgroundGana, BackgroundSettings,
                                                SessionCache)
 
     p = config.producers

@@ -2,7 +2,7 @@
 
 The supervisor starts it through ``python -m uniun.runtime.process runner``, which has
 already set up logging, the supervisor heartbeat and SIGTERM handling. This function
-wires the one actor that does the work (:class:`~uniun.actors.runner_worker.RunnerWorker`,
+wires the one actor that does the work (:class:`~uniun.actors.runner.worker.RunnerWorker`,
 which owns the decoder session, the parked snapshots and the socket to the scheduler)
 and waits until it is told to stop or the actor dies. An actor's death is the process's
 death (STYLE.md, pykka): the supervisor restarts the process and the scheduler tells the
@@ -19,7 +19,7 @@ from loguru import logger
 
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.paths import ensure_private_dir, run_dir
-from uniun.runtime import runner_protocol as rp
+from uniun.protocol import runner_records as rp
 
 __all__ = ["main", "spill_dir"]
 
@@ -41,7 +41,7 @@ def _preload_model(config: RuntimeConfig) -> str | None:
 
 
 def main(config: RuntimeConfig) -> int:
-    from uniun.actors.runner_worker import RunnerWorker
+    from uniun.actors.runner.worker import RunnerWorker
     from uniun.models.parking import ParkingLot
     from uniun.runtime import process
 

@@ -4,7 +4,7 @@ The supervisor starts it through ``python -m uniun.runtime.process scheduler`` (
 supervisor heartbeat and SIGTERM handling are set up there). This function builds the
 three actors of DESIGN.md §4 and wires them:
 
-    clients --DEALER--> [front ROUTER] FrontActor --tell--> PolicyHost --tell--> RunnerLink
+    clients --DEALER--> [front ROUTER] FrontActor --tell--> SchedulerHost --tell--> RunnerLink
                                          ^                     |   ^                 |
                                          +------ Outgoing -----+   +-- reports ------+
                                                                     [runner ROUTER] <--DEALER-- runner
@@ -20,6 +20,7 @@ exits 0. Any actor's death is the process's death (exit 1; the supervisor restar
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 import time
@@ -28,15 +29,16 @@ import pykka
 import zmq
 from loguru import logger
 
-from uniun.actors.front import FrontActor, ModelIds, OpenFront, Stopping
-from uniun.actors.policy_host import Drain, PolicyHost, Quiet, Replay, Wire
-from uniun.actors.runner_link import OpenLink, RunnerLinkActor
+from uniun.actors.scheduler.front import FrontActor, ModelIds, OpenFront, Stopping
+from uniun.actors.scheduler.core import SchedulerCore
+from uniun.actors.scheduler.host import Drain, Quiet, Replay, SchedulerHost, Wire
+from uniun.actors.scheduler.runner_link import OpenLink, RunnerLinkActor
 from uniun.protocol.codec import Limits
 from uniun.protocol.endpoints import default_endpoint
-from uniun.protocol.messages import JobRules
-from uniun.runtime import runner_protocol as rp
+from uniun.protocol.requests import JobRules
+from uniun.protocol import runner_records as rp
 from uniun.runtime.config import RuntimeConfig
-from uniun.runtime.journal import Journal
+from uniun.actors.scheduler.journal import Journal
 from uniun.runtime.paths import ensure_private_dir, run_dir, uniun_home
 
 __all__ = ["main", "journal_path"]
@@ -50,13 +52,14 @@ def journal_path() -> Path:
 
 def _processes() -> dict[str, int]:
     """Children's pids as the supervisor published them (empty when run by hand)."""
-    from uniun.runtime.embed_workers import read_pids
+    from uniun.actors.embedding.workers import read_pids
     from uniun.runtime.state import read_state
 
     state = read_state(run_dir()) or {}
     children = state.get("children") or {}
     processes = {name: pid for name, pid in children.items() if isinstance(pid, int)}
     processes.update(read_pids(run_dir()))  # the embed pool's own embed-N workers
+    processes["scheduler"] = os.getpid()
     return processes
 
 
@@ -74,8 +77,9 @@ def main(config: RuntimeConfig) -> int:
                      max_new_tokens_cap=config.limits.max_new_tokens_cap,
                      max_prompt_chars=config.limits.max_prompt_chars, known_models=ModelIds())
     ctx = zmq.Context()
-    host = PolicyHost.start(policy=policy, journal=journal, queue_cap=config.limits.queue_cap,
-                            clock=clock, processes=_processes)
+    core = SchedulerCore(policy=policy, queue_cap=config.limits.queue_cap, clock=clock,
+                         wall=time.time, processes=_processes)
+    host = SchedulerHost.start(core=core, journal=journal, clock=clock)
     front = FrontActor.start(endpoint=config.front.endpoint or default_endpoint(), host=host,
                              rules=rules, limits=Limits(frame_bytes=config.limits.max_frame_bytes),
                              linger_ms=config.front.linger_ms, ctx=ctx)

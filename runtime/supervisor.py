@@ -56,7 +56,7 @@ def plan_children(config: RuntimeConfig) -> list[str]:
     names = ["scheduler", "runner"]
     if config.embed.enabled:
         # One pool process; it runs and restarts its own embed-0..N-1 workers, so that a
-        # dead worker's in-flight request is re-run (runtime/embed_pool.py).
+        # dead worker's in-flight request is re-run (actors/embedding/pool.py).
         names.append("embed")
     producers = config.producers
     for flag, name in ((producers.extract, "extract"), (producers.nataraj, "nataraj"),

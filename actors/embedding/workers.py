@@ -1,7 +1,7 @@
 """The pool's view of one embedding worker process: spawn, watch, kill, back off.
 
 Mechanism only: *what* to do with a dead worker's request is the pool's decision
-(``embed_pool.py``); this file knows how to start a child, notice that it ended, and
+(``pool.py``); this file knows how to start a child, notice that it ended, and
 when it may start again.
 
 States: ``stopped`` -> ``starting`` (spawned, loading the model) -> ``idle`` <-> ``busy``;
@@ -55,7 +55,7 @@ class WorkerProcess:
         """Start a new incarnation; it says ``ready`` on ``backend`` once loaded."""
         self.generation += 1
         self.identity = f"{self.name}.{self.generation}".encode()
-        cmd = [sys.executable, "-m", "uniun.runtime.embed_worker", "--name", self.name,
+        cmd = [sys.executable, "-m", "uniun.actors.embedding.worker", "--name", self.name,
                "--identity", self.identity.decode(), "--backend", backend,
                "--model-dir", str(model_dir), "--threads", str(threads),
                "--parent-pid", str(os.getpid()), "--log-level", log_level,

@@ -1,7 +1,7 @@
 """The pykka actor that hosts one producer, and the process entry that runs it.
 
 A producer's logic is a plain object with ``step(now)`` (decide and submit new work),
-an optional ``tracker`` (its :class:`~uniun.actors.producer_jobs.JobTracker`) and
+an optional ``tracker`` (its :class:`~uniun.actors.producers.jobs.JobTracker`) and
 ``close()``. The actor only drives it: each ``tick`` message pumps the tracker's job
 events for up to ``pump_s`` seconds, calls ``step``, and tells itself the next tick. So
 the protocol client and the database connection are used from the actor's thread only,

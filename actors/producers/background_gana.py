@@ -33,11 +33,11 @@ from typing import Any
 
 from loguru import logger
 
-from uniun.actors.gana_cron import GanaFile
-from uniun.actors.gana_schedule import GanaDef, due_slot, fire_job_id, gana_messages
-from uniun.actors.lifecycle import BACKGROUND, LifecycleWatch
-from uniun.runtime.results import ResultsStore
-from uniun.runtime.results_fires import (OWNER_BACKGROUND, Fire, adopt_expired, claim_fire,
+from uniun.actors.producers.gana_cron import GanaFile
+from uniun.actors.producers.gana_schedule import GanaDef, due_slot, fire_job_id, gana_messages
+from uniun.actors.producers.lifecycle import BACKGROUND, LifecycleWatch
+from uniun.actors.producers.results import ResultsStore
+from uniun.actors.producers.results_fires import (OWNER_BACKGROUND, Fire, adopt_expired, claim_fire,
                                          finish_fire, renew_lease)
 
 NAME = "background-gana"

@@ -32,11 +32,11 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
-from uniun.actors.extraction import extraction_messages, parse_extraction
-from uniun.actors.notes import (NoteFile, Pacer, extract_job_id, note_title, read_note,
+from uniun.actors.producers.extraction import extraction_messages, parse_extraction
+from uniun.actors.producers.notes import (NoteFile, Pacer, extract_job_id, note_title, read_note,
                                 scan_notes)
-from uniun.actors.producer_jobs import JobTracker
-from uniun.runtime.results import ResultsStore
+from uniun.actors.producers.jobs import JobTracker
+from uniun.actors.producers.results import ResultsStore
 
 NAME = "extract"
 OPEN_NOTE = "open-note"  # producer name of the jobs `uniun-runtime open-note` submits

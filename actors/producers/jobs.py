@@ -33,7 +33,7 @@ from loguru import logger
 
 from uniun.protocol.client import (Client, ClientError, JobStream, SchedulerUnavailable,
                                    Timeout)
-from uniun.runtime.results import ResultsStore
+from uniun.actors.producers.results import ResultsStore
 
 RETRYABLE_REFUSALS = ("queue_full", "shutting_down", "runner_failed")
 DoneCallback = Callable[[dict[str, Any], dict[str, Any]], None]

@@ -15,10 +15,10 @@ from typing import Any
 
 from loguru import logger
 
-from uniun.actors.deck import DEFAULT_TOPICS, WaterMarks, card_messages, cards_to_request, \
+from uniun.actors.producers.deck import DEFAULT_TOPICS, WaterMarks, card_messages, cards_to_request, \
     pick_topic, tidy_card
-from uniun.actors.producer_jobs import JobTracker
-from uniun.runtime.results import ResultsStore
+from uniun.actors.producers.jobs import JobTracker
+from uniun.actors.producers.results import ResultsStore
 
 NAME = "nataraj"
 

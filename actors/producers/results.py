@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from uniun.runtime.paths import uniun_home
-from uniun.runtime.results_schema import MIGRATIONS, SCHEMA_VERSION
+from uniun.actors.producers.results_schema import MIGRATIONS, SCHEMA_VERSION
 
 RESULT_KINDS = ("knowledge", "embedding", "card", "gana", "chat")
 BUSY_TIMEOUT_S = 30.0  # how long a writer waits for another process's transaction

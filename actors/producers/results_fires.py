@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from uniun.runtime.results import ResultsStore, insert_gana_run
+from uniun.actors.producers.results import ResultsStore, insert_gana_run
 
 OWNER_CRON = "cron"
 OWNER_BACKGROUND = "background"

@@ -30,13 +30,13 @@ import pykka
 import zmq
 from loguru import logger
 
-from uniun.actors.runner_records import already_done, continues, find_orphans, peek_progress
+from uniun.actors.runner.reuse import already_done, continues, find_orphans, peek_progress
 from uniun.models.generate import Generation
 from uniun.models.kv import ParkedState, SnapshotCorrupt
 from uniun.models.parking import ParkingLot
 from uniun.models.session import Interrupted
-from uniun.runtime import runner_protocol as rp
-from uniun.runtime.socket_pump import Frames, Outbox, SocketPump
+from uniun.protocol import runner_records as rp
+from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 
 __all__ = ["RunnerWorker", "PREFILL_CHUNK"]
 

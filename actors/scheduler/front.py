@@ -1,6 +1,6 @@
 """The front actor: owns the scheduler's client-facing ROUTER socket.
 
-Theory of operation. A :class:`~uniun.runtime.socket_pump.SocketPump` thread owns the
+Theory of operation. A :class:`~uniun.actors.socket_pump.SocketPump` thread owns the
 ROUTER (created in that thread; ROUTER_MANDATORY on, bounded LINGER, a hard MAXMSGSIZE)
 and tells this actor every incoming message. The actor decodes it under the codec's
 limits, validates it (``protocol.messages.parse_request``), answers what it can answer
@@ -26,10 +26,11 @@ import zmq
 from loguru import logger
 
 from uniun.protocol import messages as m
+from uniun.protocol import requests as rq
 from uniun.protocol.codec import EncodeError, Limits, decode, encode
 from uniun.protocol.endpoints import remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
-from uniun.runtime.socket_pump import Frames, Outbox, SocketPump
+from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 
 __all__ = ["FrontActor", "ClientRequest", "ClientGone", "Outgoing", "OpenFront", "Stopping", "ModelIds"]
 
@@ -51,7 +52,7 @@ class ClientRequest:
     """A valid request for the policy host; ``conn`` is the client's routing id."""
 
     conn: bytes
-    request: m.Request
+    request: rq.Request
 
 
 @dataclass(frozen=True)
@@ -96,7 +97,7 @@ class ModelIds:
 class FrontActor(pykka.ThreadingActor):
     """See the module docstring."""
 
-    def __init__(self, *, endpoint: str, host: pykka.ActorRef, rules: m.JobRules,
+    def __init__(self, *, endpoint: str, host: pykka.ActorRef, rules: rq.JobRules,
                  limits: Limits, linger_ms: int, ctx: zmq.Context) -> None:
         super().__init__()
         self._endpoint = endpoint
@@ -173,9 +174,9 @@ class FrontActor(pykka.ThreadingActor):
         except ProtocolError as err:
             self._send(conn, m.reply_error(None, err))
             return
-        re_id = m.reply_to(raw)
+        re_id = rq.reply_to(raw)
         try:
-            request = m.parse_request(raw, self._rules)
+            request = rq.parse_request(raw, self._rules)
         except ProtocolError as err:
             self._send(conn, m.reply_error(re_id, err))
             return
@@ -183,9 +184,9 @@ class FrontActor(pykka.ThreadingActor):
             logger.exception("front: validating a request failed")
             self._send(conn, m.reply_error(re_id, ProtocolError(ErrorCode.INTERNAL, str(err))))
             return
-        if isinstance(request, m.Ping):
+        if isinstance(request, rq.Ping):
             self._send(conn, m.reply_pong(request.id))
-        elif self._stopping and not isinstance(request, m.StatusRequest):
+        elif self._stopping and not isinstance(request, rq.StatusRequest):
             self._send(conn, m.reply_error(request.id, ProtocolError(
                 ErrorCode.SHUTTING_DOWN, "the scheduler is stopping; retry after it restarts")))
         else:

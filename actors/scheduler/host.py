@@ -1,47 +1,38 @@
-"""The policy-host actor: the scheduler's one place of decision.
+"""The scheduler host actor: feeds the scheduler core and carries out what it returns.
 
-Theory of operation (vLLM's glue loop, in actor form). Every input — a client request
-from the front, a runner report or runner up/down from the link, the wake-up timer —
-is one message. The handler updates the policy (pure, clock-injected), the job table and
-the journal, sends the replies and job events, and then *pumps*: ``policy.decide()``
-until it says ``Idle``, turning each ``Run`` / ``Preempt`` into runner commands. The
-policy's ``wake_at`` arms the single timer. Nothing here blocks and nothing asks another
-actor: replies and events go out with ``tell``.
+Thin by design (STYLE.md lesson 7): every message is turned into one call of
+:class:`~uniun.actors.scheduler.core.SchedulerCore`, followed by ``core.pump()``; the
+:class:`~uniun.actors.scheduler.effects.Effects` that come back are applied in their fixed
+order — journal writes committed first, then client messages told to the front, then
+runner commands told to the link — and the core's ``wake_at`` arms the one timer. Nothing
+here decides anything, blocks, or asks another actor.
 
-Persist before acknowledging: a job is journaled (and committed) before ``accepted`` is
-sent; each streamed token is journaled before it is forwarded; a job's end is journaled
-before its terminal event. So after a crash the journal is never behind what a client
-saw (:mod:`uniun.runtime.journal`).
-
-Runner failure: when the link reports the runner down, the job on it is failed over —
-a chat ends with a retryable ``runner_failed`` error (never silently re-run), any other
-job goes back to the front of its tier and continues on the next runner from a spilled
-snapshot or by recompute, after the tokens it already streamed.
+A journal write that fails means the scheduler can no longer keep its promise (persist
+before acknowledging). For a submit, that is one refused job: the core forgets it and the
+client gets an error. For anything else the actor raises, which stops the process; the
+supervisor restarts it and the journal, which never ran ahead of what clients saw, is
+replayed.
 """
 
 from __future__ import annotations
 
 import threading
-import time
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pykka
 from loguru import logger
 
-from uniun.actors.front import ClientGone, ClientRequest, Outgoing
-from uniun.actors.host_requests import ClientRequests
-from uniun.actors.jobs import JobRecord, JobTable, done_event, start_command
-from uniun.actors.policy.decision import Idle, Preempt, ReportOutcome, Run
-from uniun.actors.policy.job import PolicyError
-from uniun.actors.runner_link import FromRunner, RunnerDown, RunnerStats, RunnerUp, ToRunner
-from uniun.protocol import messages as m
-from uniun.protocol.errors import ErrorCode
-from uniun.runtime import runner_protocol as rp
-from uniun.runtime.journal import Journal, JournalEntry
+from uniun.actors.scheduler.core import SchedulerCore
+from uniun.actors.scheduler.effects import KEEP_TIMER, Effects
+from uniun.actors.scheduler.front import ClientGone, ClientRequest, Outgoing
+from uniun.actors.scheduler.journal import Journal, JournalEntry
+from uniun.actors.scheduler.runner_link import (FromRunner, RunnerDown, RunnerStats,
+                                                RunnerUp, ToRunner)
+from uniun.protocol import requests as rq
 
-__all__ = ["PolicyHost", "Wire", "Replay", "Drain", "Quiet"]
+__all__ = ["SchedulerHost", "Wire", "Replay", "Drain", "Quiet"]
 
 
 @dataclass(frozen=True)
@@ -74,26 +65,19 @@ class _Wake:
     pass
 
 
-class PolicyHost(ClientRequests, pykka.ThreadingActor):
+class SchedulerHost(pykka.ThreadingActor):
     """See the module docstring."""
 
-    def __init__(self, *, policy: Any, journal: Journal, queue_cap: int,
-                 clock: Callable[[], float] = time.monotonic,
-                 processes: Callable[[], dict[str, int]] | None = None) -> None:
+    def __init__(self, *, core: SchedulerCore, journal: Journal,
+                 clock: Callable[[], float]) -> None:
         super().__init__()
-        self._policy = policy
-        self._clock = clock  # the policy's clock: wake_at is on it
+        self._core = core
         self._journal = journal
-        self._queue_cap = queue_cap
-        self._processes = processes or (lambda: {})
-        self._jobs = JobTable()
+        self._clock = clock  # the policy's clock: wake_at is on it
         self._front: pykka.ActorRef | None = None
         self._link: pykka.ActorRef | None = None
-        self._runner: rp.Hello | None = None
-        self._snapshots = (0, 0)
         self._timer: threading.Timer | None = None
         self._wake_at: float | None = None
-        self._draining = False
 
     def on_stop(self) -> None:
         if self._timer is not None:
@@ -102,219 +86,66 @@ class PolicyHost(ClientRequests, pykka.ThreadingActor):
     # ---- dispatch -------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        handler = self._HANDLERS.get(type(message))
-        if handler is None:
-            logger.warning("policy host: unexpected message {!r}", type(message).__name__)
+        core = self._core
+        if isinstance(message, ClientRequest):
+            self._on_client(message)
+        elif isinstance(message, FromRunner):
+            self._apply(core.report(message.report))
+        elif isinstance(message, RunnerUp):
+            self._apply(core.runner_up(message.hello))
+        elif isinstance(message, RunnerDown):
+            self._apply(core.runner_down(message.reason))
+        elif isinstance(message, RunnerStats):
+            self._apply(core.runner_stats(message.count, message.nbytes))
+        elif isinstance(message, ClientGone):
+            self._apply(core.client_gone(message.conn))
+        elif isinstance(message, _Wake):
+            self._wake_at, self._timer = None, None
+        elif isinstance(message, Drain):
+            self._apply(core.drain())
+        elif isinstance(message, Quiet):
+            return core.quiet
+        elif isinstance(message, Wire):
+            self._front, self._link = message.front, message.link
             return None
-        result = handler(self, message)
-        if not isinstance(message, (Quiet, Wire, Replay)):
-            self._pump()
-        return result
-
-    def _on_wire(self, msg: Wire) -> None:
-        self._front, self._link = msg.front, msg.link
-
-    def _on_replay(self, msg: Replay) -> None:
-        """Rebuild the job table and the policy's queue from the journal."""
-        now, wall = self._clock(), time.time()
-        chat = self._policy.config.chat_kind
-        for e in msg.entries:
-            record = JobRecord(spec=e.spec, accepted_at=e.accepted_at, seed=e.seed,
-                               started=e.started, started_at=e.started_at,
-                               first_token_at=e.first_token_at, preemptions=e.preemptions,
-                               token_ids=e.token_ids, texts=e.texts)
-            if e.final is not None:
-                self._jobs.end(record, e.final)
-            elif e.spec.kind == chat and e.started:
-                self._end(record, m.event_error(
-                    e.spec.job_id, ErrorCode.RUNNER_FAILED,
-                    "the scheduler restarted during this chat; retry", retryable=True))
-            else:
-                try:
-                    record.tier = self._policy.submit(e.spec,
-                                                      arrival=now - (wall - e.accepted_at))
-                except Exception as err:  # one bad row must not crash-loop the scheduler
-                    logger.bind(job=e.spec.job_id).exception("cannot replay this job")
-                    self._end(record, m.event_error(e.spec.job_id, ErrorCode.INTERNAL,
-                                                    f"lost on restart: {err}"))
-                    continue
-                self._jobs.add(record)
-                logger.bind(job=e.spec.job_id).info("replayed from the journal ({} tokens "
-                                                    "streamed before)", record.generated)
-
-    # ---- runner ---------------------------------------------------------------------
-
-    def _on_runner_up(self, msg: RunnerUp) -> None:
-        hello = msg.hello
-        self._runner = hello
-        for job_id, generated in hello.jobs.items():
-            record = self._jobs.live.get(job_id)
-            if record is None:
-                self._command(rp.Drop(job_id=job_id))
-            else:
-                # Equal counts: a Resume will do. Otherwise (it ran on while we were
-                # down) a full Start follows, and the runner keeps what of its snapshot
-                # matches the tokens we streamed.
-                record.on_runner = record.generated == generated
-        if hello.model_id:
-            self._policy.on_model_loaded(hello.model_id)
-
-    def _on_runner_down(self, msg: RunnerDown) -> None:
-        self._runner = None
-        self._snapshots = (0, 0)
-        self._policy.loaded_model = None  # the next runner says what it has
-        for record in self._jobs.live.values():
-            record.on_runner = False
-        job = self._policy.running
-        if job is None:
-            return
-        record = self._jobs.live[job.job_id]
-        outcome = self._policy.on_failed(job.job_id, 0.0, requeue=True)
-        log = logger.bind(job=job.job_id)
-        if outcome is ReportOutcome.REQUEUED:
-            record.state = "paused"
-            log.warning("runner lost ({}); resumes after its {} streamed tokens",
-                        msg.reason, record.generated)
-        elif outcome is ReportOutcome.CANCELLED:
-            self._end(record, m.event_error(job.job_id, ErrorCode.CANCELLED,
-                                            "cancelled by the client"))
+        elif isinstance(message, Replay):
+            self._apply(core.replay(message.entries))
+            return None
         else:
-            log.warning("runner lost ({}) during a chat; the client may retry", msg.reason)
-            self._end(record, m.event_error(job.job_id, ErrorCode.RUNNER_FAILED,
-                                            f"the runner failed ({msg.reason}); retry",
-                                            retryable=True))
+            logger.warning("scheduler host: unexpected message {!r}", type(message).__name__)
+            return None
+        self._apply(core.pump())
+        return None
 
-    def _on_stats(self, msg: RunnerStats) -> None:
-        self._snapshots = (msg.count, msg.nbytes)
-
-    def _on_report(self, msg: FromRunner) -> None:
-        report = msg.report
-        if isinstance(report, rp.ModelLoaded):
-            self._policy.on_model_loaded(report.model_id)
-            return
-        if isinstance(report, rp.LoadFailed):
-            logger.error("runner could not load {}: {}", report.model_id, report.message)
-            return
-        job_id = getattr(report, "job_id", None)
-        running = self._policy.running
-        if running is None or running.job_id != job_id:
-            logger.bind(job=job_id).debug("stale {} report ignored", report.kind)
-            return
+    def _on_client(self, msg: ClientRequest) -> None:
+        fx = self._core.request(msg.conn, msg.request)
         try:
-            self._REPORTS[type(report)](self, self._jobs.live[job_id], report)
-        except PolicyError:  # a report the policy's state does not allow: our bug, logged
-            logger.bind(job=job_id).exception("{} report refused by the policy", report.kind)
+            self._journal.write(fx.journal)
+        except Exception as err:
+            if not isinstance(msg.request, rq.Submit):
+                raise
+            fx = self._core.accept_failed(msg.request.job.job_id, msg.conn, msg.request.id,
+                                          repr(err))
+        self._send(fx)
 
-    def _started(self, record: JobRecord, rep: rp.Started) -> None:
-        self._policy.on_started(record.job_id)
-        now = time.time()
-        record.prompt_tokens = rep.prompt_tokens
-        if record.started_at is None or record.seed != rep.seed:
-            self._journal.started(record.job_id, rep.seed, now)
-        record.seed = rep.seed
-        record.started = True
-        record.started_at = record.started_at or now
-        record.state = "cancelling" if record.state == "cancelling" else "running"
-        self._emit(record, m.event_started(record.job_id, record.spec.model_id,
-                                           record.resumed, record.tier))
+    # ---- output ---------------------------------------------------------------------
 
-    def _token(self, record: JobRecord, rep: rp.Token) -> None:
-        if rep.seq != record.generated:
-            logger.bind(job=record.job_id).warning("token seq {} where {} was due; dropped",
-                                                   rep.seq, record.generated)
-            return
-        self._policy.on_tokens(record.job_id, 1, rep.seconds)
-        now = time.time()
-        self._journal.token(record.job_id, rep.seq, rep.token_id, rep.text, now)
-        record.token_ids.append(rep.token_id)
-        record.texts.append(rep.text)
-        record.first_token_at = record.first_token_at or now
-        if record.spec.stream and record.state != "cancelling":
-            self._emit(record, m.event_token(record.job_id, rep.seq, rep.text))
+    def _apply(self, fx: Effects) -> None:
+        """Journal first (committed), then messages, then commands, then the timer."""
+        self._journal.write(fx.journal)
+        self._send(fx)
 
-    def _paused(self, record: JobRecord, rep: rp.Paused) -> None:
-        reason = "budget" if rep.grant_spent else (record.pause_reason or "preempted")
-        outcome = self._policy.on_paused(record.job_id, rep.seconds, reason)
-        if outcome in (ReportOutcome.REQUEUED, ReportOutcome.HELD):
-            record.state = "paused"
-            record.preemptions += 1
-            self._journal.paused(record.job_id, record.preemptions)
-            self._emit(record, m.event_paused(record.job_id, reason))
-            logger.bind(job=record.job_id).info("paused ({}) after {} tokens", reason,
-                                                record.generated)
-            return
-        self._command(rp.Drop(job_id=record.job_id))
-        if outcome is ReportOutcome.CANCELLED:
-            self._end(record, m.event_error(record.job_id, ErrorCode.CANCELLED,
-                                            "cancelled by the client"))
-        else:  # a chat stopped by something other than its own cancel
-            self._end(record, m.event_error(
-                record.job_id, ErrorCode.SHUTTING_DOWN if self._draining else ErrorCode.CANCELLED,
-                f"the chat was interrupted ({reason}); retry", retryable=True))
-
-    def _finished(self, record: JobRecord, rep: rp.Finished) -> None:
-        self._policy.on_finished(record.job_id, rep.seconds)
-        record.tail = rep.tail
-        record.prompt_tokens = rep.prompt_tokens
-        self._end(record, done_event(record, rep.finish_reason, time.time()))
-
-    def _cancelled(self, record: JobRecord, rep: rp.Cancelled) -> None:
-        self._policy.on_cancelled(record.job_id, rep.seconds)
-        self._end(record, m.event_error(record.job_id, ErrorCode.CANCELLED,
-                                        "cancelled by the client"))
-
-    def _failed(self, record: JobRecord, rep: rp.Failed) -> None:
-        self._policy.on_failed(record.job_id, rep.seconds)
-        self._end(record, m.event_error(record.job_id, ErrorCode.RUNNER_FAILED,
-                                        f"the runner cannot run this job: {rep.message}",
-                                        retryable=False))
-
-    def _unknown(self, record: JobRecord, rep: rp.Unknown) -> None:
-        record.on_runner = False
-        self._command(start_command(record, self._policy.running.grant))
-
-    _REPORTS: dict[type, Any] = {
-        rp.Started: _started, rp.Token: _token, rp.Paused: _paused, rp.Finished: _finished,
-        rp.Cancelled: _cancelled, rp.Failed: _failed, rp.Unknown: _unknown,
-    }
-
-    # ---- decisions ------------------------------------------------------------------
-
-    def _pump(self) -> None:
-        """Ask the policy until it is idle; act on each decision; arm the timer."""
-        if self._runner is None or self._draining:
-            return
-        for _ in range(8):  # a Run or Preempt changes state; a few rounds reach Idle
-            decision = self._policy.decide()
-            if isinstance(decision, Run):
-                self._run(decision)
-            elif isinstance(decision, Preempt):
-                self._preempt(decision)
-            if isinstance(decision, Idle) or self._runner is None:
-                break
-        self._arm(decision.wake_at)
-
-    def _run(self, d: Run) -> None:
-        record = self._jobs.live[d.job_id]
-        record.tier, record.state, record.pause_reason = d.tier, "running", None
-        record.resumed = d.resume or record.generated > 0
-        logger.bind(job=d.job_id).info("dispatch: tier {}{}{}", d.tier,
-                                       ", swap to " + d.model_id if d.swap else "",
-                                       ", resume" if record.resumed else "")
-        if d.swap:
-            self._command(rp.Load(model_id=d.model_id))
-        grant = d.token_grant or 0
-        if record.on_runner:
-            self._command(rp.Resume(job_id=d.job_id, generated=record.generated, grant=grant))
-        else:
-            record.on_runner = True
-            self._command(start_command(record, grant))
-
-    def _preempt(self, d: Preempt) -> None:
-        record = self._jobs.live[d.running_job_id]
-        record.state, record.pause_reason = "pausing", d.reason
-        logger.bind(job=d.running_job_id).info("preempt ({}) for {}", d.reason, d.for_job_id)
-        self._command(rp.Pause(job_id=d.running_job_id))
+    def _send(self, fx: Effects) -> None:
+        if fx.sends:
+            assert self._front is not None, "Wire must come before traffic"
+            for send in fx.sends:
+                self._front.tell(Outgoing(send.conn, send.msg))
+        if fx.commands:
+            assert self._link is not None, "Wire must come before traffic"
+            for command in fx.commands:
+                self._link.tell(ToRunner(command))
+        if fx.wake_at is not KEEP_TIMER:
+            self._arm(fx.wake_at)
 
     def _arm(self, wake_at: float | None) -> None:
         if wake_at == self._wake_at:
@@ -324,8 +155,7 @@ class PolicyHost(ClientRequests, pykka.ThreadingActor):
             self._timer = None
         self._wake_at = wake_at
         if wake_at is not None:
-            delay = max(0.0, wake_at - self._clock())
-            self._timer = threading.Timer(delay, self._ring)
+            self._timer = threading.Timer(max(0.0, wake_at - self._clock()), self._ring)
             self._timer.daemon = True
             self._timer.start()
 
@@ -335,50 +165,3 @@ class PolicyHost(ClientRequests, pykka.ThreadingActor):
             self.actor_ref.tell(_Wake())
         except pykka.ActorDeadError:
             pass
-
-    def _on_wake(self, msg: _Wake) -> None:
-        self._wake_at = None
-        self._timer = None
-
-    # ---- stopping -------------------------------------------------------------------
-
-    def _on_drain(self, msg: Drain) -> None:
-        self._draining = True
-        running = self._policy.running
-        if running is not None and self._runner is not None:
-            record = self._jobs.live[running.job_id]
-            if record.state == "running":
-                record.state, record.pause_reason = "pausing", "preempted"
-                self._command(rp.Pause(job_id=running.job_id))
-
-    def _on_quiet(self, msg: Quiet) -> bool:
-        return self._policy.running is None or self._runner is None
-
-    _HANDLERS: dict[type, Any] = {
-        ClientRequest: ClientRequests._on_client, ClientGone: ClientRequests._on_client_gone,
-        FromRunner: _on_report, RunnerUp: _on_runner_up, RunnerDown: _on_runner_down,
-        RunnerStats: _on_stats, _Wake: _on_wake, Wire: _on_wire, Replay: _on_replay,
-        Drain: _on_drain, Quiet: _on_quiet,
-    }
-
-    # ---- output ---------------------------------------------------------------------
-
-    def _command(self, command: rp.Command) -> None:
-        assert self._link is not None
-        self._link.tell(ToRunner(command))
-
-    def _reply(self, conn: bytes, msg: dict[str, Any]) -> None:
-        assert self._front is not None
-        self._front.tell(Outgoing(conn, msg))
-
-    def _emit(self, record: JobRecord, msg: dict[str, Any]) -> None:
-        for conn in record.subscribers:
-            self._reply(conn, msg)
-
-    def _end(self, record: JobRecord, final: dict[str, Any]) -> None:
-        """Journal the end, then tell every subscriber (persist before telling)."""
-        self._journal.finish(record.job_id, final, time.time())
-        self._emit(record, final)
-        self._jobs.end(record, final)
-        logger.bind(job=record.job_id).info("ended: {}", final.get("finish_reason")
-                                            or final.get("code"))

@@ -17,7 +17,7 @@ from typing import Any
 
 from uniun.protocol import messages as m
 from uniun.protocol.jobmap import JobSpec
-from uniun.runtime import runner_protocol as rp
+from uniun.protocol import runner_records as rp
 
 __all__ = ["JobRecord", "JobTable", "done_event", "start_command"]
 
@@ -88,6 +88,10 @@ class JobTable:
         self._ended[record.job_id] = record
         while len(self._ended) > self._keep_ended:
             self._ended.popitem(last=False)
+
+    def forget(self, record: JobRecord) -> None:
+        """Remove a live job as if it had never been accepted (its journal write failed)."""
+        self.live.pop(record.job_id, None)
 
     def drop_subscriber(self, conn: bytes) -> None:
         for record in self.live.values():

@@ -12,7 +12,7 @@ its tokens are deleted; the last ``keep_done`` finished rows are kept so that an
 
 SQLite in WAL mode with ``synchronous=NORMAL``: a commit is durable against a process
 crash (what the journal is for); an OS crash may lose the last few commits. One
-connection, used only by the thread that opened it (the policy-host actor).
+connection: the main thread replays, then only the scheduler host actor writes.
 """
 
 from __future__ import annotations
@@ -21,14 +21,19 @@ import sqlite3
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
 from loguru import logger
 
+from uniun.actors.scheduler.effects import (JAccept, JFinish, JournalWrite, JPaused, JStarted,
+                                            JToken)
 from uniun.protocol.jobmap import JobSpec, validate_job
 
 __all__ = ["Journal", "JournalEntry"]
+
+PRUNE_EVERY = 100  # finished jobs between two prunes of the kept outcomes
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -88,45 +93,61 @@ class Journal:
     def close(self) -> None:
         self._db.close()
 
-    # ---- writes (each one committed on return) ------------------------------------
+    # ---- writes ---------------------------------------------------------------------
 
-    def accept(self, spec: JobSpec, accepted_at: float) -> None:
-        """Persist a newly accepted job; call before sending ``accepted``."""
-        blob = msgpack.packb(spec.to_map(), use_bin_type=True)
-        with self._db:  # a finished job pruned from memory may come back under its id
+    def write(self, writes: Sequence[JournalWrite]) -> None:
+        """Apply ``writes`` in order, in one transaction: all of them or none.
+
+        The host calls this before it sends what the writes record, so one commit covers
+        a whole batch of inputs (a burst of submits costs one fsync, not thousands).
+        """
+        if not writes:
+            return
+        finished = 0
+        with self._db:
             self._db.execute("BEGIN")
-            self._db.execute("DELETE FROM tokens WHERE job_id = ?", (spec.job_id,))
-            self._db.execute("INSERT OR REPLACE INTO jobs (job_id, spec, accepted_at) "
-                             "VALUES (?, ?, ?)", (spec.job_id, blob, accepted_at))
+            for w in writes:
+                self._APPLY[type(w)](self, w)
+                finished += isinstance(w, JFinish)
+        self._finished_since_prune += finished
+        if self._finished_since_prune >= PRUNE_EVERY:
+            self.prune()
 
-    def started(self, job_id: str, seed: int, at: float) -> None:
+    def _accept(self, w: JAccept) -> None:
+        blob = msgpack.packb(w.spec.to_map(), use_bin_type=True)
+        # a finished job pruned from memory may come back under its id
+        self._db.execute("DELETE FROM tokens WHERE job_id = ?", (w.spec.job_id,))
+        self._db.execute("INSERT OR REPLACE INTO jobs (job_id, spec, accepted_at) "
+                         "VALUES (?, ?, ?)", (w.spec.job_id, blob, w.at))
+
+    def _started(self, w: JStarted) -> None:
         self._db.execute(
             "UPDATE jobs SET started = 1, seed = ?, started_at = COALESCE(started_at, ?) "
-            "WHERE job_id = ?", (seed, at, job_id))
+            "WHERE job_id = ?", (w.seed, w.at, w.job_id))
 
-    def token(self, job_id: str, seq: int, token_id: int, text: str, at: float) -> None:
-        """Record one streamed token (``INSERT OR IGNORE``: a replayed seq is harmless)."""
+    def _token(self, w: JToken) -> None:
+        """One streamed token (``INSERT OR IGNORE``: a replayed seq is harmless)."""
         self._db.execute("INSERT OR IGNORE INTO tokens VALUES (?, ?, ?, ?)",
-                         (job_id, seq, token_id, text))
-        if seq == 0:
+                         (w.job_id, w.seq, w.token_id, w.text))
+        if w.seq == 0:
             self._db.execute("UPDATE jobs SET first_token_at = ? WHERE job_id = ? "
-                             "AND first_token_at IS NULL", (at, job_id))
+                             "AND first_token_at IS NULL", (w.at, w.job_id))
 
-    def paused(self, job_id: str, preemptions: int) -> None:
+    def _paused(self, w: JPaused) -> None:
         self._db.execute("UPDATE jobs SET preemptions = ? WHERE job_id = ?",
-                         (preemptions, job_id))
+                         (w.preemptions, w.job_id))
 
-    def finish(self, job_id: str, final: dict[str, Any], at: float) -> None:
+    def _finish(self, w: JFinish) -> None:
         """Mark a job ended with its terminal event; drop its tokens."""
-        blob = msgpack.packb(final, use_bin_type=True)
-        with self._db:  # one transaction: both or neither
-            self._db.execute("BEGIN")
-            self._db.execute("UPDATE jobs SET final = ?, finished_at = ? WHERE job_id = ?",
-                             (blob, at, job_id))
-            self._db.execute("DELETE FROM tokens WHERE job_id = ?", (job_id,))
-        self._finished_since_prune += 1
-        if self._finished_since_prune >= 100:
-            self.prune()
+        blob = msgpack.packb(w.final, use_bin_type=True)
+        self._db.execute("UPDATE jobs SET final = ?, finished_at = ? WHERE job_id = ?",
+                         (blob, w.at, w.job_id))
+        self._db.execute("DELETE FROM tokens WHERE job_id = ?", (w.job_id,))
+
+    _APPLY: dict[type, Callable[[Journal, Any], None]] = {
+        JAccept: _accept, JStarted: _started, JToken: _token, JPaused: _paused,
+        JFinish: _finish,
+    }
 
     def prune(self) -> None:
         """Keep only the newest ``keep_done`` finished jobs."""

@@ -1,7 +1,7 @@
 """The runner-link actor: the scheduler's end of the runner socket.
 
 Theory of operation. The link binds a ROUTER at ``runner_endpoint()`` (in a
-:class:`~uniun.runtime.socket_pump.SocketPump` thread) and works with exactly one runner
+:class:`~uniun.actors.socket_pump.SocketPump` thread) and works with exactly one runner
 at a time: the one that said ``Hello`` last, addressed by its routing id. It
 
 - forwards commands from the policy host (:class:`ToRunner`) to that runner;
@@ -28,8 +28,8 @@ import pykka
 import zmq
 from loguru import logger
 
-from uniun.runtime import runner_protocol as rp
-from uniun.runtime.socket_pump import Frames, Outbox, SocketPump
+from uniun.protocol import runner_records as rp
+from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 
 __all__ = ["RunnerLinkActor", "OpenLink", "ToRunner", "FromRunner", "RunnerUp",
            "RunnerDown", "RunnerStats"]

@@ -1,6 +1,6 @@
 """Benchmark: how long one ``decide()`` takes with 10,000 jobs queued (DESIGN.md §7).
 
-    .venv/bin/python -m uniun.actors.bench_policy [--jobs 10000] [--rounds 2000] [--out FILE]
+    .venv/bin/python -m uniun.actors.sim.policy_bench [--jobs 10000] [--rounds 2000] [--out FILE]
 
 Two measurements, each over ``rounds`` decisions with the queue kept at ``jobs``:
 
@@ -123,7 +123,7 @@ def run_bench(jobs: int = 10_000, rounds: int = 2_000, seed: int = 1) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_policy", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="policy_bench", description=__doc__.split("\n")[0])
     parser.add_argument("--jobs", type=int, default=10_000)
     parser.add_argument("--rounds", type=int, default=2_000)
     parser.add_argument("--out", type=Path, default=None, help="also write the JSON here")

@@ -24,7 +24,7 @@ from typing import Any
 from uniun.actors.policy import (
     CancelOutcome, Idle, PolicyConfig, Preempt, ReportOutcome, Run, make_policy,
 )
-from uniun.actors.trace import Cancel, Foreground, Lifecycle, Submit, TraceEvent
+from uniun.actors.sim.trace import Cancel, Foreground, Lifecycle, Submit, TraceEvent
 
 # A trace that still has work this long after its last line has a policy that never
 # finishes it: stop and count what is left as lost.

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from uniun.models.hf_folder import tokenizer_config
-from uniun.models.onnx_decoder import BlockQuantized, DecoderConfig, Weight
+from uniun.models.convert.hf_folder import tokenizer_config
+from uniun.models.convert.onnx_decoder import BlockQuantized, DecoderConfig, Weight
 
 _QK = 32  # values per Q4_1 / Q8_0 block
 _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",
@@ -234,8 +234,8 @@ def convert_gguf(gguf_path: Path, folder: Path, *, progress: bool = True) -> str
     """
     from tqdm import tqdm
 
-    from uniun.models.hf_folder import write_hf_files
-    from uniun.models.onnx_decoder import build_decoder, save_decoder
+    from uniun.models.convert.hf_folder import write_hf_files
+    from uniun.models.convert.onnx_decoder import build_decoder, save_decoder
 
     with tqdm(total=tensor_count(gguf_path), desc="read GGUF tensors", unit="tensor",
               disable=not progress) as bar:

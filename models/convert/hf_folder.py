@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from uniun.models.onnx_decoder import DecoderConfig
+from uniun.models.convert.onnx_decoder import DecoderConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

@@ -43,7 +43,7 @@ class WheelModel:
 
 
 def _convert_gguf(gguf_path: Path, staging: Path, progress: bool) -> str:
-    from uniun.models.gguf_import import convert_gguf
+    from uniun.models.convert.gguf_import import convert_gguf
 
     return convert_gguf(gguf_path, staging, progress=progress)
 

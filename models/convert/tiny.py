@@ -20,8 +20,8 @@ from pathlib import Path
 
 import numpy as np
 
-from uniun.models.hf_folder import tokenizer_config, write_hf_files
-from uniun.models.onnx_decoder import DecoderConfig, build_decoder, save_decoder
+from uniun.models.convert.hf_folder import tokenizer_config, write_hf_files
+from uniun.models.convert.onnx_decoder import DecoderConfig, build_decoder, save_decoder
 from uniun.models.store import ModelStore
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]

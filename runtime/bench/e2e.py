@@ -255,16 +255,16 @@ def model_bench(model: str, *, reps: int, log: Log) -> dict[str, Any] | None:
 
 
 def policy_decision_bench(*, queued: int = 10_000, rounds: int = 500) -> dict[str, Any]:
-    """The policy room's decision-time benchmark (``actors/bench_policy.py``)."""
-    from uniun.actors.bench_policy import run_bench
+    """The policy room's decision-time benchmark (``actors/sim/policy_bench.py``)."""
+    from uniun.actors.sim.policy_bench import run_bench
 
     return run_bench(jobs=queued, rounds=rounds)
 
 
 def embed_bench(*, log: Log) -> dict[str, Any] | None:
-    """Embedding throughput of a real pool of 2 (``runtime/embed_bench.py``)."""
+    """Embedding throughput of a real pool of 2 (``runtime/bench/embedding.py``)."""
     from uniun.models.store import ModelNotFound, ModelStoreError
-    from uniun.runtime.embed_bench import run as run_embed
+    from uniun.runtime.bench.embedding import run as run_embed
 
     log("embedding pool bench (pool of 2)")
     try:

@@ -1,6 +1,6 @@
 """Benchmark: chat time-to-first-token with every producer (and an embedding flood) busy.
 
-``python -m uniun.runtime.bench_producers [--model M] [--chats N] [--out FILE]``
+``python -m uniun.runtime.bench.producers [--model M] [--chats N] [--out FILE]``
 
 Two runtimes, each over a temporary home with the shared model store:
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from uniun.protocol.client import Client
-from uniun.runtime.results import ResultsStore
+from uniun.actors.producers.results import ResultsStore
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 WAIT_S = 300.0
@@ -159,7 +159,7 @@ def run(model: str, chats: int, log: Callable[[str], None]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m uniun.runtime.bench_producers")
+    parser = argparse.ArgumentParser(prog="python -m uniun.runtime.bench.producers")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--chats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("bench-results/producers.json"))

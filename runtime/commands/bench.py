@@ -1,4 +1,4 @@
-"""``uniun-runtime bench``: the end-to-end benchmark (see ``uniun.runtime.bench_e2e``).
+"""``uniun-runtime bench``: the end-to-end benchmark (see ``uniun.runtime.bench.e2e``).
 
 Starts its own runtimes (temporary home unless ``--home``), measures chat latency idle and
 under background load for each policy, runner restart time, the model session and the
@@ -53,7 +53,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace) -> int:
     from loguru import logger
 
-    from uniun.runtime.bench_e2e import run as run_bench
+    from uniun.runtime.bench.e2e import run as run_bench
 
     logger.remove()  # the in-process model bench logs at DEBUG; keep the console readable
     logger.add(sys.stderr, level="WARNING")
@@ -71,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
                            with_model_bench=not args.no_model_bench,
                            log=lambda msg: print(msg, file=sys.stderr))
         if args.producers:
-            from uniun.runtime.bench_producers import run as run_producers
+            from uniun.runtime.bench.producers import run as run_producers
 
             result["producers"] = run_producers(args.model, args.reps,
                                                 lambda msg: print(msg, file=sys.stderr))

@@ -29,7 +29,7 @@ class ChatLog:
         try:
             if self._store is None:
                 from uniun.runtime.commands.producer_common import runtime_config
-                from uniun.runtime.results import ResultsStore
+                from uniun.actors.producers.results import ResultsStore
 
                 self._store = ResultsStore(runtime_config().home / "results.db")
             self._store.add_chat_message(self.conversation, "user", user)

@@ -30,7 +30,7 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
 
 
 def _pull(args: argparse.Namespace) -> int:
-    from uniun.models.pull import pull
+    from uniun.models.convert.pull import pull
 
     path = pull(args.model_id, force=args.force)
     print(f"{args.model_id}: {path}")
@@ -38,7 +38,7 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
-    from uniun.models.hf_import import import_folder
+    from uniun.models.convert.hf_import import import_folder
 
     path = import_folder(args.folder, model_id=args.id, force=args.force)
     print(f"{path.name}: {path}")
@@ -46,7 +46,7 @@ def _import(args: argparse.Namespace) -> int:
 
 
 def _build_tiny(args: argparse.Namespace) -> int:
-    from uniun.models.tiny import build_tiny
+    from uniun.models.convert.tiny import build_tiny
 
     path = build_tiny(args.seed, force=args.force)
     print(f"tiny-{args.seed}: {path}")

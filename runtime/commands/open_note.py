@@ -21,9 +21,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from uniun.actors.extract_producer import (NAME as EXTRACT, OPEN_NOTE, ExtractSettings,
+from uniun.actors.producers.extract import (NAME as EXTRACT, OPEN_NOTE, ExtractSettings,
                                            note_job, store_extraction)
-from uniun.actors.notes import NOTE_SUFFIXES, extract_job_id
+from uniun.actors.producers.notes import NOTE_SUFFIXES, extract_job_id
 from uniun.protocol.client import ClientError
 from uniun.runtime.commands.common import (CommandError, add_connection_args, client_command,
                                            connect, describe_done)

@@ -15,7 +15,7 @@ from typing import Any
 
 from uniun.runtime.commands.producer_common import add_json_flag, open_store, runtime_config, \
     short
-from uniun.runtime.results import RESULT_KINDS
+from uniun.actors.producers.results import RESULT_KINDS
 
 
 def register(sub: argparse._SubParsersAction) -> None:

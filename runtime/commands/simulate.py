@@ -1,7 +1,7 @@
 """``uniun-runtime simulate TRACE.jsonl``: replay a workload trace against a policy.
 
 No model, no processes: the scheduling policy is driven by a simulated runner with a
-cost model (``uniun.actors.simulator``), so a policy's value can be shown and its
+cost model (``uniun.actors.sim.simulator``), so a policy's value can be shown and its
 defaults tuned in seconds. A bad trace is rejected with its line number (exit 2) before
 anything is simulated.
 """
@@ -14,8 +14,8 @@ import sys
 from pathlib import Path
 
 from uniun.actors.policy import POLICIES
-from uniun.actors.simulator import CostModel, format_table, simulate
-from uniun.actors.trace import TraceError, load_trace
+from uniun.actors.sim.simulator import CostModel, format_table, simulate
+from uniun.actors.sim.trace import TraceError, load_trace
 
 _DEFAULTS = CostModel()
 

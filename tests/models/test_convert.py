@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from numpy_reference import NumpyLlama
+from tests.models.numpy_reference import NumpyLlama
 
 from uniun.models.store import ensure_model
 
@@ -56,8 +56,8 @@ def _greedy_onnx(sess: ort.InferenceSession, cfg: dict, prompt: list[int],
 def test_tiny_model_matches_numpy_reference() -> None:
     from transformers import AutoTokenizer
 
-    from uniun.models.onnx_decoder import DecoderConfig
-    from uniun.models.tiny import tiny_weights
+    from uniun.models.convert.onnx_decoder import DecoderConfig
+    from uniun.models.convert.tiny import tiny_weights
 
     folder = ensure_model("tiny-1")
     cfg = json.loads((folder / "config.json").read_text())
@@ -95,9 +95,9 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 
 @pytest.fixture(scope="module")
 def smol(smollm2: str) -> tuple[Path, ort.InferenceSession, dict, NumpyLlama]:
-    from numpy_reference import load_gguf
+    from tests.models.numpy_reference import load_gguf
 
-    from uniun.models.pull import source_file
+    from uniun.models.convert.pull import source_file
 
     folder = ensure_model(smollm2)
     cfg = json.loads((folder / "config.json").read_text())
@@ -146,7 +146,7 @@ def test_smollm2_tokenizer_and_chat_template_match_the_gguf(smollm2: str) -> Non
     import gguf
     from transformers import AutoTokenizer
 
-    from uniun.models.pull import source_file
+    from uniun.models.convert.pull import source_file
 
     folder = ensure_model(smollm2)
     reader = gguf.GGUFReader(str(source_file(smollm2)))

@@ -127,7 +127,7 @@ def _export_copy(store: ModelStore, dest: Path) -> Path:
 
 
 def test_import_registers_a_valid_folder(store: ModelStore, tmp_path: Path) -> None:
-    from uniun.models.hf_import import import_folder
+    from uniun.models.convert.hf_import import import_folder
 
     export = _export_copy(store, tmp_path / "My-Export")
     path = import_folder(export, store=store)
@@ -142,7 +142,7 @@ def test_import_registers_a_valid_folder(store: ModelStore, tmp_path: Path) -> N
 
 def test_import_lists_every_problem_and_changes_nothing(store: ModelStore,
                                                         tmp_path: Path) -> None:
-    from uniun.models.hf_import import ImportRejected, import_folder
+    from uniun.models.convert.hf_import import ImportRejected, import_folder
 
     export = _export_copy(store, tmp_path / "bad")
     cfg = json.loads((export / "config.json").read_text())

@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from protocol_fakes import FakeScheduler
+from tests.protocol.protocol_fakes import FakeScheduler
 
 
 @pytest.fixture

@@ -17,9 +17,10 @@ import zmq
 
 from uniun.protocol import codec
 from uniun.protocol import messages as m
+from uniun.protocol import requests as rq
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
-RULES = m.JobRules(default_model="fake-model")
+RULES = rq.JobRules(default_model="fake-model")
 
 
 @dataclass
@@ -104,14 +105,14 @@ class FakeScheduler:
             self.send(ident, m.reply_error(None, decoded))
             return
         try:
-            req = m.parse_request(decoded, RULES)
+            req = rq.parse_request(decoded, RULES)
         except ProtocolError as err:
-            self.send(ident, m.reply_error(m.reply_to(decoded), err))
+            self.send(ident, m.reply_error(rq.reply_to(decoded), err))
             return
         self.received.append(decoded)
         if not self.answer(decoded):
             return
-        if isinstance(req, m.Submit):
+        if isinstance(req, rq.Submit):
             job = self.jobs.get(req.job.job_id)
             if job is None:
                 job = FakeJob(req.job.job_id, list(self.tokens), auto=self.auto_stream)
@@ -122,7 +123,7 @@ class FakeScheduler:
                 self.send(ident, m.event_started(job.job_id, "fake-model", False, 0))
             if job.auto:
                 self.stream(job.job_id)
-        elif isinstance(req, m.Attach):
+        elif isinstance(req, rq.Attach):
             job = self.jobs.get(req.job_id)
             if job is None:
                 self.send(ident, m.reply_error(req.id, ProtocolError(
@@ -133,16 +134,16 @@ class FakeScheduler:
             job.sent = max(0, min(job.sent, req.after_seq + 1) - self.replay_overlap)
             if job.auto:
                 self.stream(job.job_id)
-        elif isinstance(req, m.Cancel):
+        elif isinstance(req, rq.Cancel):
             job = self.jobs.pop(req.job_id, None)
             if job is None:
                 self.send(ident, m.reply_error(req.id, ProtocolError(
                     ErrorCode.NOT_FOUND, f"no job {req.job_id}", job_id=req.job_id)))
             else:
                 self.send(ident, m.reply_cancelled(req.id, req.job_id))
-        elif isinstance(req, m.StatusRequest):
+        elif isinstance(req, rq.StatusRequest):
             self.send(ident, m.reply_status(req.id, self.status_body))
-        elif isinstance(req, m.Ping):
+        elif isinstance(req, rq.Ping):
             self.send(ident, m.reply_pong(req.id))
         else:
             self.send(ident, m.reply_ok(req.id))

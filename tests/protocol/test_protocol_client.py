@@ -16,7 +16,7 @@ from uniun.protocol.client import (Client, ClientError, JobFailed, SchedulerUnav
                                    Timeout)
 from uniun.protocol.codec import EncodeError
 
-from protocol_fakes import FakeScheduler
+from tests.protocol.protocol_fakes import FakeScheduler
 
 WAIT = 30.0  # seconds: generous, for anything that should succeed
 

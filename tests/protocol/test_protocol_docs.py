@@ -7,12 +7,14 @@ import re
 from pathlib import Path
 from typing import Any, Callable
 
+from tests import REPO
 from uniun.protocol import messages as m
+from uniun.protocol import requests as rq
 
-from protocol_fakes import FakeScheduler
+from tests.protocol.protocol_fakes import FakeScheduler
 
-DOC = Path(__file__).resolve().parents[2] / "docs" / "protocol.md"
-RULES = m.JobRules(default_model="smollm2-135m")
+DOC = REPO / "docs" / "protocol.md"
+RULES = rq.JobRules(default_model="smollm2-135m")
 
 
 def _json_examples(text: str) -> list[dict[str, Any]]:
@@ -27,7 +29,7 @@ def test_every_message_example_in_the_docs_is_valid() -> None:
     kinds = set()
     for msg in examples:
         if "id" in msg and msg["type"] in m.FRONT_REQUESTS:
-            m.parse_request(msg, RULES)
+            rq.parse_request(msg, RULES)
             kinds.add(msg["type"])
         else:
             m.classify(msg)

@@ -10,10 +10,11 @@ import msgpack
 import pytest
 
 from uniun.protocol import messages as m
+from uniun.protocol import requests as rq
 from uniun.protocol.codec import decode, encode
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
-RULES = m.JobRules(default_model="smollm2-135m", known_models=("smollm2-135m", "tiny"))
+RULES = rq.JobRules(default_model="smollm2-135m", known_models=("smollm2-135m", "tiny"))
 JOB = {"job_id": "j1", "kind": "chat", "messages": [{"role": "user", "content": "hi"}]}
 
 
@@ -21,44 +22,44 @@ def _req(mtype: str, **body: Any) -> dict[str, Any]:
     return {"v": 1, "type": mtype, "id": "r1", **body}
 
 
-def _refused(msg: Any, rules: m.JobRules = RULES, **kw: Any) -> ProtocolError:
+def _refused(msg: Any, rules: rq.JobRules = RULES, **kw: Any) -> ProtocolError:
     with pytest.raises(ProtocolError) as info:
-        m.parse_request(msg, rules, **kw)
+        rq.parse_request(msg, rules, **kw)
     return info.value
 
 
 # --- valid requests of every type ----------------------------------------------------
 
 def test_every_client_request_type_parses_into_its_typed_form() -> None:
-    sub = m.parse_request(_req("submit", job=JOB), RULES)
-    assert isinstance(sub, m.Submit) and sub.id == "r1"
+    sub = rq.parse_request(_req("submit", job=JOB), RULES)
+    assert isinstance(sub, rq.Submit) and sub.id == "r1"
     assert sub.job.job_id == "j1" and sub.job.model_id == "smollm2-135m"
     assert sub.job.messages == (("user", "hi"),)
-    assert m.parse_request(_req("cancel", job_id="j1"), RULES) == m.Cancel("r1", "j1")
-    assert m.parse_request(_req("attach", job_id="j1"), RULES) == m.Attach("r1", "j1", -1)
-    assert m.parse_request(_req("attach", job_id="j1", after_seq=4), RULES) == m.Attach(
+    assert rq.parse_request(_req("cancel", job_id="j1"), RULES) == rq.Cancel("r1", "j1")
+    assert rq.parse_request(_req("attach", job_id="j1"), RULES) == rq.Attach("r1", "j1", -1)
+    assert rq.parse_request(_req("attach", job_id="j1", after_seq=4), RULES) == rq.Attach(
         "r1", "j1", 4)
-    assert m.parse_request(_req("foreground", kind="extract"), RULES) == m.Foreground(
+    assert rq.parse_request(_req("foreground", kind="extract"), RULES) == rq.Foreground(
         "r1", "extract")
-    assert m.parse_request(_req("foreground", kind=None), RULES) == m.Foreground("r1", None)
-    assert m.parse_request(_req("lifecycle", state="background"), RULES) == m.Lifecycle(
+    assert rq.parse_request(_req("foreground", kind=None), RULES) == rq.Foreground("r1", None)
+    assert rq.parse_request(_req("lifecycle", state="background"), RULES) == rq.Lifecycle(
         "r1", "background")
-    assert m.parse_request(_req("status"), RULES) == m.StatusRequest("r1")
-    assert m.parse_request(_req("ping"), RULES) == m.Ping("r1")
+    assert rq.parse_request(_req("status"), RULES) == rq.StatusRequest("r1")
+    assert rq.parse_request(_req("ping"), RULES) == rq.Ping("r1")
 
 
 def test_request_builders_produce_what_the_validator_accepts() -> None:
     built = [m.req_submit("a", JOB), m.req_cancel("b", "j1"), m.req_attach("c", "j1", 3),
              m.req_foreground("d", None), m.req_lifecycle("e", "foreground"),
              m.req_status("f"), m.req_ping("g")]
-    parsed = [m.parse_frame(encode(msg), RULES) for msg in built]
+    parsed = [rq.parse_frame(encode(msg), RULES) for msg in built]
     assert [type(p).__name__ for p in parsed] == [
         "Submit", "Cancel", "Attach", "Foreground", "Lifecycle", "StatusRequest", "Ping"]
     assert [p.id for p in parsed] == list("abcdefg")
 
 
 def test_unknown_extra_keys_are_ignored_for_forward_compatibility() -> None:
-    assert m.parse_request(_req("ping", trace="x", re="y"), RULES) == m.Ping("r1")
+    assert rq.parse_request(_req("ping", trace="x", re="y"), RULES) == rq.Ping("r1")
 
 
 # --- the envelope ----------------------------------------------------------------------
@@ -67,7 +68,7 @@ def test_unknown_extra_keys_are_ignored_for_forward_compatibility() -> None:
 def test_other_versions_are_unsupported_version(version: int) -> None:
     err = _refused({"v": version, "type": "ping", "id": "x"})
     assert err.code is ErrorCode.UNSUPPORTED_VERSION
-    assert m.reply_error(m.reply_to({"id": "x"}), err)["re"] == "x"
+    assert m.reply_error(rq.reply_to({"id": "x"}), err)["re"] == "x"
 
 
 @pytest.mark.parametrize("msg, field", [
@@ -95,8 +96,8 @@ def test_unknown_types_are_unknown_type(mtype: str) -> None:
 
 
 def test_embed_is_known_only_where_the_server_allows_it() -> None:
-    req = m.parse_request(_req("embed", texts=["a", "b"]), RULES, allowed=m.EMBED_REQUESTS)
-    assert req == m.Embed("r1", ("a", "b"))
+    req = rq.parse_request(_req("embed", texts=["a", "b"]), RULES, allowed=m.EMBED_REQUESTS)
+    assert req == rq.Embed("r1", ("a", "b"))
     assert _refused(_req("submit", job=JOB), allowed=m.EMBED_REQUESTS).code is (
         ErrorCode.UNKNOWN_TYPE)
     for texts, field in [(None, "texts"), ([], "texts"), (["a", 3], "texts[1]"),
@@ -108,15 +109,15 @@ def test_embed_is_known_only_where_the_server_allows_it() -> None:
 def test_a_frame_that_is_not_msgpack_is_bad_envelope_via_parse_frame() -> None:
     for frame in (b"\xc1", msgpack.packb([1, 2]), msgpack.packb({1: 2})):
         with pytest.raises(ProtocolError) as info:
-            m.parse_frame(frame, RULES)
+            rq.parse_frame(frame, RULES)
         assert info.value.code is ErrorCode.BAD_ENVELOPE
     assert _refused([1, 2]).code is ErrorCode.BAD_ENVELOPE
 
 
 def test_reply_to_finds_an_address_only_in_a_valid_id() -> None:
-    assert m.reply_to({"id": "abc"}) == "abc"
+    assert rq.reply_to({"id": "abc"}) == "abc"
     for bad in ({"id": 3}, {"id": ""}, {"id": "x" * 129}, {}, [1], None, b"x"):
-        assert m.reply_to(bad) is None
+        assert rq.reply_to(bad) is None
 
 
 # --- bodies ----------------------------------------------------------------------------
@@ -147,7 +148,7 @@ def test_invalid_bodies_are_invalid_field_naming_the_field(msg: dict[str, Any],
                                                             field: str) -> None:
     err = _refused(msg)
     assert (err.code, err.field) == (ErrorCode.INVALID_FIELD, field)
-    body = m.reply_error(m.reply_to(msg), err)
+    body = m.reply_error(rq.reply_to(msg), err)
     assert body["field"] == field and body["re"] == "r1" and body["retryable"] is False
 
 
@@ -160,20 +161,20 @@ def test_invalid_job_error_carries_the_job_id() -> None:
 def test_unknown_model_when_the_caller_lists_the_models() -> None:
     err = _refused(_req("submit", job={**JOB, "model_id": "gpt-9"}))
     assert (err.code, err.field, err.job_id) == (ErrorCode.UNKNOWN_MODEL, "model_id", "j1")
-    ok = m.parse_request(_req("submit", job={**JOB, "model_id": "tiny"}), RULES)
-    assert isinstance(ok, m.Submit) and ok.job.model_id == "tiny"
-    open_rules = m.JobRules(default_model="smollm2-135m")  # no list: not checked here
-    assert isinstance(m.parse_request(_req("submit", job={**JOB, "model_id": "gpt-9"}),
-                                      open_rules), m.Submit)
+    ok = rq.parse_request(_req("submit", job={**JOB, "model_id": "tiny"}), RULES)
+    assert isinstance(ok, rq.Submit) and ok.job.model_id == "tiny"
+    open_rules = rq.JobRules(default_model="smollm2-135m")  # no list: not checked here
+    assert isinstance(rq.parse_request(_req("submit", job={**JOB, "model_id": "gpt-9"}),
+                                      open_rules), rq.Submit)
 
 
 def test_job_rules_are_passed_to_the_job_validator() -> None:
-    rules = m.JobRules(default_model="x", kinds=("chat", "poetry"), max_new_tokens_cap=200)
-    assert isinstance(m.parse_request(_req("submit", job={**JOB, "kind": "poetry"}), rules),
-                      m.Submit)
+    rules = rq.JobRules(default_model="x", kinds=("chat", "poetry"), max_new_tokens_cap=200)
+    assert isinstance(rq.parse_request(_req("submit", job={**JOB, "kind": "poetry"}), rules),
+                      rq.Submit)
     assert _refused(_req("submit", job={**JOB, "max_new_tokens": 201}), rules).field == (
         "max_new_tokens")
-    assert m.parse_request(_req("foreground", kind="poetry"), rules) == m.Foreground(
+    assert rq.parse_request(_req("foreground", kind="poetry"), rules) == rq.Foreground(
         "r1", "poetry")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import msgpack
 import pytest
 
-from uniun.runtime import runner_protocol as rp
+from uniun.protocol import runner_records as rp
 
 SAMPLES: list[rp.Record] = [
     rp.Load(model_id="tiny-1"),

@@ -10,7 +10,7 @@ from uniun.runtime.config import (
     ConfigError, RuntimeConfig, load_config, load_config_text,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests import REPO as ROOT
 
 
 def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,7 @@ import subprocess
 import sys
 
 import pytest
-from policy_harness import MODEL, FakeClock, FakeRunner, spec, uniun
+from tests.actors.policy.harness import MODEL, FakeClock, FakeRunner, spec, uniun
 
 from uniun.actors.policy import (
     CancelOutcome, DuplicateJob, Idle, IllegalTransition, JobStatus, PolicyConfig, PolicyError,
@@ -225,7 +225,7 @@ def test_vruntimes_halve_every_period() -> None:
 
 
 def test_policy_and_simulator_import_no_actor_transport_or_runtime_libraries() -> None:
-    code = ("import sys, uniun.actors.policy, uniun.actors.simulator, uniun.actors.trace\n"
+    code = ("import sys, uniun.actors.policy, uniun.actors.sim.simulator, uniun.actors.sim.trace\n"
             "bad = sorted(m for m in sys.modules\n"
             "             if m.split('.')[0] in ('pykka', 'zmq', 'onnxruntime', 'onnx'))\n"
             "print(','.join(bad))")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from policy_harness import FakeClock, spec
+from tests.actors.policy.harness import FakeClock, spec
 
 from uniun.actors.policy import (
     CancelOutcome, Idle, PolicyConfig, Preempt, ReportOutcome, Run, make_policy,

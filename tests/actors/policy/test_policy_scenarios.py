@@ -7,11 +7,11 @@ background lifecycle with no queued work nothing is dispatched, and grants are 2
 
 from __future__ import annotations
 
-from policy_harness import MODEL, FakeRunner, spec, uniun
+from tests.actors.policy.harness import MODEL, FakeRunner, spec, uniun
 
 from uniun.actors.policy import Idle, PolicyConfig, Preempt, ReportOutcome, Run
-from uniun.actors.simulator import CostModel, Simulation
-from uniun.actors.trace import Foreground, Submit
+from uniun.actors.sim.simulator import CostModel, Simulation
+from uniun.actors.sim.trace import Foreground, Submit
 
 
 def test_scenario_1_chat_preempts_running_nataraj_within_one_token() -> None:

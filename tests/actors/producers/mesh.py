@@ -13,8 +13,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from integration.harness import WAIT_S, Runtime, Wire, wait_for
-from uniun.runtime.results import ResultsStore
+from tests.integration.harness import WAIT_S, Runtime, Wire, wait_for
+from uniun.actors.producers.results import ResultsStore
 
 __all__ = ["BASE", "Mesh", "WAIT_S", "Wire", "wait_for"]
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from uniun.actors.deck import WaterMarks, cards_to_request, pick_topic, tidy_card
+from uniun.actors.producers.deck import WaterMarks, cards_to_request, pick_topic, tidy_card
 
 
 def test_deck_refills_to_high_only_once_below_low() -> None:

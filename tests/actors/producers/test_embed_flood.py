@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from producers.mesh import Mesh, Wire, wait_for
+from tests.actors.producers.mesh import Mesh, Wire, wait_for
 from uniun.protocol.client import ClientError
 from uniun.protocol.embed_client import EmbedClient
 

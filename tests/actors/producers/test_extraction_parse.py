@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from uniun.actors.extraction import extraction_messages, parse_extraction
+from uniun.actors.producers.extraction import extraction_messages, parse_extraction
 
 CLEAN = {"entities": [{"name": "Ada Lovelace", "type": "person"},
                       {"name": "Analytical Engine", "type": "machine"}],

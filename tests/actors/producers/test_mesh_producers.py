@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from producers.mesh import Mesh, wait_for
+from tests.actors.producers.mesh import Mesh, wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import time
 
-from uniun.actors.producer_actor import ProducerActor
+from uniun.actors.producers.actor import ProducerActor
 
 
 class FakeLogic:

@@ -7,14 +7,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from producers.fakes import FakeClient
-from uniun.actors.deck import WaterMarks
-from uniun.actors.extract_producer import ExtractProducer, ExtractSettings
-from uniun.actors.gana_cron import GanaCron, GanaSettings
-from uniun.actors.lifecycle import LifecycleWatch
-from uniun.actors.nataraj_producer import NatarajProducer, NatarajSettings
-from uniun.runtime.results import ResultsStore
-from uniun.runtime.results_fires import fires
+from tests.actors.producers.fakes import FakeClient
+from uniun.actors.producers.deck import WaterMarks
+from uniun.actors.producers.extract import ExtractProducer, ExtractSettings
+from uniun.actors.producers.gana_cron import GanaCron, GanaSettings
+from uniun.actors.producers.lifecycle import LifecycleWatch
+from uniun.actors.producers.nataraj import NatarajProducer, NatarajSettings
+from uniun.actors.producers.results import ResultsStore
+from uniun.actors.producers.results_fires import fires
 
 
 @pytest.fixture()

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uniun.runtime.results import ResultsStore, SchemaTooNew
-from uniun.runtime.results_schema import MIGRATIONS, SCHEMA_VERSION
+from uniun.actors.producers.results import ResultsStore, SchemaTooNew
+from uniun.actors.producers.results_schema import MIGRATIONS, SCHEMA_VERSION
 
 
 def test_fresh_database_is_at_the_latest_version_in_wal_mode(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from uniun.actors.gana_schedule import load_ganas
+from uniun.actors.producers.gana_schedule import load_ganas
 from uniun.runtime.commands.search import rank
-from uniun.runtime.samples import SAMPLE_NOTES, ensure_samples
+from uniun.actors.producers.samples import SAMPLE_NOTES, ensure_samples
 
 
 def test_samples_are_written_only_where_nothing_exists(tmp_path: Path) -> None:

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from producers.mesh import Mesh, wait_for
-from uniun.runtime.results_fires import fires
+from tests.actors.producers.mesh import Mesh, wait_for
+from uniun.actors.producers.results_fires import fires
 
 pytestmark = pytest.mark.integration
 

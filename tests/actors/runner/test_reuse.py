@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from uniun.actors.runner_records import continues, find_orphans, peek_progress
+from uniun.actors.runner.reuse import continues, find_orphans, peek_progress
 from uniun.models.kv import JobProgress, ParkedState, write_snapshot
 
 

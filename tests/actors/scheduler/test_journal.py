@@ -5,7 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from uniun.protocol.jobmap import validate_job
-from uniun.runtime.journal import Journal
+from uniun.actors.scheduler.effects import JAccept, JFinish, JPaused, JStarted, JToken
+from uniun.actors.scheduler.journal import Journal
 
 KINDS = ("chat", "extract", "nataraj", "gana")
 
@@ -27,12 +28,12 @@ def replay(path: Path) -> dict:
 def test_an_accepted_job_and_its_tokens_survive_a_reopen(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     journal = Journal(path)
-    journal.accept(spec("a", max_new_tokens=9, deadline=5.0), accepted_at=100.0)
-    journal.started("a", seed=42, at=101.0)
+    journal.write([JAccept(spec("a", max_new_tokens=9, deadline=5.0), at=100.0),
+                   JStarted("a", seed=42, at=101.0)])
     for seq, (tid, text) in enumerate([(5, "he"), (6, "llo")]):
-        journal.token("a", seq, tid, text, at=102.0 + seq)
-    journal.token("a", 1, 6, "llo", at=104.0)  # a replayed seq is harmless
-    journal.paused("a", preemptions=1)
+        journal.write([JToken("a", seq, tid, text, at=102.0 + seq)])
+    journal.write([JToken("a", 1, 6, "llo", at=104.0),  # a replayed seq is harmless
+                   JPaused("a", preemptions=1)])
     journal.close()  # no clean shutdown needed: every write is committed on return
 
     entry = replay(path)["a"]
@@ -45,10 +46,9 @@ def test_an_accepted_job_and_its_tokens_survive_a_reopen(tmp_path: Path) -> None
 def test_a_finished_job_keeps_its_outcome_but_not_its_tokens(tmp_path: Path) -> None:
     path = tmp_path / "journal.db"
     journal = Journal(path)
-    journal.accept(spec("a"), accepted_at=1.0)
-    journal.accept(spec("b"), accepted_at=2.0)
-    journal.token("a", 0, 5, "x", at=3.0)
-    journal.finish("a", {"type": "done", "job_id": "a", "text": "x"}, at=4.0)
+    journal.write([JAccept(spec("a"), at=1.0), JAccept(spec("b"), at=2.0),
+                   JToken("a", 0, 5, "x", at=3.0)])
+    journal.write([JFinish("a", {"type": "done", "job_id": "a", "text": "x"}, at=4.0)])
     journal.close()
     entries = replay(path)
     assert list(entries) == ["a", "b"]  # oldest first
@@ -59,9 +59,25 @@ def test_a_finished_job_keeps_its_outcome_but_not_its_tokens(tmp_path: Path) -> 
 def test_prune_keeps_only_the_newest_finished_jobs(tmp_path: Path) -> None:
     journal = Journal(tmp_path / "journal.db", keep_done=2)
     for i in range(4):
-        journal.accept(spec(f"j{i}"), accepted_at=float(i))
-        journal.finish(f"j{i}", {"type": "done"}, at=float(i))
-    journal.accept(spec("live"), accepted_at=9.0)
+        journal.write([JAccept(spec(f"j{i}"), at=float(i)),
+                       JFinish(f"j{i}", {"type": "done"}, at=float(i))])
+    journal.write([JAccept(spec("live"), at=9.0)])
     journal.prune()
     journal.close()
     assert list(replay(tmp_path / "journal.db")) == ["j2", "j3", "live"]
+
+
+def test_a_batch_of_writes_is_all_or_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.write([JAccept(spec("a"), at=1.0)])
+    unpackable = JFinish("a", {"type": "done", "bad": object()}, at=2.0)
+    try:
+        journal.write([JAccept(spec("b"), at=2.0), unpackable])
+    except TypeError:
+        pass
+    else:
+        raise AssertionError("a write that cannot be encoded must raise")
+    journal.close()
+    entries = replay(path)
+    assert list(entries) == ["a"] and entries["a"].final is None  # "b" was rolled back

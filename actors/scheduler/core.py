@@ -1,0 +1,459 @@
+"""The scheduler core: every decision of the scheduler process, as a plain typed class.
+
+Theory of operation (vLLM's glue loop without the I/O). One input goes in — a client
+request, a runner report, the runner coming up or going down, the timer — and the core
+updates the policy (pure, clock-injected) and its job table, and returns
+:class:`~uniun.actors.scheduler.effects.Effects`: journal writes, messages for clients and
+commands for the runner. After every input its host calls :meth:`SchedulerCore.pump`,
+which asks ``policy.decide()`` until it says ``Idle`` and turns each ``Run`` / ``Preempt``
+into runner commands, plus the time to be woken next. Nothing here blocks, reads a clock
+it was not given, or touches a file or a socket, so the whole scheduler can be driven by
+a unit test with a fake clock and a fake runner.
+
+The rules it keeps:
+
+- **Persist before telling.** Every message that tells a client something durable (an
+  ``accepted``, a ``token``, a terminal event) comes with the journal write that records
+  it, in the same :class:`Effects`, and the host applies journal writes first.
+- **One terminal event per job.** :meth:`_end` is the only way a job ends; a job that has
+  ended cannot end again. A cancel the core has acknowledged (``cancelled``) ends the job
+  with ``error cancelled`` even if the runner finished it first.
+- **Runner failure.** When the runner goes down, its running job is failed over: a chat
+  ends with a retryable ``runner_failed`` (never silently re-run); any other job goes back
+  to the front of its tier and continues on the next runner after the tokens it already
+  streamed (from a spilled snapshot or by recompute).
+- **Refusals change nothing.** A request handler validates, then changes state, then
+  replies; a :class:`ProtocolError` raised before the change is the reply.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from loguru import logger
+
+from uniun.actors.policy import PolicyBase
+from uniun.actors.policy.decision import CancelOutcome, Idle, Preempt, ReportOutcome, Run
+from uniun.actors.policy.job import PolicyError
+from uniun.actors.scheduler.effects import (Effects, JAccept, JFinish, JPaused, JStarted,
+                                            JToken, Send)
+from uniun.actors.scheduler.jobs import JobRecord, JobTable, done_event, start_command
+from uniun.actors.scheduler.journal import JournalEntry
+from uniun.actors.scheduler.status import status_body
+from uniun.protocol import messages as m
+from uniun.protocol import requests as rq
+from uniun.protocol import runner_records as rp
+from uniun.protocol.errors import ErrorCode, ProtocolError
+
+__all__ = ["SchedulerCore", "MAX_DECISIONS_PER_PUMP"]
+
+MAX_DECISIONS_PER_PUMP = 8  # a Run or Preempt changes state; a few rounds reach Idle
+
+Clock = Callable[[], float]
+
+
+def _cancelled_event(job_id: str) -> dict[str, Any]:
+    return m.event_error(job_id, ErrorCode.CANCELLED, "cancelled by the client")
+
+
+class SchedulerCore:
+    """See the module docstring.
+
+    ``clock``: the policy's clock (monotonic seconds; ``wake_at`` is on it).
+    ``wall``: unix seconds, for what is journaled and reported to clients.
+    ``processes``: name -> pid of the runtime's other processes, for ``status``.
+    """
+
+    def __init__(self, *, policy: PolicyBase, queue_cap: int, clock: Clock, wall: Clock,
+                 processes: Callable[[], dict[str, int]] = dict) -> None:
+        self.policy = policy
+        self.queue_cap = queue_cap
+        self._clock = clock
+        self._wall = wall
+        self._processes = processes
+        self.jobs = JobTable()
+        self.runner: rp.Hello | None = None  # the runner we work with, if one is up
+        self.snapshots = (0, 0)  # parked snapshots on the runner: count, bytes
+        self.draining = False
+
+    # ---- queries --------------------------------------------------------------------
+
+    @property
+    def quiet(self) -> bool:
+        """Nothing runs any more (or there is no runner to run it)."""
+        return self.policy.running is None or self.runner is None
+
+    # ---- start-up -------------------------------------------------------------------
+
+    def replay(self, entries: Iterable[JournalEntry]) -> Effects:
+        """Rebuild the job table and the policy's queue from the journal."""
+        fx = Effects()
+        now, wall = self._clock(), self._wall()
+        for e in entries:
+            record = JobRecord(spec=e.spec, accepted_at=e.accepted_at, seed=e.seed,
+                               started=e.started, started_at=e.started_at,
+                               first_token_at=e.first_token_at, preemptions=e.preemptions,
+                               token_ids=e.token_ids, texts=e.texts)
+            if e.final is not None:
+                self.jobs.end(record, e.final)
+                continue
+            if e.spec.kind == self.policy.config.chat_kind and e.started:
+                self._end(fx, record, m.event_error(
+                    e.spec.job_id, ErrorCode.RUNNER_FAILED,
+                    "the scheduler restarted during this chat; retry", retryable=True))
+                continue
+            try:
+                record.tier = self.policy.submit(e.spec, arrival=now - (wall - e.accepted_at))
+            except Exception as err:  # one bad row must not crash-loop the scheduler
+                logger.bind(job=e.spec.job_id).exception("cannot replay this job")
+                self._end(fx, record, m.event_error(e.spec.job_id, ErrorCode.INTERNAL,
+                                                    f"lost on restart: {err}"))
+                continue
+            self.jobs.add(record)
+            logger.bind(job=e.spec.job_id).info("replayed from the journal ({} tokens "
+                                                "streamed before)", record.generated)
+        return fx
+
+    # ---- client requests ------------------------------------------------------------
+
+    def request(self, conn: bytes, request: rq.Request) -> Effects:
+        """One valid request from the front (everything but ``ping``)."""
+        fx = Effects()
+        handler = self._REQUESTS.get(type(request))
+        try:
+            if handler is None:
+                raise ProtocolError(ErrorCode.UNKNOWN_TYPE,
+                                    "this server does not serve that request")
+            handler(self, fx, conn, request)
+        except ProtocolError as err:
+            fx.sends.append(Send(conn, m.reply_error(request.id, err)))
+        except Exception as err:  # our bug: answer it, keep serving
+            logger.exception("request {} failed", type(request).__name__)
+            fx = Effects(sends=[Send(conn, m.reply_error(request.id, ProtocolError(
+                ErrorCode.INTERNAL, f"internal error: {type(err).__name__}")))])
+        return fx
+
+    def accept_failed(self, job_id: str, conn: bytes, msg_id: str, error: str) -> Effects:
+        """The journal could not record an accepted job: forget it and say so."""
+        record = self.jobs.live.get(job_id)
+        if record is not None:
+            self.policy.cancel(job_id)
+            self.jobs.forget(record)
+        logger.bind(job=job_id).error("journal write failed, job refused: {}", error)
+        return Effects(sends=[Send(conn, m.reply_error(msg_id, ProtocolError(
+            ErrorCode.INTERNAL, "the job could not be recorded; retry later",
+            job_id=job_id)))])
+
+    def client_gone(self, conn: bytes) -> Effects:
+        self.jobs.drop_subscriber(conn)
+        return Effects()
+
+    def _submit(self, fx: Effects, conn: bytes, req: rq.Submit) -> None:
+        spec = req.job
+        known = self.jobs.get(spec.job_id)
+        if known is not None:
+            if known.spec != spec:
+                raise ProtocolError(ErrorCode.INVALID_FIELD, "job_id: a different job with "
+                                    "this id was already accepted", field="job_id",
+                                    job_id=spec.job_id)
+            self._subscribe(fx, conn, req.id, known, after_seq=None)
+            return
+        if len(self.jobs) >= self.queue_cap:
+            raise ProtocolError(ErrorCode.QUEUE_FULL, f"{len(self.jobs)} jobs are waiting "
+                                f"(the cap is {self.queue_cap}); retry later",
+                                job_id=spec.job_id)
+        tier = self.policy.submit(spec)  # validates; raises InvalidField, changes nothing
+        now = self._wall()
+        record = JobRecord(spec=spec, accepted_at=now, subscribers={conn}, tier=tier)
+        self.jobs.add(record)
+        fx.journal.append(JAccept(spec, now))
+        fx.sends.append(Send(conn, m.reply_accepted(req.id, spec.job_id, tier)))
+        logger.bind(job=spec.job_id).info("accepted: {} on {}, tier {}, {} tokens max",
+                                          spec.kind, spec.model_id, tier, spec.max_new_tokens)
+
+    def _attach(self, fx: Effects, conn: bytes, req: rq.Attach) -> None:
+        record = self.jobs.get(req.job_id)
+        if record is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no job {req.job_id!r}", job_id=req.job_id)
+        self._subscribe(fx, conn, req.id, record, after_seq=req.after_seq)
+
+    def _subscribe(self, fx: Effects, conn: bytes, msg_id: str, record: JobRecord, *,
+                   after_seq: int | None) -> None:
+        """Acknowledge (again) and replay what the client may have missed."""
+        fx.sends.append(Send(conn, m.reply_accepted(msg_id, record.job_id, record.tier,
+                                                    state=record.state,
+                                                    streamed=record.generated)))
+        if after_seq is not None and record.spec.stream:
+            fx.sends.extend(Send(conn, m.event_token(record.job_id, seq, record.texts[seq]))
+                            for seq in range(after_seq + 1, record.generated))
+        if record.final is not None:
+            fx.sends.append(Send(conn, record.final))
+        else:
+            record.subscribers.add(conn)
+
+    def _cancel(self, fx: Effects, conn: bytes, req: rq.Cancel) -> None:
+        record = self.jobs.get(req.job_id)
+        if record is None or record.final is not None:
+            if record is not None and record.final.get("code") == ErrorCode.CANCELLED.value:
+                fx.sends.append(Send(conn, m.reply_cancelled(req.id, req.job_id)))  # idempotent
+                return
+            what = "has already ended" if record is not None else "is not known"
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"job {req.job_id!r} {what}",
+                                job_id=req.job_id)
+        outcome = self.policy.cancel(req.job_id)
+        log = logger.bind(job=req.job_id)
+        if outcome is CancelOutcome.REMOVED:
+            if record.on_runner:
+                fx.commands.append(rp.Drop(job_id=req.job_id))
+            self._end(fx, record, _cancelled_event(req.job_id))
+            log.info("cancelled while waiting")
+        elif outcome is CancelOutcome.STOP_RUNNING:
+            if record.state != "cancelling":
+                record.state = "cancelling"
+                fx.commands.append(rp.Cancel(job_id=req.job_id))
+            log.info("cancelling while running")
+        else:  # live in our table but not in the policy's: a bug, said as not_found
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"job {req.job_id!r} is not known",
+                                job_id=req.job_id)
+        fx.sends.append(Send(conn, m.reply_cancelled(req.id, req.job_id)))
+
+    def _foreground(self, fx: Effects, conn: bytes, req: rq.Foreground) -> None:
+        self.policy.set_foreground(req.kind)
+        fx.sends.append(Send(conn, m.reply_ok(req.id)))
+
+    def _lifecycle(self, fx: Effects, conn: bytes, req: rq.Lifecycle) -> None:
+        self.policy.set_lifecycle(req.state)
+        fx.sends.append(Send(conn, m.reply_ok(req.id)))
+
+    def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest) -> None:
+        body = status_body(self.policy, self.jobs, self.runner, self.snapshots,
+                           self._processes(), queue_cap=self.queue_cap)
+        fx.sends.append(Send(conn, m.reply_status(req.id, body)))
+
+    _REQUESTS: dict[type, Callable[..., None]] = {
+        rq.Submit: _submit, rq.Attach: _attach, rq.Cancel: _cancel,
+        rq.Foreground: _foreground, rq.Lifecycle: _lifecycle, rq.StatusRequest: _status,
+    }
+
+    # ---- the runner -----------------------------------------------------------------
+
+    def runner_up(self, hello: rp.Hello) -> Effects:
+        """A runner said Hello: nothing runs on it; it holds records of ``hello.jobs``."""
+        fx = Effects()
+        self.runner = hello
+        for job_id, generated in hello.jobs.items():
+            record = self.jobs.live.get(job_id)
+            if record is None:
+                fx.commands.append(rp.Drop(job_id=job_id))
+            else:
+                # Equal counts: a Resume will do. Otherwise (it ran on while we were
+                # down) a full Start follows, and the runner keeps what of its snapshot
+                # matches the tokens we streamed.
+                record.on_runner = record.generated == generated
+        if hello.model_id:
+            self.policy.on_model_loaded(hello.model_id)
+        return fx
+
+    def runner_down(self, reason: str) -> Effects:
+        """The runner we worked with is gone: fail over the job that ran on it."""
+        fx = Effects()
+        self.runner = None
+        self.snapshots = (0, 0)
+        self.policy.loaded_model = None  # the next runner says what it has
+        for record in self.jobs.live.values():
+            record.on_runner = False
+        job = self.policy.running
+        if job is None:
+            return fx
+        record = self.jobs.live[job.job_id]
+        outcome = self.policy.on_failed(job.job_id, 0.0, requeue=True)
+        log = logger.bind(job=job.job_id)
+        if outcome is ReportOutcome.REQUEUED:
+            record.state = "paused"
+            log.warning("runner lost ({}); resumes after its {} streamed tokens",
+                        reason, record.generated)
+        elif outcome is ReportOutcome.CANCELLED:
+            self._end(fx, record, _cancelled_event(job.job_id))
+        else:
+            log.warning("runner lost ({}) during a chat; the client may retry", reason)
+            self._end(fx, record, m.event_error(job.job_id, ErrorCode.RUNNER_FAILED,
+                                                f"the runner failed ({reason}); retry",
+                                                retryable=True))
+        return fx
+
+    def runner_stats(self, count: int, nbytes: int) -> Effects:
+        self.snapshots = (count, nbytes)
+        return Effects()
+
+    def report(self, report: rp.Report) -> Effects:
+        """A report of the current runner."""
+        fx = Effects()
+        if isinstance(report, rp.ModelLoaded):
+            self.policy.on_model_loaded(report.model_id)
+            return fx
+        if isinstance(report, rp.LoadFailed):
+            logger.error("runner could not load {}: {}", report.model_id, report.message)
+            return fx
+        job_id = getattr(report, "job_id", None)
+        running = self.policy.running
+        if running is None or running.job_id != job_id:
+            logger.bind(job=job_id).debug("stale {} report ignored", report.kind)
+            return fx
+        try:
+            self._REPORTS[type(report)](self, fx, self.jobs.live[job_id], report)
+        except PolicyError:  # a report the policy's state does not allow: our bug, logged
+            logger.bind(job=job_id).exception("{} report refused by the policy", report.kind)
+        return fx
+
+    def _started(self, fx: Effects, record: JobRecord, rep: rp.Started) -> None:
+        self.policy.on_started(record.job_id)
+        now = self._wall()
+        record.prompt_tokens = rep.prompt_tokens
+        if record.started_at is None or record.seed != rep.seed:
+            fx.journal.append(JStarted(record.job_id, rep.seed, now))
+        record.seed = rep.seed
+        record.started = True
+        record.started_at = record.started_at or now
+        if record.state != "cancelling":
+            record.state = "running"
+        self._emit(fx, record, m.event_started(record.job_id, record.spec.model_id,
+                                               record.resumed, record.tier))
+
+    def _token(self, fx: Effects, record: JobRecord, rep: rp.Token) -> None:
+        if rep.seq != record.generated:
+            logger.bind(job=record.job_id).warning("token seq {} where {} was due; dropped",
+                                                   rep.seq, record.generated)
+            return
+        self.policy.on_tokens(record.job_id, 1, rep.seconds)
+        now = self._wall()
+        fx.journal.append(JToken(record.job_id, rep.seq, rep.token_id, rep.text, now))
+        record.token_ids.append(rep.token_id)
+        record.texts.append(rep.text)
+        record.first_token_at = record.first_token_at or now
+        if record.spec.stream and record.state != "cancelling":
+            self._emit(fx, record, m.event_token(record.job_id, rep.seq, rep.text))
+
+    def _paused(self, fx: Effects, record: JobRecord, rep: rp.Paused) -> None:
+        reason = "budget" if rep.grant_spent else (record.pause_reason or "preempted")
+        outcome = self.policy.on_paused(record.job_id, rep.seconds, reason)
+        if outcome in (ReportOutcome.REQUEUED, ReportOutcome.HELD):
+            record.state = "paused"
+            record.preemptions += 1
+            fx.journal.append(JPaused(record.job_id, record.preemptions))
+            self._emit(fx, record, m.event_paused(record.job_id, reason))
+            logger.bind(job=record.job_id).info("paused ({}) after {} tokens", reason,
+                                                record.generated)
+            return
+        fx.commands.append(rp.Drop(job_id=record.job_id))
+        if outcome is ReportOutcome.CANCELLED:
+            self._end(fx, record, _cancelled_event(record.job_id))
+        else:  # a chat stopped by something other than its own cancel
+            code = ErrorCode.SHUTTING_DOWN if self.draining else ErrorCode.CANCELLED
+            self._end(fx, record, m.event_error(
+                record.job_id, code, f"the chat was interrupted ({reason}); retry",
+                retryable=True))
+
+    def _finished(self, fx: Effects, record: JobRecord, rep: rp.Finished) -> None:
+        self.policy.on_finished(record.job_id, rep.seconds)
+        record.tail = rep.tail
+        record.prompt_tokens = rep.prompt_tokens
+        if record.state == "cancelling":  # the cancel was acknowledged: it wins the race
+            self._end(fx, record, _cancelled_event(record.job_id))
+        else:
+            self._end(fx, record, done_event(record, rep.finish_reason, self._wall()))
+
+    def _cancelled(self, fx: Effects, record: JobRecord, rep: rp.Cancelled) -> None:
+        self.policy.on_cancelled(record.job_id, rep.seconds)
+        self._end(fx, record, _cancelled_event(record.job_id))
+
+    def _failed(self, fx: Effects, record: JobRecord, rep: rp.Failed) -> None:
+        self.policy.on_failed(record.job_id, rep.seconds)
+        self._end(fx, record, m.event_error(record.job_id, ErrorCode.RUNNER_FAILED,
+                                            f"the runner cannot run this job: {rep.message}",
+                                            retryable=False))
+
+    def _unknown(self, fx: Effects, record: JobRecord, rep: rp.Unknown) -> None:
+        running = self.policy.running
+        record.on_runner = False
+        fx.commands.append(start_command(record, running.grant if running else None))
+
+    _REPORTS: dict[type, Callable[..., None]] = {
+        rp.Started: _started, rp.Token: _token, rp.Paused: _paused, rp.Finished: _finished,
+        rp.Cancelled: _cancelled, rp.Failed: _failed, rp.Unknown: _unknown,
+    }
+
+    # ---- decisions ------------------------------------------------------------------
+
+    def pump(self) -> Effects:
+        """Ask the policy until it is idle; turn each decision into commands; say when to
+        wake (after every input; a no-op without a runner or while draining)."""
+        fx = Effects()
+        if self.runner is None or self.draining:
+            return fx
+        decision: Any = Idle()
+        for _ in range(MAX_DECISIONS_PER_PUMP):
+            decision = self.policy.decide()
+            if isinstance(decision, Run):
+                self._run(fx, decision)
+            elif isinstance(decision, Preempt):
+                self._preempt(fx, decision)
+            if isinstance(decision, Idle):
+                break
+        fx.wake_at = decision.wake_at
+        return fx
+
+    def _run(self, fx: Effects, d: Run) -> None:
+        record = self.jobs.live[d.job_id]
+        record.tier, record.state, record.pause_reason = d.tier, "running", None
+        record.resumed = d.resume or record.generated > 0
+        logger.bind(job=d.job_id).info("dispatch: tier {}{}{}", d.tier,
+                                       ", swap to " + d.model_id if d.swap else "",
+                                       ", resume" if record.resumed else "")
+        if d.swap:
+            fx.commands.append(rp.Load(model_id=d.model_id))
+        grant = d.token_grant or 0
+        if record.on_runner:
+            fx.commands.append(rp.Resume(job_id=d.job_id, generated=record.generated,
+                                         grant=grant))
+        else:
+            record.on_runner = True
+            fx.commands.append(start_command(record, grant))
+
+    def _preempt(self, fx: Effects, d: Preempt) -> None:
+        record = self.jobs.live[d.running_job_id]
+        record.state, record.pause_reason = "pausing", d.reason
+        logger.bind(job=d.running_job_id).info("preempt ({}) for {}", d.reason, d.for_job_id)
+        fx.commands.append(rp.Pause(job_id=d.running_job_id))
+
+    # ---- stopping -------------------------------------------------------------------
+
+    def drain(self) -> Effects:
+        """The scheduler is stopping: park the running job so its progress is exact."""
+        fx = Effects()
+        self.draining = True
+        running = self.policy.running
+        if running is not None and self.runner is not None:
+            record = self.jobs.live[running.job_id]
+            if record.state == "running":
+                record.state, record.pause_reason = "pausing", "preempted"
+                fx.commands.append(rp.Pause(job_id=running.job_id))
+        return fx
+
+    # ---- output ---------------------------------------------------------------------
+
+    @staticmethod
+    def _emit(fx: Effects, record: JobRecord, msg: dict[str, Any]) -> None:
+        fx.sends.extend(Send(conn, msg) for conn in record.subscribers)
+
+    def _end(self, fx: Effects, record: JobRecord, final: dict[str, Any]) -> None:
+        """End a job once: journal the end, then tell every subscriber."""
+        if record.final is not None:
+            logger.bind(job=record.job_id).warning("second end ({}) ignored",
+                                                   final.get("type"))
+            return
+        fx.journal.append(JFinish(record.job_id, final, self._wall()))
+        self._emit(fx, record, final)
+        self.jobs.end(record, final)
+        logger.bind(job=record.job_id).info("ended: {}", final.get("finish_reason")
+                                            or final.get("code"))

@@ -1,0 +1,33 @@
+"""The body of the ``status`` reply (PROTOCOL.md "status carries at least ...").
+
+Pure: the core passes what it knows, the caller's ``processes`` map included (the
+scheduler's own pid and those the supervisor published; the core reads no files).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from uniun.actors.policy import PolicyBase
+from uniun.actors.scheduler.jobs import JobTable
+from uniun.protocol import runner_records as rp
+
+__all__ = ["status_body"]
+
+
+def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
+                snapshots: tuple[int, int], processes: dict[str, int], *,
+                queue_cap: int) -> dict[str, Any]:
+    body = dict(policy.status())
+    running = policy.running
+    procs = dict(processes)
+    if runner is not None:
+        procs["runner"] = runner.pid
+    body.update(
+        loaded_model=policy.loaded_model,
+        running=running.summary() if running is not None else None,
+        snapshots={"count": snapshots[0], "bytes": snapshots[1]},
+        processes=procs,
+        runner={"up": runner is not None, "pid": runner.pid if runner else None},
+        jobs=len(jobs), queue_cap=queue_cap)
+    return body
