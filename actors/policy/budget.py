@@ -51,21 +51,33 @@ class T2Budget:
         return math.floor(t / self._slot + _SLOT_EPS)
 
     def charge(self, now: float, runner_s: float, is_t2: bool) -> None:
+        """Record ``runner_s`` seconds that ended at ``now``, in the slots they covered.
+
+        A report covers the time since the previous one; booking all of it at ``now``
+        would keep time that was used before the window's start inside the window (and
+        let T2 overshoot its share by that much), so it is spread over its slots.
+        """
         if runner_s <= 0:
             return
-        slot = self._slot_of(now)
+        start = now - runner_s
+        first, last = self._slot_of(start), self._slot_of(now)
+        for slot in range(first, last + 1):
+            lo = max(start, slot * self._slot)
+            hi = min(now, (slot + 1) * self._slot)
+            seconds = runner_s if first == last else max(0.0, hi - lo)
+            if seconds > 0:
+                self._add(slot, seconds, is_t2)
+
+    def _add(self, slot: int, seconds: float, is_t2: bool) -> None:
+        self._total += seconds
+        if is_t2:
+            self._t2 += seconds
         samples = self._samples
-        merged = False
         for i in (-1, -2):
             if len(samples) >= -i and samples[i][0] == slot and samples[i][2] == is_t2:
-                samples[i] = (slot, samples[i][1] + runner_s, is_t2)
-                merged = True
-                break
-        if not merged:
-            samples.append((slot, runner_s, is_t2))
-        self._total += runner_s
-        if is_t2:
-            self._t2 += runner_s
+                samples[i] = (slot, samples[i][1] + seconds, is_t2)
+                return
+        samples.append((slot, seconds, is_t2))
 
     def _trim(self, now: float) -> None:
         cutoff = self._slot_of(now - self._window)
