@@ -24,6 +24,8 @@ import onnxruntime as ort
 from tokenizers import Tokenizer
 
 from uniun.models.convert.embedding import META_FILE, MODEL_ID, ONNX_FILE
+from uniun.models.convert.recipes import ensure_model
+from uniun.models.store import ModelStore
 
 DEFAULT_BATCH = 32  # texts per ONNX run; larger batches gained nothing measurable here
 
@@ -64,13 +66,11 @@ class EmbeddingSession:
         self._output = meta.get("output", "sentence_embedding")
 
     @classmethod
-    def open(cls, model_id: str = MODEL_ID, *, pull: bool = True, threads: int = 1,
-             max_tokens: int | None = None, batch_size: int = DEFAULT_BATCH
+    def open(cls, store: ModelStore, model_id: str = MODEL_ID, *, pull: bool = True,
+             threads: int = 1, max_tokens: int | None = None, batch_size: int = DEFAULT_BATCH
              ) -> EmbeddingSession:
-        """Open ``model_id`` from the model store, converting it first if ``pull``."""
-        from uniun.models.store import ModelStore, ensure_model
-
-        folder = ensure_model(model_id) if pull else ModelStore().path(model_id)
+        """Open ``model_id`` from ``store``, converting it first if ``pull``."""
+        folder = ensure_model(model_id, store) if pull else store.path(model_id)
         return cls(folder, threads=threads, max_tokens=max_tokens, batch_size=batch_size)
 
     def token_ids(self, texts: Sequence[str]) -> list[list[int]]:

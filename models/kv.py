@@ -39,9 +39,8 @@ from __future__ import annotations
 import json
 import os
 import struct
-import uuid
 import zlib
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -49,7 +48,7 @@ import numpy as np
 
 from uniun.models.sampling import SamplingParams
 
-__all__ = ["JobProgress", "KVCache", "ParkedState", "SnapshotCorrupt", "snapshots_dir"]
+__all__ = ["JobProgress", "KVCache", "ParkedState", "SnapshotCorrupt"]
 
 _MAGIC = b"UNIUNKV1"
 _VERSION = 1
@@ -57,13 +56,6 @@ _VERSION = 1
 
 class SnapshotCorrupt(ValueError):
     """A spilled snapshot cannot be read back (truncated, wrong magic, bad checksum)."""
-
-
-def snapshots_dir() -> Path:
-    """Where parked KV states are spilled: ``$UNIUN_HOME/run/snapshots`` (owner-only)."""
-    from uniun.runtime.paths import ensure_private_dir, run_dir
-
-    return ensure_private_dir(run_dir() / "snapshots")
 
 
 @dataclass
@@ -215,12 +207,8 @@ class ParkedState:
         return freed
 
     # -- disk ---------------------------------------------------------------------
-    def spill(self, path: Path | None = None) -> Path:
-        """Write progress + KV to one file and release the KV's memory. Atomic."""
-        if path is None:
-            name = self.progress.job_id or uuid.uuid4().hex
-            safe = "".join(c if c.isalnum() or c in "-_." else "_" for c in name)[:100]
-            path = snapshots_dir() / f"{safe}-{uuid.uuid4().hex[:8]}.kvsnap"
+    def spill(self, path: Path) -> Path:
+        """Write progress + KV to ``path`` and release the KV's memory. Atomic."""
         kv = self.load_kv()
         write_snapshot(path, self.progress, kv)
         if self.spill_path is not None and self.spill_path != path:
@@ -258,11 +246,6 @@ class ParkedState:
     def from_record(cls, record: dict[str, Any]) -> ParkedState:
         """A state with no KV at all: resuming it recomputes prompt + generated ids."""
         return cls(JobProgress.from_record(record))
-
-    def copy_progress(self) -> JobProgress:
-        return replace(self.progress, prompt_ids=list(self.progress.prompt_ids),
-                       generated_ids=list(self.progress.generated_ids))
-
 
 def write_snapshot(path: Path, progress: JobProgress, kv: KVCache | None) -> None:
     """Write one ``.kvsnap`` file atomically (temp file + rename)."""

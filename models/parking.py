@@ -24,7 +24,7 @@ from pathlib import Path
 
 from loguru import logger
 
-from uniun.models.kv import ParkedState, snapshots_dir
+from uniun.models.kv import ParkedState
 
 __all__ = ["ParkingLot", "ParkingStats", "DEFAULT_PARKING_BYTES", "DEFAULT_SPILL_BYTES"]
 
@@ -48,7 +48,7 @@ class ParkingLot:
     """Many parked jobs, keyed by job id, whose in-memory KV stays under ``max_bytes``."""
 
     def __init__(self, max_bytes: int = DEFAULT_PARKING_BYTES, *,
-                 max_disk_bytes: int = DEFAULT_SPILL_BYTES, spill_dir: Path | None = None) -> None:
+                 max_disk_bytes: int = DEFAULT_SPILL_BYTES, spill_dir: Path) -> None:
         self.max_bytes = int(max_bytes)
         self.max_disk_bytes = int(max_disk_bytes)  # 0 disables spilling
         self._spill_dir = spill_dir
@@ -147,8 +147,7 @@ class ParkingLot:
             if self.max_disk_bytes <= 0 or self.disk_bytes + before > self.max_disk_bytes:
                 return 0
             try:
-                directory = self._spill_dir or snapshots_dir()
-                path = state.spill(_spill_path(directory, job_id))
+                path = state.spill(_spill_path(self._spill_dir, job_id))
             except OSError as exc:
                 log.warning("spilling parked KV failed ({}); it will be dropped instead", exc)
                 return 0

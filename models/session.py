@@ -24,12 +24,9 @@ The session is stateless between calls apart from the loaded model and the optio
 :class:`~uniun.models.kv.ParkedState` (paused), which the caller holds. Batch size 1:
 one job steps at a time, which is what a single-user device does.
 
-The model is any decoder with the Hugging Face / optimum I/O contract: inputs
-``input_ids``, ``attention_mask``, ``position_ids``, ``past_key_values.{i}.key/value``
-[1, kv_heads, past, head_dim]; outputs ``logits`` [1, seq, vocab] and
-``present.{i}.key/value``. The hot path uses ``run_with_ort_values`` and keeps the
-outputs as zero-copy numpy views of onnxruntime's buffers, which become the next step's
-inputs as they are: no KV bytes are copied in Python, and a snapshot is free.
+This module is the *jobs* half of the decoder: loading ``model.onnx``, its I/O contract
+and the forward pass itself are :class:`~uniun.models.decoder_model.DecoderModel`'s,
+which the session extends; nothing here imports onnxruntime.
 
 :meth:`DecoderSession.step` feeds whatever is uncovered (a long prompt, a replay) before
 sampling; :meth:`DecoderSession.advance` does the same work one bounded pass per call,
@@ -39,205 +36,48 @@ bit-exact) is ``feed_plan``'s job.
 
 from __future__ import annotations
 
-import gc
-import json
-import os
-import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from loguru import logger
 
 from uniun.models.chat_template import encode_chat, encode_prompt
+from uniun.models.decoder_model import DecoderModel
 from uniun.models.feed_plan import next_pass
 from uniun.models.generate import FinishedError, Generation, TokenEvent
 from uniun.models.kv import JobProgress, KVCache, ParkedState, SnapshotCorrupt
 from uniun.models.prefix_cache import PrefixCache
 from uniun.models.sampling import Sampler, SamplingParams
 
-__all__ = ["DecoderSession", "Generation", "TokenEvent", "FinishedError", "Interrupted",
-           "rss_bytes", "MIN_CACHED_PREFIX"]
+__all__ = ["DecoderSession", "Generation", "TokenEvent", "FinishedError", "MIN_CACHED_PREFIX"]
 
 MIN_CACHED_PREFIX = 16  # static prefixes shorter than this (tokens) are not worth caching
 
 
-class Interrupted(Exception):
-    """A forward pass was cut short by :meth:`DecoderSession.interrupt`.
-
-    Nothing of the pass was kept: the generation is exactly where it was before the
-    call (at its last token boundary) and the same call can be made again later.
-    """
-
-
-def rss_bytes() -> int:
-    """This process's resident set size now (Linux ``/proc``; 0 where unknown)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _load_tokenizer(model_dir: Path) -> Any:
-    # transformers advises installing torch on import; we never want torch here.
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
-
-
-def _eos_ids(model_dir: Path, config: Mapping[str, Any], tokenizer: Any) -> tuple[int, ...]:
-    """Every id that ends a generation: tokenizer EOS + config/generation_config EOS."""
-    ids: set[int] = set()
-    sources: list[Any] = [config.get("eos_token_id"), getattr(tokenizer, "eos_token_id", None)]
-    gen_cfg = model_dir / "generation_config.json"
-    if gen_cfg.is_file():
-        sources.append(json.loads(gen_cfg.read_text()).get("eos_token_id"))
-    for value in sources:
-        for item in value if isinstance(value, list) else [value]:
-            if isinstance(item, int):
-                ids.add(item)
-    return tuple(sorted(ids))
-
-
-class DecoderSession:
+class DecoderSession(DecoderModel):
     """A loaded decoder plus tokenizer; runs any number of jobs, one step at a time."""
 
     def __init__(self, model_dir: Path | str, *, threads: int = 2, model_id: str | None = None,
                  prefix_cache_bytes: int | None = None, spinning: bool = True,
                  replay: str = "auto") -> None:
-        import onnxruntime as ort
-
-        self.model_dir = Path(model_dir)
-        self.model_id = model_id or self.model_dir.name
-        rss0, t0 = rss_bytes(), time.perf_counter()
-        self.config: dict[str, Any] = json.loads((self.model_dir / "config.json").read_text())
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = max(1, int(threads))
-        options.inter_op_num_threads = 1
-        options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
-        if not spinning:
-            # Spinning worker threads win on a quiet machine and lose under contention.
-            # SmolLM2, 2 threads, this 2-core machine: quiet, 10.8 ms/token spinning vs
-            # 15.5 not; with other test suites running (load 9), 100-115 vs 60 ms/token.
-            # The runner decodes while the rest of the runtime mostly waits, so spin by
-            # default; turn it off where other heavy work shares the cores.
-            options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        self._ort = ort
-        self._inflight: Any = None  # RunOptions of the pass running now (see interrupt)
-        self._sess = ort.InferenceSession(str(self.model_dir / "model.onnx"), options,
-                                          providers=["CPUExecutionProvider"])
-        self.tokenizer = _load_tokenizer(self.model_dir)
-        self._check_io()
-        self.eos_ids = _eos_ids(self.model_dir, self.config, self.tokenizer)
-        self.max_positions = int(self.config.get("max_position_embeddings") or 0) or None
+        super().__init__(model_dir, threads=threads, model_id=model_id, spinning=spinning,
+                         replay=replay)
         # None: the default cap; 0: no prefix cache at all.
         self.prefix_cache: PrefixCache | None = (
             PrefixCache() if prefix_cache_bytes is None
             else PrefixCache(prefix_cache_bytes) if prefix_cache_bytes > 0 else None)
-        if replay not in ("auto", "exact", "batched"):
-            raise ValueError(f"replay must be auto, exact or batched, not {replay!r}")
-        # None until probed (lazily, at the first resume that has tokens to re-feed).
-        self._exact_replay: bool | None = {"auto": None, "exact": True, "batched": False}[replay]
-        self.load_s = time.perf_counter() - t0
-        self.resident_bytes = max(0, rss_bytes() - rss0)
-        self.threads = options.intra_op_num_threads
-        logger.info("loaded {} in {:.2f}s ({} layers, {} kv heads x {}, +{:.0f} MB resident)",
-                    self.model_id, self.load_s, self.num_layers, self.kv_heads, self.head_dim,
-                    self.resident_bytes / 1e6)
 
     @classmethod
     def load(cls, model_dir: Path | str, threads: int = 2, **kwargs: Any) -> DecoderSession:
         """Load a model folder (``model.onnx``, ``config.json``, tokenizer files)."""
         return cls(model_dir, threads=threads, **kwargs)
 
-    def _check_io(self) -> None:
-        inputs = {i.name: i for i in self._sess.get_inputs()}
-        outputs = [o.name for o in self._sess.get_outputs()]
-        for name in ("input_ids", "attention_mask", "position_ids"):
-            if name not in inputs:
-                raise ValueError(f"{self.model_dir}: model.onnx has no input {name!r}")
-        layers = 0
-        while f"past_key_values.{layers}.key" in inputs:
-            layers += 1
-        if layers == 0 or "logits" not in outputs:
-            raise ValueError(f"{self.model_dir}: model.onnx lacks past_key_values.N / logits")
-        shape = inputs["past_key_values.0.key"].shape
-        heads = shape[1] if isinstance(shape[1], int) else self.config.get("num_key_value_heads")
-        dim = shape[3] if isinstance(shape[3], int) else self.config.get("head_dim") or (
-            self.config["hidden_size"] // self.config["num_attention_heads"])
-        self.num_layers, self.kv_heads, self.head_dim = layers, int(heads), int(dim)
-        self.kv_bytes_per_token = 2 * layers * self.kv_heads * self.head_dim * 4
-        self._output_names = ["logits"] + [f"present.{i}.{kv}" for i in range(layers)
-                                           for kv in ("key", "value")]
-        self._past_names = [f"past_key_values.{i}.{kv}" for i in range(layers)
-                            for kv in ("key", "value")]
-        missing = [n for n in self._output_names if n not in outputs]
-        if missing:
-            raise ValueError(f"{self.model_dir}: model.onnx lacks outputs {missing}")
-        self._empty = np.zeros((1, self.kv_heads, 0, self.head_dim), np.float32)
-
     def unload(self) -> None:
-        """Free the model (the caller's parked states stay valid as data)."""
-        self._sess = None  # type: ignore[assignment]
+        """Free the model and the prefix cache (the caller's parked states stay valid as data)."""
         if self.prefix_cache is not None:
             self.prefix_cache.clear()
-        gc.collect()
-
-    # -- the forward pass ------------------------------------------------------------------
-    def forward(self, ids: Sequence[int], kv: KVCache | None) -> tuple[np.ndarray, KVCache]:
-        """Feed ``ids`` after ``kv``; return the last position's logits and the longer KV."""
-        if getattr(self, "_sess", None) is None:
-            raise RuntimeError(f"model {self.model_id} is unloaded")
-        past = kv.length if kv is not None else 0
-        n = len(ids)
-        ort_value = self._ort.OrtValue.ortvalue_from_numpy
-        feeds = {
-            "input_ids": ort_value(np.asarray(ids, dtype=np.int64).reshape(1, n)),
-            "attention_mask": ort_value(np.ones((1, past + n), np.int64)),
-            "position_ids": ort_value(np.arange(past, past + n, dtype=np.int64).reshape(1, n)),
-        }
-        if kv is not None and kv.ort_values is not None:
-            for name, value in zip(self._past_names, kv.ort_values):
-                feeds[name] = value
-        else:
-            for i in range(self.num_layers):
-                k, v = kv.layers[i] if kv is not None else (self._empty, self._empty)
-                feeds[f"past_key_values.{i}.key"] = ort_value(k)
-                feeds[f"past_key_values.{i}.value"] = ort_value(v)
-        run_options = self._inflight = self._ort.RunOptions()
-        try:
-            outs = self._sess.run_with_ort_values(self._output_names, feeds, run_options)
-        except Exception as err:
-            if run_options.terminate:
-                raise Interrupted(f"{self.model_id}: pass interrupted") from err
-            raise
-        finally:
-            self._inflight = None
-        logits = outs[0].numpy()[0, -1]
-        if n > 1:
-            logits = logits.copy()  # don't keep a [seq, vocab] prefill buffer alive for one row
-        present = outs[1:]
-        layers = [(present[2 * i].numpy(), present[2 * i + 1].numpy())
-                  for i in range(self.num_layers)]
-        return logits, KVCache(layers, present)
-
-    def interrupt(self) -> None:
-        """Cut the pass running now short (safe to call from any thread).
-
-        Why: a preempted job must give the model up at its next token boundary, and
-        waiting for the decode step in flight costs the chat that preempts it up to one
-        step. Aborting the step instead (onnxruntime's ``RunOptions.terminate``) returns
-        the job to its *last* token boundary at once; the abandoned step is simply
-        computed again when the job resumes, with identical results. The pass raises
-        :class:`Interrupted`; with no pass running this does nothing.
-        """
-        run_options = self._inflight
-        if run_options is not None:
-            run_options.terminate = True
+        super().unload()
 
     # -- jobs ------------------------------------------------------------------------------
     def encode(self, *, prompt: str | None = None,
@@ -357,25 +197,7 @@ class DecoderSession:
             self._maybe_cache_prefix(gen)
         return fed
 
-    @property
-    def exact_replay(self) -> bool:
-        """Whether resumes must re-feed generated tokens one per pass (see feed_plan)."""
-        if self._exact_replay is None:
-            self._exact_replay = not self._one_and_many_agree()
-            logger.info("{}: one- and many-position passes {}; resumes replay {}", self.model_id,
-                        "disagree" if self._exact_replay else "agree bit for bit",
-                        "token by token" if self._exact_replay else "in one batched pass")
-        return self._exact_replay
-
-    def _one_and_many_agree(self) -> bool:
-        """Probe: logits of a position fed alone vs. fed with others, bit for bit."""
-        ids = list(self.tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"])
-        ids = (ids + [1, 2, 3, 4])[:4]
-        many, _ = self.forward(ids, None)
-        _, kv = self.forward(ids[:-1], None)
-        one, _ = self.forward(ids[-1:], kv)
-        return bool(np.array_equal(many, one))
-
+    # -- prefix cache glue ----------------------------------------------------------------
     def _should_cache_prefix(self, gen: Generation) -> bool:
         return (self.prefix_cache is not None and gen.cache_prefix
                 and gen.progress.static_prefix >= MIN_CACHED_PREFIX)

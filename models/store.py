@@ -1,4 +1,4 @@
-"""The model store: one folder per model id under ``models_dir()``.
+"""The model store: one folder per model id under a root folder its owner chooses.
 
 Rules of the store (they are what lets a runner trust a folder without re-checking it
 by hand):
@@ -9,13 +9,15 @@ by hand):
 - The manifest lists every file with its size and sha256. :meth:`ModelStore.path`
   verifies them (once per process per unchanged file), so a truncated or altered file
   raises :class:`ModelCorrupt` instead of being loaded; :func:`ensure_model` then
-  removes the folder and builds it again when it knows how.
+  (in ``convert.recipes``) removes the folder and builds it again when it knows how.
 - Installs of one id are serialised by a lock file, so two processes asking for the
   same model build it once.
 
-Model ids are short lowercase names (``smollm2-135m-instruct``, ``tiny-1``); the store
-knows how to make some of them (see :data:`RECIPES` and :func:`ensure_model`); others
-arrive through ``models import``.
+Model ids are short lowercase names (``smollm2-135m-instruct``, ``tiny-1``). This module
+only keeps models; :mod:`uniun.models.convert.recipes` knows how to make some of them
+(``ensure_model``), and others arrive through ``models import``. The root is a parameter:
+the runtime passes ``$UNIUN_MODELS`` (default ``$UNIUN_HOME/models``), tests a folder of
+their own.
 """
 
 from __future__ import annotations
@@ -29,19 +31,16 @@ import re
 import shutil
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
-from uniun.runtime.paths import models_dir
-
 MANIFEST_NAME = "uniun-manifest.json"
 MANIFEST_VERSION = 1
 _ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
-_TINY_RE = re.compile(r"^tiny-([0-9]{1,6})$")
 
 
 # (path, size, mtime_ns) -> sha256 already verified in this process: hashing 200 MB
@@ -99,8 +98,8 @@ def sha256_file(path: Path) -> str:
 class ModelStore:
     """The folder of models; every method is safe to call from several processes."""
 
-    def __init__(self, root: Path | None = None) -> None:
-        self.root = Path(root) if root is not None else models_dir()
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
 
     # -- reading ----------------------------------------------------------------------
     def folder(self, model_id: str) -> Path:
@@ -186,7 +185,8 @@ class ModelStore:
 
     @contextlib.contextmanager
     def install(self, model_id: str, *, kind: str, source: dict[str, Any],
-                weight_format: str, meta: dict[str, Any] | None = None) -> Iterator[Path]:
+                weight_format: str, builder_version: int | None = None,
+                meta: dict[str, Any] | None = None) -> Iterator[Path]:
         """Yield an empty staging folder; on a clean exit, publish it as ``model_id``.
 
         The caller writes the model files into the staging folder. On success the
@@ -194,7 +194,9 @@ class ModelStore:
         renamed into place, replacing any previous install. On an exception the staging
         folder is deleted and the store is unchanged. ``meta`` entries are added to the
         manifest when the block ends, so a converter can record what it decided
-        (e.g. ``meta["weight_format"]``). Call it while holding :meth:`lock`.
+        (e.g. ``meta["weight_format"]``). ``builder_version``: the version of the converter
+        that made it (a newer converter rebuilds older models). Call it while holding
+        :meth:`lock`.
         """
         final = self.folder(model_id)
         self.root.mkdir(parents=True, exist_ok=True)
@@ -203,7 +205,7 @@ class ModelStore:
         try:
             yield staging
             manifest = {"manifest_version": MANIFEST_VERSION, "id": model_id, "kind": kind,
-                        "builder_version": builder_version(kind),
+                        "builder_version": builder_version,
                         "source": source, "weight_format": weight_format,
                         "created": time.time(), **(meta or {})}
             if (staging / "model.onnx").is_file():
@@ -260,107 +262,3 @@ def io_contract(onnx_path: Path) -> dict[str, Any]:
         return out
 
     return {"inputs": describe(model.graph.input), "outputs": describe(model.graph.output)}
-
-
-# -- models the store knows how to make ------------------------------------------------
-Recipe = Callable[["ModelStore", str], None]
-
-
-def _recipe(model_id: str) -> Recipe | None:
-    """How to build ``model_id`` from nothing, or None (imported models)."""
-    if _TINY_RE.match(model_id):
-        from uniun.models.convert.tiny import install_tiny
-        return lambda store, mid: install_tiny(store, int(_TINY_RE.match(mid).group(1)))
-    if model_id in RECIPES:
-        module_name, func_name = RECIPES[model_id].split(":")
-        import importlib
-        return getattr(importlib.import_module(module_name), func_name)
-    return None
-
-
-# id -> "module:function(store, model_id)"; each installs the model under its lock.
-RECIPES: dict[str, str] = {
-    "smollm2-135m-instruct": "uniun.models.convert.pull:install_pulled",
-    "all-minilm-l6-v2": "uniun.models.convert.embedding:install_pulled",
-}
-
-
-# Recipes that make something other than a decoder (no job can run on these).
-NON_DECODER_RECIPES = frozenset({"all-minilm-l6-v2"})
-
-
-def can_run_jobs(model_id: str, store: ModelStore | None = None) -> bool:
-    """Whether a job may name ``model_id``: a decoder installed, or one the store can make.
-
-    An installed model answers by its manifest's kind (imported decoders included); the
-    embedding model is in the store too, but a job on it could only fail later.
-    """
-    if _TINY_RE.match(model_id):
-        return True
-    store = store or ModelStore()
-    if store.has(model_id):
-        try:
-            return store.manifest(model_id).get("kind", "decoder") == "decoder"
-        except (ModelStoreError, ValueError):
-            return False
-    return model_id in RECIPES and model_id not in NON_DECODER_RECIPES
-
-
-def known_model_ids() -> list[str]:
-    return sorted(RECIPES) + ["tiny-N (N = seed)"]
-
-
-def builder_version(kind: str) -> int:
-    """The version of the converter that makes models of ``kind``.
-
-    Each converter bumps its own number when its output changes, so that a change to
-    the decoder graph rebuilds decoders only, not the embedding model.
-    """
-    if kind == "embedding":
-        from uniun.models.convert.embedding import CONVERTER_VERSION
-        return CONVERTER_VERSION
-    from uniun.models.convert.onnx_decoder import BUILDER_VERSION
-    return BUILDER_VERSION
-
-
-def _up_to_date(store: ModelStore, model_id: str) -> bool:
-    manifest = store.manifest(model_id)
-    return manifest.get("builder_version") == builder_version(manifest.get("kind", "decoder"))
-
-
-def ensure_model(model_id: str, store: ModelStore | None = None) -> Path:
-    """The verified folder of ``model_id``, building or pulling it first if needed.
-
-    A corrupt install of a model the store can make is removed and made again; a
-    corrupt imported model raises :class:`ModelCorrupt` (we cannot remake it). An id
-    that is neither installed nor known raises :class:`ModelNotFound`.
-    """
-    store = store or ModelStore()
-    check_model_id(model_id)
-    recipe = _recipe(model_id)
-    try:
-        path = store.path(model_id)
-        if recipe is None or _up_to_date(store, model_id):
-            return path
-        logger.info("model {} was built by an older converter; rebuilding it", model_id)
-    except ModelCorrupt as exc:
-        if recipe is None:
-            raise ModelCorrupt(f"{exc}; re-import it with `uniun-runtime models import DIR`") \
-                from exc
-        logger.warning("{}; rebuilding it", exc)
-    except ModelNotFound:
-        if recipe is None:
-            raise ModelNotFound(
-                f"unknown model {model_id!r}: not in the store ({store.root}) and not one "
-                f"the store can make ({', '.join(known_model_ids())}); "
-                "import it with `uniun-runtime models import DIR`") from None
-    with store.lock(model_id):
-        try:  # another process may have built it while we waited for the lock
-            path = store.path(model_id)
-            if _up_to_date(store, model_id):
-                return path
-        except ModelStoreError:
-            pass
-        store.clean_stale(model_id)
-        recipe(store, model_id)
-    return store.path(model_id)

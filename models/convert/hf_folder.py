@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from uniun.models.convert.onnx_decoder import DecoderConfig
+from uniun.models.convert.decoder_spec import DecoderConfig
 
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json")
 

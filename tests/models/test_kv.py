@@ -12,7 +12,8 @@ from uniun.models.kv import JobProgress, KVCache, ParkedState, SnapshotCorrupt
 from uniun.models.parking import ParkingLot
 from uniun.models.sampling import SamplingParams
 from uniun.models.session import DecoderSession
-from uniun.models.store import ensure_model
+from uniun.models.convert.recipes import ensure_model
+from tests.models_cache import shared_store
 
 LAYERS, HEADS, DIM = 2, 2, 32
 BYTES_PER_POS = 2 * LAYERS * HEADS * DIM * 4
@@ -104,7 +105,7 @@ def test_parking_lot_trims_then_spills_then_drops_oldest_first(tmp_path: Path) -
 
 def test_parked_jobs_under_pressure_all_finish_with_the_right_tokens(tiny_model: str,
                                                                      tmp_path: Path) -> None:
-    session = DecoderSession.load(ensure_model(tiny_model), threads=1)
+    session = DecoderSession.load(ensure_model(tiny_model, shared_store()), threads=1)
     system = {"role": "system", "content": "You are a helpful assistant. Answer the question."}
     questions = [f"Question {i}: what is {i} plus {i}?" for i in range(6)]
 

@@ -8,6 +8,7 @@ import pytest
 from uniun.models.detokenize import IncrementalDetokenizer, StopMatcher
 from uniun.models.sampling import SamplingParams, sample_token
 from uniun.protocol.jobmap import Sampling
+from tests.models_cache import shared_store
 
 
 def _logits(seed: int = 0, vocab: int = 1000) -> np.ndarray:
@@ -64,9 +65,9 @@ def test_bad_parameters_are_refused_and_the_wire_type_is_accepted() -> None:
 def tokenizer(tiny_model: str):
     from transformers import AutoTokenizer
 
-    from uniun.models.store import ensure_model
+    from uniun.models.convert.recipes import ensure_model
 
-    return AutoTokenizer.from_pretrained(str(ensure_model(tiny_model)))
+    return AutoTokenizer.from_pretrained(str(ensure_model(tiny_model, shared_store())))
 
 
 def test_incremental_detok_never_emits_half_a_character(tokenizer) -> None:

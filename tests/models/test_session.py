@@ -12,10 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from uniun.models.decoder_model import Interrupted
 from uniun.models.generate import FinishedError, TokenEvent
 from uniun.models.kv import ParkedState, SnapshotCorrupt
-from uniun.models.session import DecoderSession, Interrupted
-from uniun.models.store import ensure_model
+from uniun.models.session import DecoderSession
+from uniun.models.convert.recipes import ensure_model
+from tests.models_cache import shared_store
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant. Answer the question."},
             {"role": "user", "content": "What is the capital of France?"}]
@@ -24,7 +26,7 @@ N = 40
 
 @pytest.fixture(scope="module")
 def session(tiny_model: str) -> DecoderSession:
-    return DecoderSession.load(ensure_model(tiny_model), threads=1)
+    return DecoderSession.load(ensure_model(tiny_model, shared_store()), threads=1)
 
 
 @pytest.fixture(scope="module")
@@ -39,19 +41,19 @@ def _ids(events: list[TokenEvent]) -> list[int]:
     return [e.token_id for e in events]
 
 
-def _evict(session: DecoderSession, parked: ParkedState) -> ParkedState:
+def _evict(session: DecoderSession, parked: ParkedState, tmp: Path) -> ParkedState:
     assert parked.evict_to_prefix() > 0
     assert parked.kv_length == parked.progress.static_prefix > 0
     return parked
 
 
-def _spill(session: DecoderSession, parked: ParkedState) -> ParkedState:
-    path = parked.spill()
+def _spill(session: DecoderSession, parked: ParkedState, tmp: Path) -> ParkedState:
+    path = parked.spill(tmp / f"{parked.progress.job_id}.kvsnap")
     assert parked.nbytes == 0 and path.is_file()
     return ParkedState.load(path)  # as a freshly started runner would
 
 
-def _drop(session: DecoderSession, parked: ParkedState) -> ParkedState:
+def _drop(session: DecoderSession, parked: ParkedState, tmp: Path) -> ParkedState:
     # Nothing but the record survives (e.g. it went over msgpack to a new runner),
     # and no cached prefix helps: the whole prompt + generated ids are fed again.
     session.prefix_cache.clear()
@@ -61,8 +63,8 @@ def _drop(session: DecoderSession, parked: ParkedState) -> ParkedState:
 @pytest.mark.parametrize("shed", [None, _evict, _spill, _drop],
                          ids=["snapshot", "partial-evict", "disk-spill", "recompute"])
 def test_pause_and_resume_yield_exactly_the_uninterrupted_tokens(
-        session: DecoderSession, reference: list[TokenEvent],
-        shed: Callable[[DecoderSession, ParkedState], ParkedState] | None) -> None:
+        session: DecoderSession, reference: list[TokenEvent], tmp_path: Path,
+        shed: Callable[[DecoderSession, ParkedState, Path], ParkedState] | None) -> None:
     for pause_at in (1, 9, 26):
         gen = session.start(messages=MESSAGES, max_new_tokens=N, use_prefix_cache=False,
                             job_id=f"j{pause_at}")
@@ -71,7 +73,7 @@ def test_pause_and_resume_yield_exactly_the_uninterrupted_tokens(
         with pytest.raises(FinishedError):
             session.step(gen)  # a parked generation cannot be stepped behind our back
         if shed is not None:
-            parked = shed(session, parked)
+            parked = shed(session, parked, tmp_path)
         resumed = session.resume(parked)
         if shed is _drop:
             assert resumed.kv_length == 0 and resumed.recomputed_tokens == len(
@@ -147,7 +149,7 @@ def test_bad_input_is_refused_clearly(session: DecoderSession, tiny_model_b: str
     gen = session.start("hello there", max_new_tokens=8, job_id="x")
     session.step(gen)
     parked = session.park(gen)
-    other = DecoderSession.load(ensure_model(tiny_model_b), threads=1)
+    other = DecoderSession.load(ensure_model(tiny_model_b, shared_store()), threads=1)
     with pytest.raises(ValueError, match="parked on model"):
         other.resume(parked)
     path = parked.spill(tmp_path / "x.kvsnap")

@@ -6,7 +6,8 @@ import pytest
 
 from uniun.models.kv import ParkedState
 from uniun.models.session import DecoderSession
-from uniun.models.store import ensure_model
+from uniun.models.convert.recipes import ensure_model
+from tests.models_cache import shared_store
 
 pytestmark = pytest.mark.smollm2
 
@@ -16,7 +17,7 @@ MESSAGES = [{"role": "system", "content": "You are a concise assistant. Answer i
 
 @pytest.fixture(scope="module")
 def session(smollm2: str) -> DecoderSession:
-    return DecoderSession.load(ensure_model(smollm2), threads=2)
+    return DecoderSession.load(ensure_model(smollm2, shared_store()), threads=2)
 
 
 def test_answers_a_plain_factual_question(session: DecoderSession) -> None:

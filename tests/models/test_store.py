@@ -20,8 +20,8 @@ from uniun.models.store import (
     ModelNotFound,
     ModelStore,
     ModelStoreError,
-    ensure_model,
 )
+from uniun.models.convert.recipes import ensure_model
 
 
 @pytest.fixture()
@@ -130,7 +130,7 @@ def test_import_registers_a_valid_folder(store: ModelStore, tmp_path: Path) -> N
     from uniun.models.convert.hf_import import import_folder
 
     export = _export_copy(store, tmp_path / "My-Export")
-    path = import_folder(export, store=store)
+    path = import_folder(export, store)
     assert path.name == "my-export"
     info = {i.model_id: i for i in store.list()}["my-export"]
     assert info.source == {"type": "import", "from": str(export.resolve())}
@@ -152,7 +152,7 @@ def test_import_lists_every_problem_and_changes_nothing(store: ModelStore,
     (export / "tokenizer.json").unlink()
     before = sorted(p.name for p in store.root.iterdir())
     with pytest.raises(ImportRejected) as err:
-        import_folder(export, store=store)
+        import_folder(export, store)
     message = str(err.value)
     assert "missing tokenizer.json" in message
     assert "past_key_values.0.key has shape ['batch', 2, 'past_seq', 16], " \

@@ -1,0 +1,192 @@
+"""The building blocks of the decoder graph: a node collector and the attention pieces.
+
+Why apart from :mod:`uniun.models.convert.onnx_decoder`: that module says *what* a
+Llama-style decoder is (the layer loop, the I/O contract, how it is saved); this one says
+*how* each piece is spelled in ONNX nodes, which is where the speed and the bit-exactness
+come from: fused projections (one MatMul or ``com.microsoft.MatMulNBits`` per input, see
+:meth:`GraphBuilder.linear`), the 1/sqrt(head_dim) scale folded into Q (:func:`scaled`),
+and attention as MatMul / Softmax / MatMul over query heads grouped by KV head
+(:func:`attention`), so a position's result does not depend on how many positions share
+its pass.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Weight
+
+__all__ = ["GraphBuilder", "rope_tables", "attention_bias", "scaled", "attention", "MS_DOMAIN"]
+
+MS_DOMAIN = "com.microsoft"
+
+
+def rope_tables(config: DecoderConfig) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [max_positions, head_dim / 2] for the HF default RoPE."""
+    half = config.head_dim // 2
+    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2
+                                            / config.head_dim))
+    angles = np.outer(np.arange(config.max_position_embeddings, dtype=np.float64), inv_freq)
+    return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
+
+
+class GraphBuilder:
+    """Collects nodes and initializers; names every intermediate uniquely."""
+
+    def __init__(self) -> None:
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[TensorProto] = []
+        self._count = 0
+        self._sums: dict[tuple[str, int], str] = {}
+
+    def name(self, hint: str) -> str:
+        self._count += 1
+        return f"{hint}_{self._count}"
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], hint: str, *, outputs: int = 1,
+           out_names: list[str] | None = None, domain: str = "", **attrs: Any) -> list[str]:
+        names = out_names or [self.name(hint) for _ in range(outputs)]
+        self.nodes.append(helper.make_node(op_type, inputs, names, name=self.name(op_type),
+                                           domain=domain or None, **attrs))
+        return names
+
+    def linear(self, x: str, weights: list[Weight], name: str) -> list[str]:
+        """x @ w.T for each w, as one fused matmul split afterwards when possible.
+
+        Fusing the projections that read the same input (Q/K/V, gate/up) halves the
+        number of kernel launches per layer, which is most of the cost at batch 1.
+        """
+        quant = [w for w in weights if isinstance(w, BlockQuantized)]
+        fusable = len(quant) in (0, len(weights)) and len(
+            {(w.bits, w.block_size) for w in quant}) <= 1
+        if len(weights) > 1 and not fusable:
+            return [self.linear(x, [w], f"{name}.{j}")[0] for j, w in enumerate(weights)]
+        if quant:
+            fused = BlockQuantized.concat(quant) if len(quant) > 1 else quant[0]
+            y = self._matmul_nbits(x, fused, name)
+        else:
+            w = np.concatenate(weights) if len(weights) > 1 else weights[0]
+            w_t = self.const(f"{name}.weight_t", np.ascontiguousarray(w.T, dtype=np.float32))
+            y = self.op("MatMul", [x, w_t], name)[0]
+        if len(weights) == 1:
+            return [y]
+        sizes = self.const(f"{name}.split", np.array([w.shape[0] for w in weights], np.int64))
+        return self.op("Split", [y, sizes], f"{name}.part", outputs=len(weights), axis=-1)
+
+    def _matmul_nbits(self, x: str, w: BlockQuantized, name: str) -> str:
+        n, k = w.shape
+        inputs = [x, self.const(f"{name}.qweight", w.packed),
+                  self.const(f"{name}.scales", w.scales.astype(np.float32))]
+        # accuracy_level 4: int8 activations in blocks, the fast MLAS path on AVX-512
+        # VNNI; the same trade llama.cpp makes (Q4_1 x Q8_1 dot products).
+        y = self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, K=k, N=n, bits=w.bits,
+                    block_size=w.block_size, accuracy_level=4)[0]
+        if w.offsets is None:
+            return y
+        sums = self._block_sums(x, w.block_size)
+        offsets_t = self.const(f"{name}.offsets_t",
+                               np.ascontiguousarray(w.offsets.T, dtype=np.float32))
+        correction = self.op("MatMul", [sums, offsets_t], f"{name}.offset")[0]
+        return self.op("Add", [y, correction], f"{name}.out")[0]
+
+    def _block_sums(self, x: str, block: int) -> str:
+        """Sum of x over each k-block: [batch, seq, k / block], computed once per input."""
+        key = (x, block)
+        if key not in self._sums:
+            shape = self.const(f"blocks_{block}_{self._count}", np.array([0, 0, -1, block],
+                                                                      np.int64))
+            blocks = self.op("Reshape", [x, shape], "blocks")[0]
+            axes = self.const(f"axes_last_{self._count}", np.array([-1], np.int64))
+            self._sums[key] = self.op("ReduceSum", [blocks, axes], "block_sum", keepdims=0)[0]
+        return self._sums[key]
+
+
+def attention_bias(g: GraphBuilder, group: int) -> str:
+    """Additive mask [batch, 1, group * seq, total_seq]: 0 where a query may look, else -3e38.
+
+    Key padding (``attention_mask`` 0) and bottom-right causality (query i of a pass of
+    ``seq`` sits at position total - seq + i), tiled once for the ``group`` query heads
+    that share a KV head (see :func:`attention`). A large finite value, not -inf, so a
+    fully padded query row gives a harmless uniform softmax instead of NaN.
+    """
+    mask = g.op("Cast", ["attention_mask"], "mask_bool", to=TensorProto.BOOL)[0]
+    mask = g.op("Unsqueeze", [mask, g.const("axes_1_2", np.array([1, 2], np.int64))],
+                "mask4d")[0]  # [batch, 1, 1, total]
+    total = g.op("Shape", ["attention_mask"], "total_len", start=1, end=2)[0]
+    seq = g.op("Shape", ["input_ids"], "seq_len", start=1, end=2)[0]
+    axis0 = g.const("axes_0", np.array([0], np.int64))
+    total, seq = (g.op("Squeeze", [x, axis0], "scalar")[0] for x in (total, seq))
+    zero, one = g.const("int_0", np.array(0, np.int64)), g.const("int_1", np.array(1, np.int64))
+    keys = g.op("Range", [zero, total, one], "key_pos")[0]  # [total]
+    queries = g.op("Add", [g.op("Range", [zero, seq, one], "query_idx")[0],
+                           g.op("Sub", [total, seq], "past_len")[0]], "query_pos")[0]
+    queries = g.op("Unsqueeze", [queries, g.const("axes_1", np.array([1], np.int64))],
+                   "query_col")[0]  # [seq, 1]
+    allowed = g.op("And", [mask, g.op("LessOrEqual", [keys, queries], "causal")[0]],
+                   "allowed")[0]  # [batch, 1, seq, total]
+    bias = g.op("Where", [allowed, g.const("bias_open", np.array(0.0, np.float32)),
+                          g.const("bias_shut", np.array(-3.0e38, np.float32))], "bias")[0]
+    return g.op("Tile", [bias, g.const("bias_tile", np.array([1, 1, group, 1], np.int64))],
+                "bias_grouped")[0]
+
+
+def scaled(w: Weight, factor: float) -> Weight:
+    """``w * factor``: folds attention's 1/sqrt(head_dim) into the Q projection.
+
+    Exact when ``factor`` is a power of two (head_dim 64 or 16: SmolLM2, tiny), and it
+    saves a Mul per layer per step (measurable in decode at batch 1).
+    """
+    if isinstance(w, BlockQuantized):
+        return replace(w, scales=w.scales * np.float32(factor),
+                       offsets=None if w.offsets is None else w.offsets * np.float32(factor))
+    return np.asarray(w, np.float32) * np.float32(factor)
+
+
+def attention(g: GraphBuilder, q: str, k: str, v: str, bias: str, layer: int,
+               cfg: DecoderConfig) -> str:
+    """GQA attention with past/present KV from MatMul + Softmax, not the ``Attention`` op;
+    ``q`` arrives already scaled by 1/sqrt(head_dim) (see :func:`scaled`).
+
+    Why not the opset-23 ``Attention`` op: onnxruntime computes a one-query pass on a
+    different kernel path than a many-query pass, so a position's logits moved by up to
+    ~1 (after int8 activation quantisation amplified the ulp-level change) between a
+    decode step and a batched pass, and resumes had to replay generated tokens one pass
+    each. Here the query heads that share a KV head are stacked as rows, so a
+    one-position pass multiplies ``group`` rows and, for GQA (group >= 2: SmolLM2 3,
+    tiny 2), takes the same MLAS path as a prefill: a position comes out bit for bit
+    the same whichever pass feeds it (and many-position passes match the ``Attention``
+    op's bit for bit). Decode speed is within noise of the op's (docs/models.md).
+    """
+    heads, kv_heads, dim = cfg.num_attention_heads, cfg.num_key_value_heads, cfg.head_dim
+    t = f"l{layer}_attn"
+    presents = []
+    kv_shape = g.const(f"{t}.kv_shape", np.array([0, 0, kv_heads, dim], np.int64))
+    for x, kind in ((k, "key"), (v, "value")):
+        split = g.op("Reshape", [x, kv_shape], t)[0]
+        heads_first = g.op("Transpose", [split], t, perm=[0, 2, 1, 3])[0]
+        presents.append(g.op("Concat", [f"past_key_values.{layer}.{kind}", heads_first], t,
+                             out_names=[f"present.{layer}.{kind}"], axis=2)[0])
+    key, value = presents
+    split = g.op("Reshape", [q, g.const(f"{t}.q_shape", np.array([0, 0, heads, dim],
+                                                                np.int64))], t)[0]
+    heads_first = g.op("Transpose", [split], t, perm=[0, 2, 1, 3])[0]  # [b, heads, seq, dim]
+    grouped = g.op("Reshape", [heads_first, g.const(f"{t}.group_shape", np.array(
+        [0, kv_heads, -1, dim], np.int64))], t)[0]  # [b, kv_heads, group * seq, dim]
+    scores = g.op("MatMul", [grouped, g.op("Transpose", [key], t, perm=[0, 1, 3, 2])[0]], t)[0]
+    probs = g.op("Softmax", [g.op("Add", [scores, bias], t)[0]], t, axis=-1)[0]
+    out = g.op("MatMul", [probs, value], t)[0]  # [b, kv_heads, group * seq, dim]
+    out = g.op("Reshape", [out, g.const(f"{t}.head_shape", np.array([0, heads, -1, dim],
+                                                                   np.int64))], t)[0]
+    out = g.op("Transpose", [out], t, perm=[0, 2, 1, 3])[0]
+    return g.op("Reshape", [out, g.const(f"{t}.out_shape", np.array([0, 0, heads * dim],
+                                                                   np.int64))], t)[0]
+

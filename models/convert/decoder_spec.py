@@ -1,0 +1,109 @@
+"""What the decoder builder consumes: the architecture numbers and the weights.
+
+Why apart from the builder: every source of a decoder (the tiny synthetic model, the GGUF
+conversion, an imported Hugging Face folder) fills in these types, and most of them never
+build a graph (``hf_folder`` only reads a config). :class:`DecoderConfig` is named as in a
+Hugging Face ``config.json``; a :class:`Weight` is either a float matrix or a
+:class:`BlockQuantized` one, which lets a GGUF's Q4_1 / Q8_0 blocks reach the graph as
+they are instead of being inflated to float32 (see docs/models.md).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+import numpy as np
+
+__all__ = ["DecoderConfig", "BlockQuantized", "Weight", "Progress"]
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    """The architecture numbers, named as in a Hugging Face ``config.json``."""
+
+    num_hidden_layers: int
+    hidden_size: int
+    intermediate_size: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    vocab_size: int
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 2048
+    tie_word_embeddings: bool = True
+    bos_token_id: int = 1
+    eos_token_id: int = 2
+
+    def to_hf_dict(self) -> dict[str, Any]:
+        """The ``config.json`` a Hugging Face Llama loader (and our importer) expects."""
+        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
+                "hidden_act": "silu", "torch_dtype": "float32", **asdict(self)}
+
+    @classmethod
+    def from_hf_dict(cls, raw: Mapping[str, Any]) -> DecoderConfig:
+        """Read a HF ``config.json``; ``head_dim`` defaults to hidden / heads as in HF."""
+        values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
+        if "head_dim" not in values:
+            values["head_dim"] = int(raw["hidden_size"]) // int(raw["num_attention_heads"])
+        eos = values.get("eos_token_id")
+        if isinstance(eos, list):
+            values["eos_token_id"] = int(eos[0])
+        return cls(**values)
+
+
+@dataclass(frozen=True)
+class BlockQuantized:
+    """A linear weight [n, k] in ``MatMulNBits`` layout, blocks of ``block_size`` along k.
+
+    value = (code - 2 ** (bits - 1)) * scale + offset, per block. ``packed`` is uint8
+    [n, k / block, block * bits / 8], codes packed low-first along k; ``scales`` and
+    ``offsets`` are float32 [n, k / block]; ``offsets`` may be None (symmetric blocks).
+
+    Why offsets instead of MatMulNBits' own zero points: a GGUF Q4_1 block is
+    ``d * q + m``, which needs a *fractional* zero point ``-m / d``; onnxruntime only
+    has its fast int8 kernels for integer zero points (float ones run ~10x slower). So
+    the graph runs the symmetric kernel and adds ``blocksum(x) @ offsets.T``, a
+    [k / 32]-wide matmul: exact, and cheap.
+    """
+
+    packed: np.ndarray
+    scales: np.ndarray
+    offsets: np.ndarray | None
+    bits: int
+    block_size: int
+    shape: tuple[int, int]
+
+    def dequantize(self) -> np.ndarray:
+        """The float32 matrix [n, k] these blocks stand for."""
+        n, k = self.shape
+        if self.bits == 8:
+            codes = self.packed.reshape(n, -1, self.block_size).astype(np.float32)
+        elif self.bits == 4:
+            codes = np.stack([self.packed & 0x0F, self.packed >> 4], axis=-1)
+            codes = codes.reshape(n, -1, self.block_size).astype(np.float32)
+        else:
+            raise ValueError(f"unsupported bits={self.bits}")
+        values = (codes - np.float32(2 ** (self.bits - 1))) * self.scales[..., None]
+        if self.offsets is not None:
+            values = values + self.offsets[..., None]
+        return values.reshape(n, -1)[:, :k].astype(np.float32)
+
+    @staticmethod
+    def concat(parts: list[BlockQuantized]) -> BlockQuantized:
+        """Stack weights that share an input along n (fused QKV, fused gate/up)."""
+        first = parts[0]
+        offsets = None
+        if any(p.offsets is not None for p in parts):
+            offsets = np.concatenate([p.offsets if p.offsets is not None
+                                      else np.zeros_like(p.scales) for p in parts])
+        return BlockQuantized(
+            packed=np.concatenate([p.packed for p in parts]),
+            scales=np.concatenate([p.scales for p in parts]), offsets=offsets,
+            bits=first.bits, block_size=first.block_size,
+            shape=(sum(p.shape[0] for p in parts), first.shape[1]))
+
+
+Weight = np.ndarray | BlockQuantized
+Progress = Callable[[int], None]
