@@ -228,6 +228,10 @@ class Client:
 
     # -- waiting and routing ------------------------------------------------------
 
+    def _release(self, job_id: str) -> None:
+        """A stream has ended: stop routing its job's events to it."""
+        self._streams.pop(job_id, None)
+
     def _wait_until(self, done: Callable[[], bool], timeout: float | None, what: str) -> None:
         """Pump the socket until ``done()``; reconnect on loss; raise on timeout."""
         deadline = None if timeout is None else time.monotonic() + timeout

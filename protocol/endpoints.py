@@ -15,7 +15,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from uniun.runtime.paths import run_dir
+from uniun.protocol.home import run_dir
 
 FRONT = "front"
 EMBED = "embed"

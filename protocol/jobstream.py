@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import TYPE_CHECKING, Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping, Protocol
 
 from uniun.protocol import messages as m
 
-if TYPE_CHECKING:
-    from uniun.protocol.client import Client
+__all__ = ["ClientError", "JobFailed", "SchedulerUnavailable", "Timeout", "JobStream",
+           "StreamOwner"]
 
-__all__ = ["ClientError", "JobFailed", "SchedulerUnavailable", "Timeout", "JobStream"]
+
+class StreamOwner(Protocol):
+    """What a stream needs of the connection that feeds it (the client implements it)."""
+
+    def _wait_until(self, ready: Callable[[], bool], timeout: float | None,
+                    what: str) -> None: ...
+
+    def cancel(self, job_id: str) -> Any: ...
+
+    def _release(self, job_id: str) -> None: ...
 
 
 class ClientError(Exception):
@@ -57,7 +66,7 @@ class JobStream:
     them -- ``done.text`` is whole regardless).
     """
 
-    def __init__(self, client: "Client", job_id: str) -> None:
+    def __init__(self, client: StreamOwner, job_id: str) -> None:
         self.job_id = job_id
         self.accepted: dict[str, Any] | None = None
         self.final: dict[str, Any] | None = None
@@ -117,7 +126,7 @@ class JobStream:
     def close(self) -> None:
         """Stop receiving this job's events (the job itself keeps running)."""
         self._ended = True
-        self._client._streams.pop(self.job_id, None)
+        self._client._release(self.job_id)
 
     # -- called by the client's router -----------------------------------------------
 
@@ -133,10 +142,10 @@ class JobStream:
         if event["type"] in m.TERMINAL_EVENTS:
             self.final = event
             self._ended = True
-            self._client._streams.pop(self.job_id, None)
+            self._client._release(self.job_id)
         self._queue.append(event)
 
     def _on_attach_reply(self, reply: dict[str, Any]) -> None:
         if reply["type"] == m.ERROR:
             self._failure = ClientError.from_msg(reply)
-            self._client._streams.pop(self.job_id, None)
+            self._client._release(self.job_id)

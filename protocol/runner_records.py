@@ -21,7 +21,7 @@ Theory of operation (read this before changing anything here):
   report of that segment, so the scheduler charges vruntime as it goes (a running fair-pool
   job is re-examined after each time slice) and the sum is the segment's cost.
 - Liveness: both sides send :class:`Heartbeat` on this same data socket every
-  ``heartbeat_s``; a peer silent for three intervals is dead (zguide "Paranoid Pirate").
+  ``heartbeat_s``; a peer silent for three intervals is dead (``protocol/liveness.py``).
   Each side carries a ``boot`` id, new at every process start, so a restart of either
   side is noticed at the first message, without waiting for silence.
 - Sockets: the scheduler binds a ROUTER at :func:`runner_endpoint`; the runner connects a
@@ -42,17 +42,14 @@ from typing import Any, ClassVar
 
 import msgpack
 
-from uniun.runtime.paths import run_dir
+from uniun.protocol.home import run_dir
 
 __all__ = [
     "BadRecord", "Command", "Report", "Load", "Start", "Resume", "Pause", "Cancel", "Drop",
     "Hello", "Heartbeat", "ModelLoaded", "LoadFailed", "Started", "Token", "Paused",
     "Finished", "Cancelled", "Unknown", "Failed", "encode", "decode", "new_boot", "runner_endpoint",
-    "HEARTBEAT_S", "LIVENESS",
 ]
 
-HEARTBEAT_S = 1.0  # default heartbeat interval on the runner socket, seconds
-LIVENESS = 3  # a peer silent for this many intervals is dead
 MAX_FRAME_BYTES = 64 << 20  # a Start carries a prompt; 64 MiB bounds a corrupt frame
 
 

@@ -6,7 +6,6 @@ do not flake on a loaded two-core machine.
 
 from __future__ import annotations
 
-import time
 from typing import Any, Callable
 
 import pytest
@@ -17,17 +16,11 @@ from uniun.protocol.client import (Client, ClientError, JobFailed, SchedulerUnav
 from uniun.protocol.codec import EncodeError
 
 from tests.protocol.protocol_fakes import FakeScheduler
+from tests.wait import wait_for
 
 WAIT = 30.0  # seconds: generous, for anything that should succeed
 
 Make = Callable[..., FakeScheduler]
-
-
-def _wait_for(cond: Callable[[], bool], what: str) -> None:
-    deadline = time.monotonic() + WAIT
-    while not cond():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.02)
 
 
 def _prompt(job_id: str, **extra: Any) -> dict[str, Any]:
@@ -248,7 +241,7 @@ def test_submit_in_flight_when_the_scheduler_dies_is_resent_after_reconnect(
         client.ping()
 
         def restart_when_submit_arrives() -> None:
-            _wait_for(lambda: any(r["type"] == "submit" for r in first.received), "submit")
+            wait_for("submit", lambda: any(r["type"] == "submit" for r in first.received), WAIT)
             first.stop()
             fake_scheduler(ipc_endpoint)
         import threading
