@@ -16,6 +16,7 @@ import re
 import textwrap
 from typing import Any, Mapping
 
+from uniun.actors.policy import PolicyConfig
 from uniun.runtime import config as cfg
 
 _HEADER = """\
@@ -77,11 +78,7 @@ def _policy_lines(section: cfg.PolicySection, comments: bool) -> list[str]:
     if comments:
         lines += _comment(dataclasses.fields(cfg.PolicySection)[0].metadata["doc"])
     lines.append(f"name = {toml_value(section.name)}")
-    cls = cfg._policy_config_class()
-    if cls is None:
-        for key, value in section.overrides.items():
-            lines.append(f"{key} = {toml_value(value)}")
-        return lines
+    cls = PolicyConfig
     effective = dataclasses.replace(cls(), **dict(section.overrides))
     docs = field_comments(cls)
     for f in dataclasses.fields(cls):
@@ -162,16 +159,14 @@ def reference_markdown() -> str:
         if cls is cfg.PolicySection:
             out.append(f"| `name` | `\"uniun\"` | "
                        f"{dataclasses.fields(cfg.PolicySection)[0].metadata['doc']} |")
-            policy_cls = cfg._policy_config_class()
-            if policy_cls is not None:
-                docs, policy_defaults = field_comments(policy_cls), policy_cls()
-                for f in dataclasses.fields(policy_cls):
-                    try:
-                        value = toml_value(getattr(policy_defaults, f.name))
-                    except ValueError:
-                        continue
-                    out.append(f"| `{f.name}` | `{value}` | "
-                               f"{f.metadata.get('doc', '') or docs.get(f.name, '')} |")
+            docs, policy_defaults = field_comments(PolicyConfig), PolicyConfig()
+            for f in dataclasses.fields(PolicyConfig):
+                try:
+                    value = toml_value(getattr(policy_defaults, f.name))
+                except ValueError:
+                    continue
+                out.append(f"| `{f.name}` | `{value}` | "
+                           f"{f.metadata.get('doc', '') or docs.get(f.name, '')} |")
         else:
             section = cls()  # the declared defaults, before home-derived values are filled in
             for f in dataclasses.fields(cls):

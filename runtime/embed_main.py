@@ -17,24 +17,35 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from uniun.models.convert.embedding import MODEL_ID
 from uniun.actors.embedding.pool import EmbedPool, PoolSettings
+from uniun.models.convert.embedding import MODEL_ID
+from uniun.models.store import ModelStore
+from uniun.protocol.endpoints import EMBED, default_endpoint
+from uniun.runtime import process
+from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.embed_worker_main import ARGV as WORKER_ARGV
+from uniun.runtime.logging_setup import configure_logging
+from uniun.runtime.paths import logs_dir, models_dir, run_dir
 
 HUNG_AFTER_S = 10.0  # a loop that has not ticked for this long is hung, s
 
 
-def settings_from_config(config: Any) -> PoolSettings:
+def _places() -> dict[str, Any]:
+    """The folders and worker command every pool of this runtime uses."""
+    return {"store": ModelStore(models_dir()), "run_dir": run_dir(), "logs_dir": logs_dir(),
+            "worker_argv": WORKER_ARGV}
+
+
+def settings_from_config(config: RuntimeConfig) -> PoolSettings:
     """``[embed]``, ``models.embed_model`` and ``logging.level`` of a ``RuntimeConfig``."""
     return PoolSettings(endpoint=config.embed.endpoint, workers=config.embed.workers,
                         queue_bound=config.embed.queue_bound,
                         model_id=config.models.embed_model,
-                        log_level=config.logging.level.upper())
+                        log_level=config.logging.level.upper(), **_places())
 
 
-def main(config: Any) -> int:
+def main(config: RuntimeConfig) -> int:
     """The ``embed`` process: serve until the supervisor's SIGTERM."""
-    from uniun.runtime import process
-
     stop = threading.Event()
     process.on_stop(stop.set)
     pool = EmbedPool(settings_from_config(config))
@@ -45,10 +56,6 @@ def main(config: Any) -> int:
 
 def cli(argv: Sequence[str] | None = None) -> int:
     """``python -m uniun.runtime.embed_main``: run a pool in the foreground."""
-    from uniun.protocol.endpoints import EMBED, default_endpoint
-    from uniun.runtime.logging_setup import configure_logging
-    from uniun.runtime.paths import logs_dir
-
     parser = argparse.ArgumentParser(prog="python -m uniun.runtime.embed_main",
                                      description="Run the embedding pool in the foreground.")
     parser.add_argument("--endpoint", default=None,
@@ -68,7 +75,7 @@ def cli(argv: Sequence[str] | None = None) -> int:
     settings = PoolSettings(endpoint=args.endpoint or default_endpoint(EMBED),
                             workers=args.workers, queue_bound=args.queue_bound,
                             model_id=args.model, log_level=args.log_level,
-                            publish_endpoint=not args.private)
+                            publish_endpoint=not args.private, **_places())
     return EmbedPool(settings).run(stop)
 
 

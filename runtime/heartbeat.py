@@ -70,10 +70,6 @@ class HeartbeatSender:
         self._thread.start()
         return self
 
-    def beat_now(self) -> None:
-        """Send the next beat at once (e.g. right after a slow start-up step)."""
-        self._wake.set()
-
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()

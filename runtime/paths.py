@@ -3,7 +3,8 @@
 Everything lives under one home folder so that tests can point ``UNIUN_HOME`` at a
 temporary folder and a user can wipe the runtime with one ``rm -r``. The model cache is
 the one exception tests want to *share* between runs (models take minutes to convert),
-so it can be moved on its own with ``UNIUN_MODELS``.
+so it can be moved on its own with ``UNIUN_MODELS``. The home and run dir themselves are
+the protocol's convention (``protocol/home.py``): clients find the front through them.
 """
 
 from __future__ import annotations
@@ -11,25 +12,18 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-HOME_ENV = "UNIUN_HOME"
+from uniun.protocol.home import HOME_ENV, run_dir, uniun_home
+
+__all__ = ["HOME_ENV", "MODELS_ENV", "uniun_home", "run_dir", "models_dir", "logs_dir",
+           "ensure_private_dir"]
+
 MODELS_ENV = "UNIUN_MODELS"
-
-
-def uniun_home() -> Path:
-    """The runtime's home folder: ``$UNIUN_HOME``, default ``~/.uniun``."""
-    raw = os.environ.get(HOME_ENV)
-    return Path(raw).expanduser() if raw else Path.home() / ".uniun"
 
 
 def models_dir() -> Path:
     """The model store: ``$UNIUN_MODELS``, default ``$UNIUN_HOME/models``."""
     raw = os.environ.get(MODELS_ENV)
     return Path(raw).expanduser() if raw else uniun_home() / "models"
-
-
-def run_dir() -> Path:
-    """Sockets, endpoint files, pid files and parked KV snapshots (owner-only, 0700)."""
-    return uniun_home() / "run"
 
 
 def logs_dir() -> Path:

@@ -51,7 +51,7 @@ _REGISTRY: dict[str, str | EntryPoint] = {
     "extract": "uniun.runtime.producers_main:extract_main",
     "nataraj": "uniun.runtime.producers_main:nataraj_main",
     "gana": "uniun.runtime.producers_main:gana_main",
-    "background-gana": "uniun.actors.producers.background_gana:main",
+    "background-gana": "uniun.runtime.producers_main:background_gana_main",
     "embed": "uniun.runtime.embed_main:main",  # the pool; it spawns its own workers
 }
 
@@ -127,16 +127,20 @@ def on_stop(callback: Callable[[], None]) -> None:
     _stop_callbacks.append(callback)
 
 
-def die_with_parent() -> None:
-    """Ask Linux to SIGKILL us when the supervisor dies, and exit if it already has."""
+def die_with_parent(parent_pid: int | None = None) -> None:
+    """Ask Linux to SIGKILL us when our parent dies, and exit if it already has.
+
+    ``parent_pid``: the pid we expect as parent (default: ``$UNIUN_SUPERVISOR_PID``, which the
+    supervisor sets for its children; the embedding pool passes its own for its workers).
+    """
     try:
         libc = ctypes.CDLL(None, use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     except (OSError, AttributeError):  # not Linux: the supervisor's process groups remain
         return
-    expected = os.environ.get(PARENT_ENV)
+    expected = parent_pid if parent_pid is not None else os.environ.get(PARENT_ENV)
     if expected and os.getppid() != int(expected):
-        # The supervisor died between fork and prctl: nobody would ever stop us.
+        # The parent died between fork and prctl: nobody would ever stop us.
         os._exit(1)
 
 

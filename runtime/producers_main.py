@@ -14,16 +14,21 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from loguru import logger
 
+from uniun.actors.producers.actor import ProducerActor, ProducerLogic
 from uniun.actors.producers.deck import WaterMarks
 from uniun.actors.producers.extract import ExtractProducer, ExtractSettings
 from uniun.actors.producers.gana_cron import GanaCron, GanaSettings
 from uniun.actors.producers.lifecycle import LifecycleWatch
 from uniun.actors.producers.nataraj import NatarajProducer, NatarajSettings
-from uniun.actors.producers.actor import ProducerActor, ProducerLogic
-from uniun.runtime.config import RuntimeConfig
 from uniun.actors.producers.results import ResultsStore
+from uniun.actors.producers.samples import ensure_samples
+from uniun.models.store import ModelStore
+from uniun.protocol.client import Client
+from uniun.protocol.embed_client import EmbedClient
+from uniun.runtime import process
+from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.paths import models_dir
 
 CLIENT_TIMEOUT_S = 10.0  # a reply from the scheduler
 STATUS_TIMEOUT_S = 3.0  # the lifecycle poll must not hold a producer up for long
@@ -39,13 +44,7 @@ def ganas_file(config: RuntimeConfig) -> Path:
     return Path(raw).expanduser() if raw else config.home / "ganas.toml"
 
 
-def results_path(config: RuntimeConfig) -> Path:
-    return config.home / "results.db"
-
-
-def _client(config: RuntimeConfig, **kwargs: Any) -> Any:
-    from uniun.protocol.client import Client
-
+def _client(config: RuntimeConfig, **kwargs: Any) -> Client:
     return Client(config.front.endpoint, timeout=CLIENT_TIMEOUT_S, **kwargs)
 
 
@@ -62,8 +61,6 @@ class PoolEmbedder:
         self._client: Any = None
 
     def __call__(self, texts: list[str]) -> Any:
-        from uniun.protocol.embed_client import EmbedClient
-
         if self._client is None:
             self._client = EmbedClient(self.endpoint, timeout=self.timeout)
         try:
@@ -80,8 +77,6 @@ def _embedder(config: RuntimeConfig) -> PoolEmbedder | None:
 
 
 def extract_logic(config: RuntimeConfig) -> ProducerLogic:
-    from uniun.actors.producers.samples import ensure_samples
-
     p = config.producers
     if p.samples:
         ensure_samples(notes_dir(config), ganas_file(config))
@@ -90,7 +85,7 @@ def extract_logic(config: RuntimeConfig) -> ProducerLogic:
         backfill_per_s=p.backfill_per_s, max_in_flight=p.extract_in_flight,
         max_new_tokens=min(p.extract_max_new_tokens, config.limits.max_new_tokens_cap),
         model_id=p.extract_model or None)
-    store = ResultsStore(results_path(config))
+    store = ResultsStore(config.results_path)
     return ExtractProducer.with_tracker(settings, store, _client(config),
                                         embed=_embedder(config), now=time.time())
 
@@ -101,20 +96,18 @@ def nataraj_logic(config: RuntimeConfig) -> ProducerLogic:
         marks=WaterMarks(p.deck_low, p.deck_high), check_interval_s=p.check_interval_s,
         max_new_tokens=min(p.card_max_new_tokens, config.limits.max_new_tokens_cap),
         model_id=p.nataraj_model or None)
-    store = ResultsStore(results_path(config))
+    store = ResultsStore(config.results_path)
     return NatarajProducer.with_tracker(settings, store, _client(config), now=time.time())
 
 
 def gana_logic(config: RuntimeConfig) -> ProducerLogic:
-    from uniun.actors.producers.samples import ensure_samples
-
     p = config.producers
     if p.samples:
         ensure_samples(notes_dir(config), ganas_file(config))
     settings = GanaSettings(ganas_file=ganas_file(config), lead_s=p.gana_lead_s,
                             check_interval_s=p.check_interval_s,
                             max_new_tokens_cap=config.limits.max_new_tokens_cap)
-    store = ResultsStore(results_path(config))
+    store = ResultsStore(config.results_path)
     client = _client(config)
     lifecycle = LifecycleWatch(lambda: client.status(timeout=STATUS_TIMEOUT_S),
                                p.lifecycle_poll_s)
@@ -122,9 +115,9 @@ def gana_logic(config: RuntimeConfig) -> ProducerLogic:
 
 
 def background_gana_logic(config: RuntimeConfig) -> ProducerLogic:
-    from uniun.runtime import process
+    # Imported here: the other producer processes need not pay for its model code.
     from uniun.actors.producers.background_gana import (BackgroundGana, BackgroundSettings,
-                                               SessionCache)
+                                                        SessionCache)
 
     p = config.producers
     settings = BackgroundSettings(
@@ -132,19 +125,18 @@ def background_gana_logic(config: RuntimeConfig) -> ProducerLogic:
         lead_s=p.gana_lead_s, check_interval_s=p.check_interval_s,
         lease_s=p.background_lease_s, threads=p.background_threads,
         max_new_tokens_cap=config.limits.max_new_tokens_cap)
-    store = ResultsStore(results_path(config))
+    store = ResultsStore(config.results_path)
     # Short reconnect: an unreachable scheduler must not freeze background firing.
     client = _client(config, reconnect_timeout=STATUS_TIMEOUT_S)
     lifecycle = LifecycleWatch(lambda: client.status(timeout=STATUS_TIMEOUT_S),
                                p.lifecycle_poll_s)
-    return BackgroundGana(settings, store, lifecycle, SessionCache(p.background_threads),
+    sessions = SessionCache(ModelStore(models_dir()), p.background_threads)
+    return BackgroundGana(settings, store, lifecycle, sessions,
                           stopping=process.STOPPING.is_set, now=time.time())
 
 
 def run_producer(make_logic: Callable[[], ProducerLogic], *, pump_s: float = 0.2) -> int:
     """Run one producer actor until SIGTERM (exit 0) or until it fails (exit 1)."""
-    from uniun.runtime import process
-
     failed = threading.Event()
     ref = ProducerActor.start(make_logic, pump_s=pump_s, failed=failed)
     process.on_stop(lambda: ref.stop(block=False))
@@ -166,3 +158,7 @@ def nataraj_main(config: RuntimeConfig) -> int:
 
 def gana_main(config: RuntimeConfig) -> int:
     return run_producer(lambda: gana_logic(config))
+
+
+def background_gana_main(config: RuntimeConfig) -> int:
+    return run_producer(lambda: background_gana_logic(config))

@@ -17,9 +17,13 @@ from pathlib import Path
 import zmq
 from loguru import logger
 
-from uniun.runtime.config import RuntimeConfig
-from uniun.runtime.paths import ensure_private_dir, run_dir
+from uniun.actors.runner.worker import RunnerWorker
+from uniun.models.parking import ParkingLot
+from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
+from uniun.runtime import process
+from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir
 
 __all__ = ["main", "spill_dir"]
 
@@ -29,22 +33,16 @@ def spill_dir(config: RuntimeConfig) -> Path:
     return Path(config.runner.spill_dir) if config.runner.spill_dir else run_dir() / "spill"
 
 
-def _preload_model(config: RuntimeConfig) -> str | None:
+def _preload_model(config: RuntimeConfig, store: ModelStore) -> str | None:
     """The chat model, if the store has it already (the runner never converts at boot)."""
     try:
-        from uniun.models.store import ModelStore
-
         model = config.models.chat_model
-        return model if ModelStore().has(model) else None
+        return model if store.has(model) else None
     except Exception:  # a broken store must not stop the runner; loads will report it
         return None
 
 
 def main(config: RuntimeConfig) -> int:
-    from uniun.actors.runner.worker import RunnerWorker
-    from uniun.models.parking import ParkingLot
-    from uniun.runtime import process
-
     ensure_private_dir(run_dir())
     spill = ensure_private_dir(spill_dir(config))
     stop = threading.Event()
@@ -52,10 +50,11 @@ def main(config: RuntimeConfig) -> int:
     ctx = zmq.Context()
     lot = ParkingLot(config.runner.snapshot_cap_bytes,
                      max_disk_bytes=config.runner.spill_cap_bytes, spill_dir=spill)
+    store = ModelStore(models_dir())
     worker = RunnerWorker.start(
-        ctx=ctx, endpoint=rp.runner_endpoint(), heartbeat_s=config.supervisor.heartbeat_interval_s,
-        liveness=config.supervisor.missed_heartbeats, threads=config.runner.intra_op_threads,
-        parking=lot, spill_dir=spill, preload=_preload_model(config))
+        ctx=ctx, endpoint=rp.runner_endpoint(), liveness=config.supervisor.liveness,
+        store=store, threads=config.runner.intra_op_threads, parking=lot, spill_dir=spill,
+        preload=_preload_model(config, store))
     rc = 0
     try:
         while not stop.wait(0.5) and not process.STOPPING.is_set():

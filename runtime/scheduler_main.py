@@ -39,7 +39,8 @@ from uniun.protocol.requests import JobRules
 from uniun.protocol import runner_records as rp
 from uniun.runtime.config import RuntimeConfig
 from uniun.actors.scheduler.journal import Journal
-from uniun.runtime.paths import ensure_private_dir, run_dir, uniun_home
+from uniun.models.store import ModelStore
+from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir, uniun_home
 
 __all__ = ["main", "journal_path"]
 
@@ -75,7 +76,7 @@ def main(config: RuntimeConfig) -> int:
     journal = Journal(journal_path())
     rules = JobRules(default_model=config.models.chat_model, kinds=tuple(config.jobs.kinds),
                      max_new_tokens_cap=config.limits.max_new_tokens_cap,
-                     max_prompt_chars=config.limits.max_prompt_chars, known_models=ModelIds())
+                     max_prompt_chars=config.limits.max_prompt_chars, known_models=ModelIds(ModelStore(models_dir())))
     ctx = zmq.Context()
     core = SchedulerCore(policy=policy, queue_cap=config.limits.queue_cap, clock=clock,
                          wall=time.time, processes=_processes)
@@ -84,8 +85,7 @@ def main(config: RuntimeConfig) -> int:
                              rules=rules, limits=Limits(frame_bytes=config.limits.max_frame_bytes),
                              linger_ms=config.front.linger_ms, ctx=ctx)
     link = RunnerLinkActor.start(host=host, endpoint=rp.runner_endpoint(),
-                                 heartbeat_s=config.supervisor.heartbeat_interval_s,
-                                 liveness=config.supervisor.missed_heartbeats, ctx=ctx)
+                                 liveness=config.supervisor.liveness, ctx=ctx)
     actors = (front, link, host)
     rc = 0
     try:

@@ -129,7 +129,7 @@ class Supervisor:
         self.children = [Child(name) for name in children]
         sup = config.supervisor
         self.limiter = RestartLimiter(sup.max_restarts, sup.restart_window_s)
-        self.silence_s = sup.heartbeat_interval_s * sup.missed_heartbeats
+        self.liveness = sup.liveness
         self.endpoint = supervisor_endpoint(config.run_dir)
         self._stop_signal: int | None = None
         self._fatal: str | None = None
@@ -221,7 +221,7 @@ class Supervisor:
         if child.last_beat is None:
             if now - child.spawned_at > self.config.supervisor.start_timeout_s:
                 return f"sent no heartbeat within {self.config.supervisor.start_timeout_s:g} s"
-        elif now - child.last_beat > self.silence_s:
+        elif self.liveness.dead(child.last_beat, now):
             return f"sent no heartbeat for {now - child.last_beat:.1f} s"
         return None
 

@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+from tests.models_cache import shared_store
 
 pytest_plugins = ["tests.embedding_fixtures"]  # the MiniLM wheel, model and pool fixtures
 
@@ -29,25 +30,25 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """Model id ``tiny-1``: the tiny synthetic decoder, built in the store if absent."""
-    from uniun.models.store import ensure_model
+    from uniun.models.convert.recipes import ensure_model
 
-    ensure_model("tiny-1")
+    ensure_model("tiny-1", shared_store())
     return "tiny-1"
 
 
 @pytest.fixture(scope="session")
 def tiny_model_b() -> str:
     """Model id ``tiny-2``: a second tiny model (other weights), for model-swap tests."""
-    from uniun.models.store import ensure_model
+    from uniun.models.convert.recipes import ensure_model
 
-    ensure_model("tiny-2")
+    ensure_model("tiny-2", shared_store())
     return "tiny-2"
 
 
 @pytest.fixture(scope="session")
 def smollm2() -> str:
     """Model id ``smollm2-135m-instruct``, pulled and converted on first use (~1 min)."""
-    from uniun.models.store import ensure_model
+    from uniun.models.convert.recipes import ensure_model
 
-    ensure_model("smollm2-135m-instruct")
+    ensure_model("smollm2-135m-instruct", shared_store())
     return "smollm2-135m-instruct"

@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tests.models_cache import shared_store
 
 WAIT_S = 180.0  # generous: a loaded 2-core machine may be converting the model meanwhile
 
@@ -39,9 +40,9 @@ def minilm_wheel() -> Path:
 @pytest.fixture(scope="session")
 def minilm_dir(minilm_wheel: Path) -> Path:
     from uniun.models.convert.embedding import MODEL_ID
-    from uniun.models.store import ensure_model
+    from uniun.models.convert.recipes import ensure_model
 
-    return ensure_model(MODEL_ID)
+    return ensure_model(MODEL_ID, shared_store())
 
 
 @pytest.fixture(scope="session")

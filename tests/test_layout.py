@@ -1,10 +1,241 @@
-"""The package layout of DESIGN.md §2: four folders, one ``uniun`` namespace, one CLI."""
+"""The layout of DESIGN.md §2, checked: rooms by process, imports that flow one way.
 
+Every module of the four code folders is parsed with ``ast`` (nothing is imported), and
+each ``import`` of a ``uniun`` module becomes an edge from its room to the target's room:
+
+- ``protocol`` imports only ``protocol``;
+- ``models`` imports ``models`` and ``protocol``;
+- ``actors/policy`` imports ``actors/policy`` and the pure half of ``protocol``;
+- every other ``actors/<room>`` imports itself, the shared ``actors`` modules,
+  ``actors/policy``, ``protocol`` and ``models`` -- never another process's room and
+  never ``runtime``;
+- ``runtime`` imports anything.
+
+A function-level import is allowed (it keeps heavy libraries out of processes that do not
+need them), but not to hide a cycle: the graph of all imports, function-level ones
+included, must have no cycle between modules.
+"""
+
+from __future__ import annotations
+
+import ast
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+import pytest
+
+from tests import REPO as ROOT
+
+CODE_ROOMS = ("protocol", "models", "actors", "runtime")
+# The protocol modules without I/O (no zmq): what the policy may lean on.
+PURE_PROTOCOL = {"codec", "messages", "requests", "jobmap", "errors", "runner_records", "home"}
+# Standard-library names that do not exist on Python 3.10, the oldest we declare.
+NEWER_THAN_310_MODULES = {"tomllib", "wsgiref.types"}
+NEWER_THAN_310_NAMES = {
+    "typing": {"Self", "LiteralString", "Never", "assert_never", "assert_type", "reveal_type",
+               "Required", "NotRequired", "TypeVarTuple", "Unpack", "dataclass_transform",
+               "override", "TypeAliasType"},
+    "enum": {"StrEnum", "ReprEnum", "verify", "member", "nonmember", "global_enum",
+             "EnumCheck", "FlagBoundary"},
+    "datetime": {"UTC"}, "hashlib": {"file_digest"}, "contextlib": {"chdir"},
+    "asyncio": {"TaskGroup", "Runner", "timeout", "timeout_at"}, "operator": {"call"},
+    "itertools": {"batched"},
+}
+
+
+@dataclass(frozen=True)
+class Import:
+    source: str  # dotted module name of the importing file
+    target: str  # dotted module name imported (a module, or a package's __init__)
+    line: int
+    function_level: bool
+    guarded: bool  # inside try/except ImportError or an ``if sys.version_info`` test
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(["uniun", *parts])
+
+
+def _modules() -> dict[str, Path]:
+    return {_module_name(p): p for room in CODE_ROOMS for p in (ROOT / room).rglob("*.py")}
+
+
+MODULES = _modules()
+
+
+def _resolve(module: str, name: str | None) -> str:
+    """``from module import name``: the submodule if ``name`` is one, else ``module``."""
+    if name is not None and f"{module}.{name}" in MODULES:
+        return f"{module}.{name}"
+    return module
+
+
+def _guarded(stack: list[ast.AST]) -> bool:
+    for node in stack:
+        if isinstance(node, ast.Try) and any(
+                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
+                or isinstance(h.type, ast.Tuple) and any(
+                    isinstance(e, ast.Name) and e.id in ("ImportError", "ModuleNotFoundError")
+                    for e in h.type.elts)
+                for h in node.handlers):
+            return True
+        if isinstance(node, ast.If) and "version_info" in ast.unparse(node.test):
+            return True
+    return False
+
+
+def _imports(module: str, source: str) -> Iterator[Import]:
+    tree = ast.parse(source, filename=module)
+
+    def walk(node: ast.AST, stack: list[ast.AST]) -> Iterator[Import]:
+        for child in ast.iter_child_nodes(node):
+            inner = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda))
+                        for n in stack)
+            if isinstance(child, ast.Import):
+                for alias in child.names:
+                    yield Import(module, alias.name, child.lineno, inner, _guarded(stack))
+            elif isinstance(child, ast.ImportFrom) and child.module and child.level == 0:
+                names = [a.name for a in child.names]
+                targets = {_resolve(child.module, n) for n in names}
+                for target in sorted(targets):
+                    yield Import(module, target, child.lineno, inner, _guarded(stack))
+                for name in names:  # ``from typing import Self``: checked as a name
+                    yield Import(module, f"{child.module}:{name}", child.lineno, inner,
+                                 _guarded(stack))
+            yield from walk(child, [*stack, child])
+
+    yield from walk(tree, [])
+
+
+ALL_IMPORTS = [imp for module, path in MODULES.items()
+               for imp in _imports(module, path.read_text(encoding="utf-8"))]
+OURS = [imp for imp in ALL_IMPORTS if imp.target.startswith("uniun.") and ":" not in imp.target]
+
+
+def room(module: str) -> str:
+    """``protocol``, ``models``, ``actors/policy``, ``actors/<room>``, ``actors`` (the
+    shared modules at the top of actors/) or ``runtime``."""
+    parts = module.split(".")[1:]
+    if parts[0] == "actors" and len(parts) > 1 and f"uniun.actors.{parts[1]}" in MODULES \
+            and (ROOT / "actors" / parts[1]).is_dir():
+        return f"actors/{parts[1]}"
+    return parts[0]
+
+
+def allowed(src: str, dst: str, target: str) -> bool:
+    if src == dst or src == "runtime":
+        return True
+    if src == "protocol":
+        return False
+    if src == "models":
+        return dst == "protocol"
+    if src == "actors/policy":
+        return dst == "protocol" and target.split(".")[2] in PURE_PROTOCOL
+    if src.startswith("actors"):  # a process's room, or the shared actors modules
+        return dst in ("actors", "actors/policy", "protocol", "models")
+    raise AssertionError(f"unknown room {src}")
+
+
+def test_every_folder_is_a_declared_package() -> None:
+    """Each code folder is an ``uniun`` subpackage listed in pyproject.toml."""
+    text = (ROOT / "pyproject.toml").read_text()
+    for room_name in CODE_ROOMS:
+        for init in (ROOT / room_name).rglob("__init__.py"):
+            package = _module_name(init)
+            folder = init.parent.relative_to(ROOT).as_posix()
+            assert f'"{package}"' in text and f'"{package}" = "{folder}"' in text, (
+                f"{folder} is not declared in pyproject.toml's packages and package-dir")
+
+
+def test_imports_flow_one_way() -> None:
+    wrong = [f"{imp.source} (line {imp.line}, {room(imp.source)}) imports {imp.target} "
+             f"({room(imp.target)})"
+             for imp in OURS
+             if imp.target in MODULES and not allowed(room(imp.source), room(imp.target),
+                                                       imp.target)]
+    assert not wrong, "imports against the room order:\n" + "\n".join(wrong)
+
+
+def test_imports_name_modules_that_exist() -> None:
+    missing = [f"{imp.source} (line {imp.line}) imports {imp.target}"
+               for imp in OURS if imp.target not in MODULES]
+    assert not missing, "\n".join(missing)
+
+
+def _graph() -> dict[str, set[str]]:
+    graph: dict[str, set[str]] = {m: set() for m in MODULES}
+    for imp in OURS:
+        if imp.target in MODULES and imp.target != imp.source:
+            graph[imp.source].add(imp.target)
+    return graph
+
+
+def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    state: dict[str, int] = {}  # 1 = on the path, 2 = done
+    path: list[str] = []
+
+    def visit(node: str) -> list[str] | None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                return path[path.index(nxt):] + [nxt]
+            if nxt not in state and (found := visit(nxt)):
+                return found
+        path.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state and (found := visit(node)):
+            return found
+    return None
+
+
+def test_no_import_cycle_hidden_by_function_level_imports() -> None:
+    cycle = _cycle(_graph())
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def test_nothing_newer_than_python_310_is_imported_unguarded() -> None:
+    bad = []
+    for imp in ALL_IMPORTS:
+        if imp.guarded:
+            continue
+        module, _, name = imp.target.partition(":")
+        if not name and module in NEWER_THAN_310_MODULES:
+            bad.append(f"{imp.source} (line {imp.line}) imports {module}")
+        elif name and name in NEWER_THAN_310_NAMES.get(module, ()):
+            bad.append(f"{imp.source} (line {imp.line}) imports {module}.{name}")
+    assert not bad, "Python 3.11+ only, import it behind a guard:\n" + "\n".join(bad)
+
+
+def test_the_checks_see_a_violation_when_there_is_one() -> None:
+    """The rules above are not vacuous: a runtime import from models, a cycle and an
+    unguarded tomllib would each be caught."""
+    assert not allowed("models", "runtime", "uniun.runtime.paths")
+    assert not allowed("actors/scheduler", "actors/runner", "uniun.actors.runner.worker")
+    assert not allowed("actors/policy", "protocol", "uniun.protocol.client")
+    assert allowed("actors/scheduler", "actors", "uniun.actors.socket_pump")
+    source = "import tomllib\ntry:\n    import tomllib\nexcept ImportError:\n    pass\n"
+    found = [(i.target, i.guarded) for i in _imports("uniun.synthetic", source)]
+    assert found == [("tomllib", False), ("tomllib", True)]
+    assert _cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert _cycle({"a": {"b"}, "b": set()}) is None
+
+
+@pytest.mark.parametrize("room_name", CODE_ROOMS)
+def test_modules_stay_readable(room_name: str) -> None:
+    """Modules under ~400 lines (STYLE.md 10); a longer one is split by responsibility."""
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in (ROOT / room_name).rglob("*.py")
+            if (n := len(p.read_text().splitlines())) > 420]
+    assert not long, "\n".join(long)
 
 
 def test_top_level_folders_are_uniun_subpackages() -> None:

@@ -13,7 +13,7 @@ parent of its workers):
   Requests: ``embed {texts}`` -> ``embeddings {dim, vectors}``, ``ping`` -> ``pong``,
   and ``status`` -> ``status {workers, processes, queued, running, ...}`` (an extension).
 - The **back** is a ROUTER on a private ipc socket; every worker is a child process
-  (``embed_worker.py``) with a DEALER. A worker runs one request at a time, so at most
+  (``worker.py``) with a DEALER. A worker runs one request at a time, so at most
   ``workers`` requests run at once; the rest wait in a FIFO of at most ``queue_bound``;
   one more is answered ``queue_full`` (retryable) at once, never silently dropped.
 - **Crash safety**: the pool polls its children every tick. A worker that exits (crash,
@@ -43,7 +43,9 @@ from typing import Any
 import zmq
 from loguru import logger
 
+from uniun.actors.embedding.model_gate import ModelGate
 from uniun.models.convert.embedding import MODEL_ID
+from uniun.models.store import ModelStore
 from uniun.protocol import messages as m
 from uniun.protocol import requests as rq
 from uniun.protocol.codec import DEFAULT_LIMITS, EncodeError, Limits, encode, try_decode
@@ -51,20 +53,27 @@ from uniun.protocol.endpoints import EMBED, remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
 from uniun.actors.embedding.worker import EXIT_MODEL, INTERNAL_LIMITS
 from uniun.actors.embedding.workers import PIDS_FILE, WorkerProcess, publish_pids
-from uniun.runtime.paths import ensure_private_dir, logs_dir, run_dir
 
 POLL_MS = 100  # loop tick: how often children are checked when no message arrives, ms
 DRAIN = 256  # messages read from one socket per tick before looking at the other
-MODEL_RETRY_S = 30.0  # a model that could not be made is tried again after this, s
 STOP_GRACE_S = 3.0  # running requests get this long to finish on stop, s
 ALLOWED = frozenset({m.EMBED, m.PING, m.STATUS})
 
 
 @dataclass(frozen=True)
 class PoolSettings:
-    """How one pool runs. Defaults match ``[embed]`` of the runtime config."""
+    """How one pool runs. Defaults match ``[embed]`` of the runtime config.
+
+    The folders and the worker command are the runtime's to choose: ``run_dir`` holds the
+    private worker socket and the published pids, ``logs_dir`` one log per worker,
+    ``worker_argv`` starts one worker process (``runtime/embed_worker_main.py``).
+    """
 
     endpoint: str
+    store: ModelStore
+    run_dir: Path
+    logs_dir: Path
+    worker_argv: tuple[str, ...]
     workers: int = 2  # processes = requests served at once
     queue_bound: int = 64  # requests waiting at most; more get queue_full
     model_id: str = MODEL_ID
@@ -108,21 +117,19 @@ class EmbedPool:
         self.endpoint = settings.endpoint
         self.dim: int | None = None
         self._rid = 0
-        self._model_dir: Path | None = None
-        self._model_error: str | None = None
-        self._model_thread: threading.Thread | None = None
-        self._model_next_try = 0.0
+        self.model = ModelGate(settings.store, settings.model_id)
         self._ctx = zmq.Context()
         self.front = self._ctx.socket(zmq.ROUTER)
         self.back = self._ctx.socket(zmq.ROUTER)
-        self._back_path = run_dir() / f"embed-workers-{os.getpid()}.sock"
+        self._back_path = settings.run_dir / f"embed-workers-{os.getpid()}.sock"
         self._published: dict[str, int] = {}
         self.last_tick = time.monotonic()  # the loop's heartbeat, for the health check
 
     # -- life ---------------------------------------------------------------------------
     def bind(self) -> str:
         """Bind both sockets and publish the front endpoint; returns it."""
-        ensure_private_dir(run_dir())
+        self.s.run_dir.mkdir(parents=True, exist_ok=True)
+        os.chmod(self.s.run_dir, 0o700)
         self.front.setsockopt(zmq.LINGER, 1000)
         # Frames between the protocol limit and this are read and answered bad_envelope;
         # only absurd ones make ZeroMQ drop the connection.
@@ -192,8 +199,8 @@ class EmbedPool:
             self._admit(route, req)
 
     def _admit(self, route: list[bytes], req: rq.Embed) -> None:
-        if self._model_error is not None:
-            self._reply(route, m.reply_error(req.id, self._model_unavailable()))
+        if self.model.error is not None:
+            self._reply(route, m.reply_error(req.id, self.model.unavailable()))
             return
         if len(self.queue) >= self.s.queue_bound and not self._idle_worker():
             self.counters.rejected_full += 1
@@ -226,7 +233,7 @@ class EmbedPool:
     def status(self) -> dict[str, Any]:
         """The ``status`` reply body: workers, queue, counters."""
         return {"model_id": self.s.model_id, "dim": self.dim,
-                "model_ready": self._model_dir is not None, "model_error": self._model_error,
+                "model_ready": self.model.folder is not None, "model_error": self.model.error,
                 "workers": [w.summary() for w in self.workers],
                 "processes": {w.name: w.pid for w in self.workers if w.pid is not None},
                 "queued": len(self.queue), "running": self._running(),
@@ -289,7 +296,7 @@ class EmbedPool:
 
     def _tick(self) -> None:
         now = time.monotonic()
-        self._tick_model(now)
+        self.model.tick(now)
         self._fail_queue_if_no_model()
         for worker in self.workers:
             code = worker.exit_code()
@@ -299,52 +306,24 @@ class EmbedPool:
                 logger.error("{} busy for over {:.0f} s; killing it", worker.name,
                              self.s.request_timeout_s)
                 worker.kill()
-            if worker.proc is None and self._model_dir is not None and now >= worker.next_start:
-                worker.spawn(backend=f"ipc://{self._back_path}", model_dir=self._model_dir,
-                             threads=self.s.threads, log_level=self.s.log_level,
-                             log_file=logs_dir() / f"{worker.name}.log")
+            if worker.proc is None and self.model.folder is not None and now >= worker.next_start:
+                worker.spawn(self.s.worker_argv, backend=f"ipc://{self._back_path}",
+                             model_dir=self.model.folder, threads=self.s.threads,
+                             log_level=self.s.log_level,
+                             log_file=self.s.logs_dir / f"{worker.name}.log")
         pids = {w.name: w.pid for w in self.workers if w.pid is not None}
         if self.s.publish_endpoint and pids != self._published:
-            publish_pids(run_dir(), pids)  # the scheduler's status lists embed-N from it
+            publish_pids(self.s.run_dir, pids)  # the scheduler's status lists embed-N from it
             self._published = pids
         self._dispatch()
 
-    def _tick_model(self, now: float) -> None:
-        if self._model_dir is not None or self._model_thread is not None:
-            return
-        if now < self._model_next_try:
-            return
-        self._model_thread = threading.Thread(target=self._prepare_model, daemon=True,
-                                              name="embed-model")
-        self._model_thread.start()
-
-    def _prepare_model(self) -> None:
-        """Thread: make the model ready. It only assigns fields; the loop acts on them."""
-        from uniun.models.store import ensure_model
-
-        try:
-            self._model_dir = ensure_model(self.s.model_id)
-            self._model_error = None
-        except Exception as exc:  # noqa: BLE001 - any failure is reported to clients
-            self._model_next_try = time.monotonic() + MODEL_RETRY_S
-            self._model_error = f"{type(exc).__name__}: {exc}"
-            logger.error("embedding model {} is not available: {}", self.s.model_id, exc)
-        finally:
-            self._model_thread = None
-
-    def _model_unavailable(self) -> ProtocolError:
-        return ProtocolError(ErrorCode.UNKNOWN_MODEL,
-                             f"embedding model {self.s.model_id} is not available "
-                             f"({self._model_error}); run `uniun-runtime models pull "
-                             f"{self.s.model_id}`", retryable=True)
-
     def _fail_queue_if_no_model(self) -> None:
         """With no model and no ready worker, waiting requests would wait forever."""
-        if self._model_error is None or not self.queue:
+        if self.model.error is None or not self.queue:
             return
         if any(w.ready for w in self.workers):
             return
-        err = self._model_unavailable()
+        err = self.model.unavailable()
         while self.queue:
             self._answer_error(self.queue.popleft(), err)
 
@@ -364,8 +343,7 @@ class EmbedPool:
                 self.counters.requeued += 1
                 self.queue.appendleft(req)
         if not was_ready and code == EXIT_MODEL and not any(w.ready for w in self.workers):
-            self._model_error = f"the workers cannot load it (see {worker.name}.log)"
-            self._model_dir, self._model_next_try = None, now + MODEL_RETRY_S
+            self.model.failed(f"the workers cannot load it (see {worker.name}.log)", now)
 
     # -- stop -----------------------------------------------------------------------------
     def _shutdown(self) -> None:
@@ -388,7 +366,7 @@ class EmbedPool:
             worker.wait_or_kill(STOP_GRACE_S)
         if self.s.publish_endpoint:
             remove_endpoint(EMBED, only_if=self.endpoint)
-            (run_dir() / PIDS_FILE).unlink(missing_ok=True)
+            (self.s.run_dir / PIDS_FILE).unlink(missing_ok=True)
         self.front.close(linger=1000)
         self.back.close(linger=0)
         self._ctx.term()
@@ -396,11 +374,3 @@ class EmbedPool:
         if self.endpoint.startswith("ipc://"):  # libzmq leaves the file; clients check it
             Path(self.endpoint[len("ipc://"):]).unlink(missing_ok=True)
         logger.info("embedding pool stopped")
-
-
-# -- entry points: ``embed_main.py`` (process and CLI); the benchmark ---------------------
-def bench(results_dir: Path | None = None, **kwargs: Any) -> dict[str, Any]:
-    """Embedding throughput of a real pool of 2; see :func:`uniun.runtime.bench.embedding.run`."""
-    from uniun.runtime.bench.embedding import run
-
-    return run(results_dir, **kwargs)

@@ -1,7 +1,7 @@
 """One embedding worker process: one ONNX session, one request at a time.
 
-The pool (``pool.py``) spawns ``python -m uniun.actors.embedding.worker`` N times and
-is the only peer a worker has. Why a process per worker rather than threads: a worker
+The pool (``pool.py``) spawns N of these processes (their entry point is
+``runtime/embed_worker_main.py``) and is the only peer a worker has. Why a process per worker rather than threads: a worker
 that crashes (or is SIGKILLed by the pool for hanging) takes nothing else with it, and
 the pool re-runs its request on a fresh one.
 
@@ -21,14 +21,10 @@ Exit codes: 0 on SIGTERM or when the pool went away, 3 when the model cannot be 
 
 from __future__ import annotations
 
-import argparse
 import os
-import signal
-import sys
 import threading
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import zmq
 from loguru import logger
@@ -36,8 +32,7 @@ from loguru import logger
 from uniun.protocol.codec import Limits, encode, try_decode
 from uniun.protocol.errors import ProtocolError
 
-if TYPE_CHECKING:
-    from uniun.models.embedding import EmbeddingSession
+from uniun.models.embedding import EmbeddingSession
 
 EXIT_MODEL = 3
 # Pool <-> worker frames: a ``work`` message carries a whole client request (up to the
@@ -46,23 +41,9 @@ INTERNAL_LIMITS = Limits(frame_bytes=8 << 20, max_str_len=8 << 20, max_bin_len=8
 POLL_MS = 500  # how often an idle worker checks its stop flag and its parent, ms
 
 
-def _die_with(parent_pid: int) -> None:
-    """SIGKILL us when the pool dies (Linux), and exit if it already has."""
-    try:
-        import ctypes
-
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        pass
-    if os.getppid() != parent_pid:
-        os._exit(1)
-
-
 def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads: int = 1,
           parent_pid: int | None = None, stop: threading.Event | None = None) -> int:
     """Load the model, say ``ready``, then answer ``work`` until told to stop."""
-    from uniun.models.embedding import EmbeddingSession
-
     stop = stop or threading.Event()
     try:
         session = EmbeddingSession(model_dir, threads=threads)
@@ -108,35 +89,3 @@ def _answer(session: EmbeddingSession, msg: dict[str, Any]) -> bytes:
         logger.exception("request {} failed", rid)
         return encode({"type": "failed", "rid": rid,
                        "message": f"{type(exc).__name__}: {exc}"[:500]}, INTERNAL_LIMITS)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m uniun.actors.embedding.worker",
-                                     description="One embedding worker (the pool spawns these).")
-    parser.add_argument("--name", required=True, help="e.g. embed-0")
-    parser.add_argument("--identity", required=True, help="DEALER identity, NAME.GENERATION")
-    parser.add_argument("--backend", required=True, help="the pool's worker endpoint")
-    parser.add_argument("--model-dir", required=True, type=Path)
-    parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--parent-pid", type=int, default=None)
-    parser.add_argument("--log-file", type=Path, default=None)
-    parser.add_argument("--log-level", default="INFO")
-    args = parser.parse_args(argv)
-    if args.parent_pid is not None:
-        _die_with(args.parent_pid)
-    from uniun.runtime.logging_setup import configure_logging
-
-    configure_logging(args.name, log_file=args.log_file, level=args.log_level)
-    stop = threading.Event()
-
-    def _stop(signum: int, _frame: object) -> None:
-        stop.set()
-
-    signal.signal(signal.SIGTERM, _stop)
-    signal.signal(signal.SIGINT, _stop)
-    return serve(args.name, args.identity.encode(), args.backend, args.model_dir,
-                 threads=args.threads, parent_pid=args.parent_pid, stop=stop)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,12 +49,13 @@ class WorkerProcess:
     def pid(self) -> int | None:
         return self.proc.pid if self.proc is not None else None
 
-    def spawn(self, *, backend: str, model_dir: Path, threads: int, log_level: str,
-              log_file: Path) -> None:
-        """Start a new incarnation; it says ``ready`` on ``backend`` once loaded."""
+    def spawn(self, argv: tuple[str, ...], *, backend: str, model_dir: Path, threads: int,
+              log_level: str, log_file: Path) -> None:
+        """Start a new incarnation (``argv`` runs one worker process); it says ``ready`` on
+        ``backend`` once loaded."""
         self.generation += 1
         self.identity = f"{self.name}.{self.generation}".encode()
-        cmd = [sys.executable, "-m", "uniun.actors.embedding.worker", "--name", self.name,
+        cmd = [*argv, "--name", self.name,
                "--identity", self.identity.decode(), "--backend", backend,
                "--model-dir", str(model_dir), "--threads", str(threads),
                "--parent-pid", str(os.getpid()), "--log-level", log_level,

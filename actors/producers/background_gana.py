@@ -37,6 +37,8 @@ from uniun.actors.producers.gana_cron import GanaFile
 from uniun.actors.producers.gana_schedule import GanaDef, due_slot, fire_job_id, gana_messages
 from uniun.actors.producers.lifecycle import BACKGROUND, LifecycleWatch
 from uniun.actors.producers.results import ResultsStore
+from uniun.models.convert.recipes import ensure_model
+from uniun.models.store import ModelStore
 from uniun.actors.producers.results_fires import (OWNER_BACKGROUND, Fire, adopt_expired, claim_fire,
                                          finish_fire, renew_lease)
 
@@ -58,8 +60,9 @@ class BackgroundSettings:
 class SessionCache:
     """One loaded decoder at a time, by model id (loading takes seconds: keep it)."""
 
-    def __init__(self, threads: int = 1,
-                 loader: Callable[[str, int], Any] | None = None) -> None:
+    def __init__(self, store: ModelStore, threads: int = 1,
+                 loader: Callable[[ModelStore, str, int], Any] | None = None) -> None:
+        self.store = store
         self.threads = threads
         self._loader = loader or _load_session
         self.model_id: str | None = None
@@ -68,7 +71,7 @@ class SessionCache:
     def get(self, model_id: str) -> Any:
         if self.model_id != model_id:
             self.unload()
-            self.session = self._loader(model_id, self.threads)
+            self.session = self._loader(self.store, model_id, self.threads)
             self.model_id = model_id
         return self.session
 
@@ -79,12 +82,13 @@ class SessionCache:
         self.session, self.model_id = None, None
 
 
-def _load_session(model_id: str, threads: int) -> Any:
+def _load_session(store: ModelStore, model_id: str, threads: int) -> Any:
+    # Imported here: onnxruntime costs memory, and this process loads a model only while
+    # the app is in the background.
     from uniun.models.session import DecoderSession
-    from uniun.models.store import ensure_model
 
-    return DecoderSession.load(ensure_model(model_id), threads=threads, model_id=model_id,
-                               spinning=False)
+    return DecoderSession.load(ensure_model(model_id, store), threads=threads,
+                               model_id=model_id, spinning=False)
 
 
 class BackgroundGana:
@@ -169,10 +173,3 @@ class BackgroundGana:
 
     def close(self) -> None:
         self.sessions.unload()
-
-
-def main(config: Any) -> int:
-    """Process entry (``python -m uniun.runtime.process background-gana``)."""
-    from uniun.runtime.producers_main import background_gana_logic, run_producer
-
-    return run_producer(lambda: background_gana_logic(config))

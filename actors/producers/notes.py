@@ -55,8 +55,13 @@ def scan_notes(root: Path, previous: dict[str, NoteFile] | None = None, *,
                 data = path.read_bytes()
             except OSError:
                 continue
-            out[rel] = NoteFile(rel, hashlib.sha256(data).hexdigest(), len(data), st.st_mtime_ns)
+            out[rel] = NoteFile(rel, note_hash(data), len(data), st.st_mtime_ns)
     return out
+
+
+def note_hash(data: bytes) -> str:
+    """The content hash that names a note's text (knowledge rows, extraction job ids)."""
+    return hashlib.sha256(data).hexdigest()
 
 
 def read_note(root: Path, rel: str) -> str:

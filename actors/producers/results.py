@@ -28,7 +28,6 @@ from typing import Any
 
 import numpy as np
 
-from uniun.runtime.paths import uniun_home
 from uniun.actors.producers.results_schema import MIGRATIONS, SCHEMA_VERSION
 
 RESULT_KINDS = ("knowledge", "embedding", "card", "gana", "chat")
@@ -39,10 +38,6 @@ class SchemaTooNew(RuntimeError):
     """The database was written by a newer runtime; refusing to touch it."""
 
 
-def default_path() -> Path:
-    return uniun_home() / "results.db"
-
-
 def _dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=False, separators=(",", ":"))
 
@@ -50,8 +45,8 @@ def _dumps(value: Any) -> str:
 class ResultsStore:
     """A connection to the results database. Thread-safe (one lock around the connection)."""
 
-    def __init__(self, path: Path | None = None) -> None:
-        self.path = Path(path) if path is not None else default_path()
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._lock = threading.RLock()
         self._conn = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, isolation_level=None,
@@ -224,11 +219,6 @@ class ResultsStore:
                 (conversation, role, content, job_id,
                  None if timings is None else _dumps(timings), time.time()))
 
-    def chat_history(self, conversation: str) -> list[dict[str, Any]]:
-        rows = self.query("SELECT role, content, job_id, created FROM chat_messages"
-                          " WHERE conversation=? ORDER BY id", (conversation,))
-        return [dict(r) for r in rows]
-
     # -- the producers' jobs ----------------------------------------------------------
 
     def record_job(self, job_id: str, producer: str, job: dict[str, Any],
@@ -295,11 +285,6 @@ class ResultsStore:
                                " AND state IN ('pending','submitted') AND updated < ?",
                                (to_producer, now, from_producer, now - idle_s))
             return cur.rowcount
-
-    def count_jobs(self, producer: str, state: str) -> int:
-        rows = self.query("SELECT count(*) FROM producer_jobs WHERE producer=? AND state=?",
-                          (producer, state))
-        return int(rows[0][0])
 
     # -- listing (``uniun-runtime results``) ----------------------------------------
 

@@ -1,7 +1,7 @@
 """Rules for reusing what a runner already holds: parked states and spill files.
 
-Pure functions beside :mod:`uniun.actors.runner.worker`, so the worker reads as the
-actor loop it is. The rule they serve: a job continues after exactly the tokens the
+Pure functions beside :mod:`uniun.actors.runner.jobs`, so its command handlers read as
+the steps they take. The rule they serve: a job continues after exactly the tokens the
 scheduler streamed — from a snapshot whose ids *begin with* those tokens (any extra ids,
 generated while the scheduler was down, are forgotten and the resume trims the KV), from
 a spill file a killed runner left behind, or by recompute.

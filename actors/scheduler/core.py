@@ -33,56 +33,25 @@ from typing import Any
 
 from loguru import logger
 
-from uniun.actors.policy import PolicyBase
-from uniun.actors.policy.decision import CancelOutcome, Idle, Preempt, ReportOutcome, Run
+from uniun.actors.policy.decision import Idle, Preempt, ReportOutcome, Run
 from uniun.actors.policy.job import PolicyError
-from uniun.actors.scheduler.effects import (Effects, JAccept, JFinish, JPaused, JStarted,
-                                            JToken, Send)
-from uniun.actors.scheduler.jobs import JobRecord, JobTable, done_event, start_command
+from uniun.actors.scheduler.core_requests import ClientRequests
+from uniun.actors.scheduler.core_state import cancelled_event
+from uniun.actors.scheduler.effects import Effects, JPaused, JStarted, JToken
+from uniun.actors.scheduler.jobs import JobRecord, done_event, start_command
 from uniun.actors.scheduler.journal import JournalEntry
-from uniun.actors.scheduler.status import status_body
 from uniun.protocol import messages as m
-from uniun.protocol import requests as rq
 from uniun.protocol import runner_records as rp
-from uniun.protocol.errors import ErrorCode, ProtocolError
+from uniun.protocol.errors import ErrorCode
 
 __all__ = ["SchedulerCore", "MAX_DECISIONS_PER_PUMP"]
 
 MAX_DECISIONS_PER_PUMP = 8  # a Run or Preempt changes state; a few rounds reach Idle
 
-Clock = Callable[[], float]
 
-
-def _cancelled_event(job_id: str) -> dict[str, Any]:
-    return m.event_error(job_id, ErrorCode.CANCELLED, "cancelled by the client")
-
-
-class SchedulerCore:
-    """See the module docstring.
-
-    ``clock``: the policy's clock (monotonic seconds; ``wake_at`` is on it).
-    ``wall``: unix seconds, for what is journaled and reported to clients.
-    ``processes``: name -> pid of the runtime's other processes, for ``status``.
-    """
-
-    def __init__(self, *, policy: PolicyBase, queue_cap: int, clock: Clock, wall: Clock,
-                 processes: Callable[[], dict[str, int]] = dict) -> None:
-        self.policy = policy
-        self.queue_cap = queue_cap
-        self._clock = clock
-        self._wall = wall
-        self._processes = processes
-        self.jobs = JobTable()
-        self.runner: rp.Hello | None = None  # the runner we work with, if one is up
-        self.snapshots = (0, 0)  # parked snapshots on the runner: count, bytes
-        self.draining = False
-
-    # ---- queries --------------------------------------------------------------------
-
-    @property
-    def quiet(self) -> bool:
-        """Nothing runs any more (or there is no runner to run it)."""
-        return self.policy.running is None or self.runner is None
+class SchedulerCore(ClientRequests):
+    """See the module docstring; the client requests are in ``core_requests.py``, the
+    state and the end of a job in ``core_state.py``."""
 
     # ---- start-up -------------------------------------------------------------------
 
@@ -115,127 +84,6 @@ class SchedulerCore:
                                                 "streamed before)", record.generated)
         return fx
 
-    # ---- client requests ------------------------------------------------------------
-
-    def request(self, conn: bytes, request: rq.Request) -> Effects:
-        """One valid request from the front (everything but ``ping``)."""
-        fx = Effects()
-        handler = self._REQUESTS.get(type(request))
-        try:
-            if handler is None:
-                raise ProtocolError(ErrorCode.UNKNOWN_TYPE,
-                                    "this server does not serve that request")
-            handler(self, fx, conn, request)
-        except ProtocolError as err:
-            fx.sends.append(Send(conn, m.reply_error(request.id, err)))
-        except Exception as err:  # our bug: answer it, keep serving
-            logger.exception("request {} failed", type(request).__name__)
-            fx = Effects(sends=[Send(conn, m.reply_error(request.id, ProtocolError(
-                ErrorCode.INTERNAL, f"internal error: {type(err).__name__}")))])
-        return fx
-
-    def accept_failed(self, job_id: str, conn: bytes, msg_id: str, error: str) -> Effects:
-        """The journal could not record an accepted job: forget it and say so."""
-        record = self.jobs.live.get(job_id)
-        if record is not None:
-            self.policy.cancel(job_id)
-            self.jobs.forget(record)
-        logger.bind(job=job_id).error("journal write failed, job refused: {}", error)
-        return Effects(sends=[Send(conn, m.reply_error(msg_id, ProtocolError(
-            ErrorCode.INTERNAL, "the job could not be recorded; retry later",
-            job_id=job_id)))])
-
-    def client_gone(self, conn: bytes) -> Effects:
-        self.jobs.drop_subscriber(conn)
-        return Effects()
-
-    def _submit(self, fx: Effects, conn: bytes, req: rq.Submit) -> None:
-        spec = req.job
-        known = self.jobs.get(spec.job_id)
-        if known is not None:
-            if known.spec != spec:
-                raise ProtocolError(ErrorCode.INVALID_FIELD, "job_id: a different job with "
-                                    "this id was already accepted", field="job_id",
-                                    job_id=spec.job_id)
-            self._subscribe(fx, conn, req.id, known, after_seq=None)
-            return
-        if len(self.jobs) >= self.queue_cap:
-            raise ProtocolError(ErrorCode.QUEUE_FULL, f"{len(self.jobs)} jobs are waiting "
-                                f"(the cap is {self.queue_cap}); retry later",
-                                job_id=spec.job_id)
-        tier = self.policy.submit(spec)  # validates; raises InvalidField, changes nothing
-        now = self._wall()
-        record = JobRecord(spec=spec, accepted_at=now, subscribers={conn}, tier=tier)
-        self.jobs.add(record)
-        fx.journal.append(JAccept(spec, now))
-        fx.sends.append(Send(conn, m.reply_accepted(req.id, spec.job_id, tier)))
-        logger.bind(job=spec.job_id).info("accepted: {} on {}, tier {}, {} tokens max",
-                                          spec.kind, spec.model_id, tier, spec.max_new_tokens)
-
-    def _attach(self, fx: Effects, conn: bytes, req: rq.Attach) -> None:
-        record = self.jobs.get(req.job_id)
-        if record is None:
-            raise ProtocolError(ErrorCode.NOT_FOUND, f"no job {req.job_id!r}", job_id=req.job_id)
-        self._subscribe(fx, conn, req.id, record, after_seq=req.after_seq)
-
-    def _subscribe(self, fx: Effects, conn: bytes, msg_id: str, record: JobRecord, *,
-                   after_seq: int | None) -> None:
-        """Acknowledge (again) and replay what the client may have missed."""
-        fx.sends.append(Send(conn, m.reply_accepted(msg_id, record.job_id, record.tier,
-                                                    state=record.state,
-                                                    streamed=record.generated)))
-        if after_seq is not None and record.spec.stream:
-            fx.sends.extend(Send(conn, m.event_token(record.job_id, seq, record.texts[seq]))
-                            for seq in range(after_seq + 1, record.generated))
-        if record.final is not None:
-            fx.sends.append(Send(conn, record.final))
-        else:
-            record.subscribers.add(conn)
-
-    def _cancel(self, fx: Effects, conn: bytes, req: rq.Cancel) -> None:
-        record = self.jobs.get(req.job_id)
-        if record is None or record.final is not None:
-            if record is not None and record.final.get("code") == ErrorCode.CANCELLED.value:
-                fx.sends.append(Send(conn, m.reply_cancelled(req.id, req.job_id)))  # idempotent
-                return
-            what = "has already ended" if record is not None else "is not known"
-            raise ProtocolError(ErrorCode.NOT_FOUND, f"job {req.job_id!r} {what}",
-                                job_id=req.job_id)
-        outcome = self.policy.cancel(req.job_id)
-        log = logger.bind(job=req.job_id)
-        if outcome is CancelOutcome.REMOVED:
-            if record.on_runner:
-                fx.commands.append(rp.Drop(job_id=req.job_id))
-            self._end(fx, record, _cancelled_event(req.job_id))
-            log.info("cancelled while waiting")
-        elif outcome is CancelOutcome.STOP_RUNNING:
-            if record.state != "cancelling":
-                record.state = "cancelling"
-                fx.commands.append(rp.Cancel(job_id=req.job_id))
-            log.info("cancelling while running")
-        else:  # live in our table but not in the policy's: a bug, said as not_found
-            raise ProtocolError(ErrorCode.NOT_FOUND, f"job {req.job_id!r} is not known",
-                                job_id=req.job_id)
-        fx.sends.append(Send(conn, m.reply_cancelled(req.id, req.job_id)))
-
-    def _foreground(self, fx: Effects, conn: bytes, req: rq.Foreground) -> None:
-        self.policy.set_foreground(req.kind)
-        fx.sends.append(Send(conn, m.reply_ok(req.id)))
-
-    def _lifecycle(self, fx: Effects, conn: bytes, req: rq.Lifecycle) -> None:
-        self.policy.set_lifecycle(req.state)
-        fx.sends.append(Send(conn, m.reply_ok(req.id)))
-
-    def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest) -> None:
-        body = status_body(self.policy, self.jobs, self.runner, self.snapshots,
-                           self._processes(), queue_cap=self.queue_cap)
-        fx.sends.append(Send(conn, m.reply_status(req.id, body)))
-
-    _REQUESTS: dict[type, Callable[..., None]] = {
-        rq.Submit: _submit, rq.Attach: _attach, rq.Cancel: _cancel,
-        rq.Foreground: _foreground, rq.Lifecycle: _lifecycle, rq.StatusRequest: _status,
-    }
-
     # ---- the runner -----------------------------------------------------------------
 
     def runner_up(self, hello: rp.Hello) -> Effects:
@@ -249,8 +97,9 @@ class SchedulerCore:
             else:
                 # Equal counts: a Resume will do. Otherwise (it ran on while we were
                 # down) a full Start follows, and the runner keeps what of its snapshot
-                # matches the tokens we streamed.
-                record.on_runner = record.generated == generated
+                # matches the tokens we streamed; either way it holds the job.
+                record.on_runner = True
+                record.in_sync = record.generated == generated
         if hello.model_id:
             self.policy.on_model_loaded(hello.model_id)
         return fx
@@ -262,7 +111,7 @@ class SchedulerCore:
         self.snapshots = (0, 0)
         self.policy.loaded_model = None  # the next runner says what it has
         for record in self.jobs.live.values():
-            record.on_runner = False
+            record.on_runner = record.in_sync = False
         job = self.policy.running
         if job is None:
             return fx
@@ -274,7 +123,7 @@ class SchedulerCore:
             log.warning("runner lost ({}); resumes after its {} streamed tokens",
                         reason, record.generated)
         elif outcome is ReportOutcome.CANCELLED:
-            self._end(fx, record, _cancelled_event(job.job_id))
+            self._end(fx, record, cancelled_event(job.job_id))
         else:
             log.warning("runner lost ({}) during a chat; the client may retry", reason)
             self._end(fx, record, m.event_error(job.job_id, ErrorCode.RUNNER_FAILED,
@@ -347,7 +196,7 @@ class SchedulerCore:
             return
         fx.commands.append(rp.Drop(job_id=record.job_id))
         if outcome is ReportOutcome.CANCELLED:
-            self._end(fx, record, _cancelled_event(record.job_id))
+            self._end(fx, record, cancelled_event(record.job_id))
         else:  # a chat stopped by something other than its own cancel
             code = ErrorCode.SHUTTING_DOWN if self.draining else ErrorCode.CANCELLED
             self._end(fx, record, m.event_error(
@@ -359,13 +208,13 @@ class SchedulerCore:
         record.tail = rep.tail
         record.prompt_tokens = rep.prompt_tokens
         if record.state == "cancelling":  # the cancel was acknowledged: it wins the race
-            self._end(fx, record, _cancelled_event(record.job_id))
+            self._end(fx, record, cancelled_event(record.job_id))
         else:
             self._end(fx, record, done_event(record, rep.finish_reason, self._wall()))
 
     def _cancelled(self, fx: Effects, record: JobRecord, rep: rp.Cancelled) -> None:
         self.policy.on_cancelled(record.job_id, rep.seconds)
-        self._end(fx, record, _cancelled_event(record.job_id))
+        self._end(fx, record, cancelled_event(record.job_id))
 
     def _failed(self, fx: Effects, record: JobRecord, rep: rp.Failed) -> None:
         self.policy.on_failed(record.job_id, rep.seconds)
@@ -375,7 +224,7 @@ class SchedulerCore:
 
     def _unknown(self, fx: Effects, record: JobRecord, rep: rp.Unknown) -> None:
         running = self.policy.running
-        record.on_runner = False
+        record.on_runner = record.in_sync = True  # the Start gives it the job's record again
         fx.commands.append(start_command(record, running.grant if running else None))
 
     _REPORTS: dict[type, Callable[..., None]] = {
@@ -413,11 +262,11 @@ class SchedulerCore:
         if d.swap:
             fx.commands.append(rp.Load(model_id=d.model_id))
         grant = d.token_grant or 0
-        if record.on_runner:
+        if record.in_sync:
             fx.commands.append(rp.Resume(job_id=d.job_id, generated=record.generated,
                                          grant=grant))
         else:
-            record.on_runner = True
+            record.on_runner = record.in_sync = True
             fx.commands.append(start_command(record, grant))
 
     def _preempt(self, fx: Effects, d: Preempt) -> None:
@@ -439,21 +288,3 @@ class SchedulerCore:
                 record.state, record.pause_reason = "pausing", "preempted"
                 fx.commands.append(rp.Pause(job_id=running.job_id))
         return fx
-
-    # ---- output ---------------------------------------------------------------------
-
-    @staticmethod
-    def _emit(fx: Effects, record: JobRecord, msg: dict[str, Any]) -> None:
-        fx.sends.extend(Send(conn, msg) for conn in record.subscribers)
-
-    def _end(self, fx: Effects, record: JobRecord, final: dict[str, Any]) -> None:
-        """End a job once: journal the end, then tell every subscriber."""
-        if record.final is not None:
-            logger.bind(job=record.job_id).warning("second end ({}) ignored",
-                                                   final.get("type"))
-            return
-        fx.journal.append(JFinish(record.job_id, final, self._wall()))
-        self._emit(fx, record, final)
-        self.jobs.end(record, final)
-        logger.bind(job=record.job_id).info("ended: {}", final.get("finish_reason")
-                                            or final.get("code"))

@@ -25,6 +25,8 @@ import pykka
 import zmq
 from loguru import logger
 
+from uniun.models.convert.recipes import can_run_jobs
+from uniun.models.store import ModelStore
 from uniun.protocol import messages as m
 from uniun.protocol import requests as rq
 from uniun.protocol.codec import EncodeError, Limits, decode, encode
@@ -76,9 +78,10 @@ class _Inbound:
 
 
 class ModelIds:
-    """``model_id in ModelIds()``: a decoder a job can run on (see ``store.can_run_jobs``)."""
+    """``model_id in ModelIds(store)``: a decoder a job can run on (see ``can_run_jobs``)."""
 
-    def __init__(self) -> None:
+    def __init__(self, store: ModelStore) -> None:
+        self._store = store
         self._known: set[str] = set()
 
     def __contains__(self, model_id: object) -> bool:
@@ -86,9 +89,7 @@ class ModelIds:
             return False
         if model_id in self._known:
             return True
-        from uniun.models import store  # late: keeps the front importable without models
-
-        ok = store.can_run_jobs(model_id)
+        ok = can_run_jobs(model_id, self._store)
         if ok:
             self._known.add(model_id)
         return ok

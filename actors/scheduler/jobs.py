@@ -39,7 +39,8 @@ class JobRecord:
     preemptions: int = 0
     tier: int = 4
     state: str = "queued"  # queued | loading | running | pausing | paused | cancelling | ended
-    on_runner: bool = False  # the current runner holds a record of this job
+    on_runner: bool = False  # the current runner holds a record of this job (Drop it)
+    in_sync: bool = False  # ... at exactly our token count, so a Resume will do
     started: bool = False  # a segment has started at least once (for chat: interrupted?)
     resumed: bool = False  # the current dispatch continues earlier work
     pause_reason: str | None = None  # why the host asked the runner to pause
@@ -83,7 +84,7 @@ class JobTable:
         """Move a job to the ended list with its terminal event."""
         record.final = final
         record.state = "ended"
-        record.on_runner = False
+        record.on_runner = record.in_sync = False
         self.live.pop(record.job_id, None)
         self._ended[record.job_id] = record
         while len(self._ended) > self._keep_ended:

@@ -10,7 +10,7 @@ at a time: the one that said ``Hello`` last, addressed by its routing id. It
 - answers every runner heartbeat with its own, whose ``ack`` names the runner it works
   with, so a runner it does not know (after a scheduler restart, or after being declared
   dead) says Hello again;
-- declares the runner dead when it was silent for ``LIVENESS`` intervals, when a send to
+- declares the runner dead when it was silent past its :class:`Liveness`, when a send to
   it fails (ROUTER_MANDATORY; a beat goes to it every interval, so a killed runner is
   noticed within one), or when a new runner says Hello, and tells the host
   :class:`RunnerDown` before the new :class:`RunnerUp`.
@@ -29,6 +29,8 @@ import zmq
 from loguru import logger
 
 from uniun.protocol import runner_records as rp
+from uniun.protocol.liveness import Liveness
+from uniun.protocol.runner_socket import runner_socket
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 
 __all__ = ["RunnerLinkActor", "OpenLink", "ToRunner", "FromRunner", "RunnerUp",
@@ -94,12 +96,11 @@ class _Tick:
 class RunnerLinkActor(pykka.ThreadingActor):
     """See the module docstring."""
 
-    def __init__(self, *, host: pykka.ActorRef, endpoint: str, heartbeat_s: float,
-                 liveness: int, ctx: zmq.Context) -> None:
+    def __init__(self, *, host: pykka.ActorRef, endpoint: str, liveness: Liveness,
+                 ctx: zmq.Context) -> None:
         super().__init__()
         self._host = host
         self._endpoint = endpoint
-        self._heartbeat_s = heartbeat_s
         self._liveness = liveness
         self._ctx = ctx
         self._boot = rp.new_boot()
@@ -114,11 +115,8 @@ class RunnerLinkActor(pykka.ThreadingActor):
     # ---- lifecycle ------------------------------------------------------------------
 
     def _make_socket(self, ctx: zmq.Context) -> zmq.Socket:
-        sock = ctx.socket(zmq.ROUTER)
+        sock = runner_socket(ctx, zmq.ROUTER)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-        sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.SNDHWM, 100_000)
-        sock.setsockopt(zmq.RCVHWM, 100_000)
         sock.bind(self._endpoint)
         return sock
 
@@ -126,7 +124,7 @@ class RunnerLinkActor(pykka.ThreadingActor):
         self._pump = SocketPump(
             "runner-link", self._ctx, self._make_socket,
             lambda frames: self.actor_ref.tell(_Inbound(frames)),
-            tick_s=self._heartbeat_s,
+            tick_s=self._liveness.interval_s,
             on_tick=self._on_tick,
             on_unroutable=lambda frames, why: self.actor_ref.tell(_Unroutable(frames[0])))
         self._pump.start()
@@ -215,7 +213,7 @@ class RunnerLinkActor(pykka.ThreadingActor):
     def _check_liveness(self, now: float) -> None:
         if self._peer is None:
             return
-        if now - self._last_seen > self._liveness * self._heartbeat_s:
+        if self._liveness.dead(self._last_seen, now):
             self._lose(f"silent for {now - self._last_seen:.1f} s")
         elif self._outbox is not None:
             # Unprompted beat: ROUTER_MANDATORY makes a send to a runner whose socket has

@@ -41,6 +41,9 @@ from typing import Any
 from uniun.protocol import messages as m
 from uniun.protocol.client import Client, JobFailed
 from uniun.runtime.state import read_state
+from uniun.models.convert.recipes import ensure_model
+from uniun.models.store import ModelStore
+from uniun.runtime.paths import models_dir
 
 Log = Callable[[str], None]
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
@@ -246,11 +249,10 @@ def model_bench(model: str, *, reps: int, log: Log) -> dict[str, Any] | None:
     """The model room's session benchmark, if it is there."""
     try:
         from uniun.models.bench import run_bench
-        from uniun.models.store import ensure_model
     except ImportError:
         return None
     log(f"model bench ({model})")
-    return dict(run_bench(ensure_model(model), threads=2, reps=reps,
+    return dict(run_bench(ensure_model(model, ModelStore(models_dir())), threads=2, reps=reps,
                           log=lambda msg: log(f"  {msg}")))
 
 

@@ -26,6 +26,9 @@ from typing import Any
 
 import numpy as np
 
+from uniun.models.store import ModelStore
+from uniun.runtime.paths import models_dir
+
 _WORDS = ("note meeting project embedding model runtime queue worker chat deck card "
           "agent schedule token cache memory river mountain market weather garden "
           "friday budget design review release summary question answer idea travel "
@@ -81,7 +84,7 @@ def run(results_dir: Path | None = None, *, workers: int = 2, requests: int = 48
         finally:
             pool.terminate()
             pool.wait(timeout=30)
-    session = EmbeddingSession.open(threads=1)
+    session = EmbeddingSession.open(ModelStore(models_dir()), threads=1)
     session.embed(texts[:8])
     t0 = time.perf_counter()
     for batch in batches:  # the same requests, one after another, in this process

@@ -31,7 +31,7 @@ class ChatLog:
                 from uniun.runtime.commands.producer_common import runtime_config
                 from uniun.actors.producers.results import ResultsStore
 
-                self._store = ResultsStore(runtime_config().home / "results.db")
+                self._store = ResultsStore(runtime_config().results_path)
             self._store.add_chat_message(self.conversation, "user", user)
             self._store.add_chat_message(self.conversation, "assistant", answer)
         except Exception as err:  # history is a convenience; the chat is what matters

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from uniun.runtime.config import ConfigError, load_config, load_config_text
+from uniun.runtime.config_toml import dump_config, reference_markdown
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -28,7 +29,6 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace) -> int:
     if args.reference:
-        from uniun.runtime.config_toml import reference_markdown
         sys.stdout.write(reference_markdown())
         return 0
     try:
@@ -36,5 +36,5 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as err:
         print(f"uniun-runtime: {err}", file=sys.stderr)
         return 2
-    sys.stdout.write(config.to_toml(comments=not args.bare, portable=args.example))
+    sys.stdout.write(dump_config(config, comments=not args.bare, portable=args.example))
     return 0

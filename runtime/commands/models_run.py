@@ -58,10 +58,12 @@ def _quiet_logs() -> None:
 
 
 def _model_dir(model_id: str) -> Path | None:
-    from uniun.models.store import ModelStoreError, ensure_model
+    from uniun.models.convert.recipes import ensure_model
+    from uniun.models.store import ModelStore, ModelStoreError
+    from uniun.runtime.paths import models_dir
 
     try:
-        return ensure_model(model_id)
+        return ensure_model(model_id, ModelStore(models_dir()))
     except ModelStoreError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return None

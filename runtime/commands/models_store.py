@@ -11,6 +11,9 @@ import json
 import sys
 from collections.abc import Callable
 
+from uniun.models.store import ModelStore, ModelStoreError
+from uniun.runtime.paths import models_dir
+
 EXIT_ERROR = 1
 
 
@@ -18,8 +21,6 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
     """Print ``ModelStoreError`` as ``error: ...`` instead of a traceback."""
 
     def run(args: argparse.Namespace) -> int:
-        from uniun.models.store import ModelStoreError
-
         try:
             return func(args)
         except ModelStoreError as exc:
@@ -29,10 +30,18 @@ def _guarded(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
     return run
 
 
-def _pull(args: argparse.Namespace) -> int:
-    from uniun.models.convert.pull import pull
+def _store() -> ModelStore:
+    return ModelStore(models_dir())
 
-    path = pull(args.model_id, force=args.force)
+
+def _pull(args: argparse.Namespace) -> int:
+    from uniun.models.convert.pull import PULLABLE
+    from uniun.models.convert.recipes import RECIPES, ensure_model
+
+    if args.model_id not in PULLABLE and args.model_id not in RECIPES:
+        raise ModelStoreError(f"{args.model_id!r} cannot be pulled; known: "
+                              f"{', '.join(sorted(set(PULLABLE) | set(RECIPES)))}")
+    path = ensure_model(args.model_id, _store(), rebuild=args.force)
     print(f"{args.model_id}: {path}")
     return 0
 
@@ -40,23 +49,21 @@ def _pull(args: argparse.Namespace) -> int:
 def _import(args: argparse.Namespace) -> int:
     from uniun.models.convert.hf_import import import_folder
 
-    path = import_folder(args.folder, model_id=args.id, force=args.force)
+    path = import_folder(args.folder, _store(), model_id=args.id, force=args.force)
     print(f"{path.name}: {path}")
     return 0
 
 
 def _build_tiny(args: argparse.Namespace) -> int:
-    from uniun.models.convert.tiny import build_tiny
+    from uniun.models.convert.recipes import ensure_model
 
-    path = build_tiny(args.seed, force=args.force)
+    path = ensure_model(f"tiny-{args.seed}", _store(), rebuild=args.force)
     print(f"tiny-{args.seed}: {path}")
     return 0
 
 
 def _list(args: argparse.Namespace) -> int:
-    from uniun.models.store import ModelStore
-
-    store = ModelStore()
+    store = _store()
     infos = store.list()
     if args.json:
         print(json.dumps({"store": str(store.root),
@@ -74,9 +81,7 @@ def _list(args: argparse.Namespace) -> int:
 
 
 def _rm(args: argparse.Namespace) -> int:
-    from uniun.models.store import ModelStore
-
-    ModelStore().remove(args.model_id)
+    _store().remove(args.model_id)
     print(f"removed {args.model_id}")
     return 0
 

@@ -15,7 +15,6 @@ A note whose current text was already extracted is shown from the store at once
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from pathlib import Path
@@ -23,7 +22,7 @@ from typing import Any
 
 from uniun.actors.producers.extract import (NAME as EXTRACT, OPEN_NOTE, ExtractSettings,
                                            note_job, store_extraction)
-from uniun.actors.producers.notes import NOTE_SUFFIXES, extract_job_id
+from uniun.actors.producers.notes import NOTE_SUFFIXES, extract_job_id, note_hash
 from uniun.protocol.client import ClientError
 from uniun.runtime.commands.common import (CommandError, add_connection_args, client_command,
                                            connect, describe_done)
@@ -89,7 +88,7 @@ def run(args: argparse.Namespace) -> int:
     folder = notes_dir(config)
     path, rel = resolve_note(args.path, folder)
     data = path.read_bytes()
-    sha = hashlib.sha256(data).hexdigest()
+    sha = note_hash(data)
     store = open_store(config)
     try:
         if not args.again and store.has_knowledge(rel, sha):

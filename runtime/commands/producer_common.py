@@ -35,7 +35,7 @@ def runtime_config() -> RuntimeConfig:
 
 def open_store(config: RuntimeConfig) -> ResultsStore:
     try:
-        return ResultsStore(config.home / "results.db")
+        return ResultsStore(config.results_path)
     except SchemaTooNew as err:
         raise CommandError(str(err)) from None
 

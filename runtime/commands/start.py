@@ -23,8 +23,9 @@ from loguru import logger
 
 from uniun.runtime import process as process_registry
 from uniun.runtime.config import ConfigError, RuntimeConfig, load_config
+from uniun.runtime.config_toml import dump_config
 from uniun.runtime.logging_setup import configure_logging
-from uniun.runtime.paths import ensure_private_dir
+from uniun.runtime.paths import ensure_private_dir, models_dir
 from uniun.runtime.state import (
     EFFECTIVE_CONFIG, RuntimeLock, RuntimeRunning, clear_state, is_running, read_state,
     write_private,
@@ -100,8 +101,10 @@ def _ensure_model(config: RuntimeConfig, children: list[str]) -> bool:
     """
     if not config.models.pull_on_start:
         return True
-    from uniun.models.store import ModelStore, ModelStoreError, ensure_model
-    store = ModelStore()
+    from uniun.models.convert.recipes import ensure_model
+    from uniun.models.store import ModelStore, ModelStoreError
+
+    store = ModelStore(models_dir())
     needed = [model for child, model in (("runner", config.models.chat_model),
                                          ("embed", config.models.embed_model))
               if child in children]
@@ -130,7 +133,7 @@ def serve(config: RuntimeConfig, children: list[str], *, daemon: bool = False) -
     from uniun.protocol.endpoints import remove_endpoint, write_endpoint
     config_file = run_dir / EFFECTIVE_CONFIG
     try:
-        write_private(config_file, config.to_toml())
+        write_private(config_file, dump_config(config))
         write_endpoint(config.front.endpoint)
         supervisor = Supervisor(config, children, config_file=config_file)
         if not daemon:

@@ -25,7 +25,8 @@ from typing import Any
 import msgpack
 import zmq
 
-WAIT_S = 120.0  # generous upper bound for anything to happen
+from tests.wait import WAIT_S, wait_for
+
 
 BASE_CONFIG = """\
 [models]
@@ -62,17 +63,6 @@ def long_job(job_id: str, kind: str, **extra: Any) -> dict[str, Any]:
 def chat_job(job_id: str, **extra: Any) -> dict[str, Any]:
     return {"job_id": job_id, "kind": "chat", "max_new_tokens": 24,
             "messages": [{"role": "user", "content": "Hello! How are you?"}], **extra}
-
-
-def wait_for(what: str, check: Callable[[], Any], timeout: float = WAIT_S,
-             every: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(every)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 class Wire:

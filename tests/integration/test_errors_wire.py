@@ -16,7 +16,9 @@ from collections.abc import Iterator
 import msgpack
 import pytest
 
-from .harness import BASE_CONFIG, Runtime, Wire, long_job, wait_for, wait_tokens
+from tests.wait import wait_for
+
+from .harness import BASE_CONFIG, Runtime, Wire, long_job, wait_tokens
 
 pytestmark = pytest.mark.integration
 

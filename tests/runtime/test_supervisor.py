@@ -13,28 +13,17 @@ import signal
 import stat
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.wait import WAIT_S, wait_for
 from uniun.runtime.supervisor import Child, RestartLimiter, stop_order
 
 pytestmark = pytest.mark.integration
 
 HERE = Path(__file__).resolve().parent
-WAIT_S = 60.0  # generous: a loaded 2-core machine is slow to start Python processes
-
-
-def wait_for(what: str, check: Callable[[], object], timeout: float = WAIT_S) -> object:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = check()
-        if value:
-            return value
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
 
 
 def alive(pid: int) -> bool:

@@ -11,7 +11,7 @@ from tests.actors.policy.harness import MODEL, FakeRunner, spec, uniun
 
 from uniun.actors.policy import Idle, PolicyConfig, Preempt, ReportOutcome, Run
 from uniun.actors.sim.simulator import CostModel, Simulation
-from uniun.actors.sim.trace import Foreground, Submit
+from uniun.actors.sim.trace import Submit
 
 
 def test_scenario_1_chat_preempts_running_nataraj_within_one_token() -> None:

@@ -13,10 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from tests.integration.harness import WAIT_S, Runtime, Wire, wait_for
+from tests.integration.harness import Runtime, Wire
+from tests.wait import WAIT_S
 from uniun.actors.producers.results import ResultsStore
 
-__all__ = ["BASE", "Mesh", "WAIT_S", "Wire", "wait_for"]
+__all__ = ["BASE", "Mesh"]
 
 BASE = """\
 [models]

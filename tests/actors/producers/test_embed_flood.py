@@ -15,7 +15,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from tests.actors.producers.mesh import Mesh, Wire, wait_for
+from tests.actors.producers.mesh import Mesh, Wire
+from tests.wait import wait_for
 from uniun.protocol.client import ClientError
 from uniun.protocol.embed_client import EmbedClient
 

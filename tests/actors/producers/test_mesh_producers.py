@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.actors.producers.mesh import Mesh, wait_for
+from tests.actors.producers.mesh import Mesh
+from tests.wait import wait_for
 
 pytestmark = pytest.mark.integration
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.actors.producers.mesh import Mesh, wait_for
+from tests.actors.producers.mesh import Mesh
+from tests.wait import wait_for
 from uniun.actors.producers.results_fires import fires
 
 pytestmark = pytest.mark.integration

@@ -1,0 +1,313 @@
+"""The runner's jobs: the decoder session, the one active job, the parked ones.
+
+Why apart from :mod:`uniun.actors.runner.worker`: the worker is the actor and its socket
+plumbing (heartbeats, liveness, the Hello handshake); this is the model work it drives,
+with no socket, no thread and no pykka in sight. The worker hands every scheduler command
+to :meth:`RunnerJobs.handle` and every ``_Step`` message to :meth:`RunnerJobs.step`; what
+goes back out leaves through two callables it passes in: ``report`` (a record to the
+scheduler) and ``step_again`` (tell the actor another ``_Step``, so that the next command
+in its inbox is handled before the next token).
+
+State: at most one *active* job (a live ``Generation``); every other job the runner was
+told about sits in the :class:`~uniun.models.parking.ParkingLot` (trim, then spill, then
+drop under its byte cap; the job's progress always stays, so it can resume by recompute).
+Spill files left by a previous runner process are found at start (``orphans``) and
+offered in ``Hello``, so a restarted runner can continue such a job from disk.
+
+Every command handler is total: bad or stale commands are logged and answered, never
+raised, because an exception in the actor's ``tell`` handler would stop the actor and
+with it the process.
+
+Two attributes are read from the worker's pump thread: :attr:`RunnerJobs.active` with
+:attr:`RunnerJobs.session` (to interrupt a pass) and :attr:`RunnerJobs.stats` (for the
+heartbeats); each is one reference, replaced whole, so no lock is needed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from uniun.actors.runner.reuse import already_done, continues, find_orphans, peek_progress
+from uniun.models.decoder_model import Interrupted
+from uniun.models.generate import Generation
+from uniun.models.kv import ParkedState, SnapshotCorrupt
+from uniun.models.parking import ParkingLot
+from uniun.protocol import runner_records as rp
+from uniun.models.convert.recipes import ensure_model
+from uniun.models.store import ModelStore
+
+__all__ = ["RunnerJobs", "PREFILL_CHUNK"]
+
+PREFILL_CHUNK = 64  # prompt positions fed per message, so control is checked during a prefill
+
+
+@dataclass
+class _Active:
+    job_id: str
+    gen: Generation
+    t0: float  # when the segment's runner time was last reported (perf_counter)
+    stop_at: int | None  # generated count at which the grant is spent
+
+    def lap(self) -> float:
+        """Runner seconds since the last report of this segment."""
+        now = time.perf_counter()
+        seconds, self.t0 = now - self.t0, now
+        return seconds
+
+
+class RunnerJobs:
+    """See the module docstring."""
+
+    def __init__(self, *, store: ModelStore, threads: int, parking: ParkingLot,
+                 preload: str | None, report: Callable[[rp.Report], None],
+                 step_again: Callable[[], None]) -> None:
+        self._store = store
+        self._threads = threads
+        self._lot = parking
+        self._preload = preload
+        self._report = report
+        self._step_again = step_again
+        self.session: Any = None  # DecoderSession, imported lazily (onnxruntime)
+        self.active: _Active | None = None
+        self._orphans: dict[str, Path] = {}
+        self.stats = (0, 0)  # (snapshots, snapshot bytes), read by the pump thread
+
+    def find_orphans(self, spill_dir: Path) -> None:
+        """Adopt the spill files a previous runner process left in ``spill_dir``."""
+        self._orphans = find_orphans(spill_dir)
+
+    def preload_model(self) -> None:
+        """Load the chat model named at start, if any (a failure is logged, not reported)."""
+        if self._preload:
+            self.load(self._preload, report=False)
+
+    @property
+    def model_id(self) -> str | None:
+        return self.session.model_id if self.session is not None else None
+
+    def held(self) -> dict[str, int]:
+        """Generated-token count of every job held (parked or spilled), for ``Hello``."""
+        jobs = {job_id: len(self._lot.get(job_id).progress.generated_ids)  # type: ignore[union-attr]
+                for job_id in self._lot.job_ids()}
+        for job_id, path in self._orphans.items():
+            peek = peek_progress(path)
+            if peek is not None:
+                jobs[job_id] = len(peek.get("generated_ids", ()))
+        return jobs
+
+    def _update_stats(self) -> None:
+        self.stats = (len(self._lot) + len(self._orphans), self._lot.nbytes)
+
+    # ---- commands -------------------------------------------------------------------
+
+    def handle(self, command: rp.Command) -> None:
+        """Apply one scheduler command (total: never raises for a bad or stale one)."""
+        handler = self._HANDLERS.get(type(command))
+        if handler is None:
+            logger.warning("runner: no handler for {}", command.kind)
+        else:
+            handler(self, command)
+
+    def _on_load(self, cmd: rp.Load) -> None:
+        self.park_active(report=True)
+        self.load(cmd.model_id, report=True)
+
+    def load(self, model_id: str, *, report: bool) -> bool:
+        """Make ``model_id`` the loaded model (a no-op if it is); False if it failed."""
+        if self.session is not None and self.session.model_id == model_id:
+            if report:
+                self._report(rp.ModelLoaded(model_id=model_id, seconds=0.0))
+            return True
+        t0 = time.perf_counter()
+        try:
+            from uniun.models.session import DecoderSession  # onnxruntime: loaded on demand
+
+            if self.session is not None:
+                self.session.unload()
+                self.session = None
+            path = ensure_model(model_id, self._store)
+            self.session = DecoderSession.load(path, threads=self._threads, model_id=model_id)
+        except Exception as err:
+            logger.exception("loading model {} failed", model_id)
+            if report:
+                self._report(rp.LoadFailed(model_id=model_id, message=str(err)[:500]))
+            return False
+        seconds = time.perf_counter() - t0
+        logger.info("model {} loaded in {:.2f} s", model_id, seconds)
+        if report:
+            self._report(rp.ModelLoaded(model_id=model_id, seconds=seconds))
+        return True
+
+    def _on_start(self, cmd: rp.Start) -> None:
+        log = logger.bind(job=cmd.job_id)
+        self.park_active(report=True)
+        if not self.load(cmd.model_id, report=False):
+            self._report(rp.Failed(job_id=cmd.job_id, message=f"model {cmd.model_id} failed to load"))
+            return
+        state = self._take_parked(cmd.job_id)
+        try:
+            if state is not None and continues(state, cmd.model_id, cmd.tokens, cmd.text):
+                gen = self.session.resume(state)
+            else:
+                if state is not None:
+                    state.drop_kv()
+                gen = self._fresh(cmd)
+        except Exception as err:
+            log.warning("cannot start: {}", err)
+            self._report(rp.Failed(job_id=cmd.job_id, message=str(err)[:500]))
+            return
+        done = already_done(gen)
+        if done is not None:  # the previous runner died between its last token and Finished
+            p = gen.progress
+            self._report(rp.Finished(job_id=cmd.job_id, finish_reason=done,
+                                     prompt_tokens=len(p.prompt_ids),
+                                     generated=len(p.generated_ids), seconds=0.0))
+            return
+        self._activate(cmd.job_id, gen, cmd.grant, resumed=bool(cmd.tokens))
+
+    def _fresh(self, cmd: rp.Start) -> Generation:
+        messages = [{"role": r, "content": c} for r, c in cmd.messages] if cmd.messages else None
+        gen = self.session.start(cmd.prompt, messages=messages,
+                                 max_new_tokens=cmd.max_new_tokens, sampling=cmd.sampling,
+                                 job_id=cmd.job_id)
+        if not cmd.tokens and cmd.seed is None:
+            return gen
+        progress = gen.progress
+        progress.generated_ids = list(cmd.tokens)
+        progress.text = cmd.text
+        if cmd.seed is not None:
+            progress.seed = int(cmd.seed)
+        return self.session.recompute(progress)
+
+    def _on_resume(self, cmd: rp.Resume) -> None:
+        self.park_active(report=True)
+        state = self._take_parked(cmd.job_id)
+        if state is None or len(state.progress.generated_ids) != cmd.generated:
+            if state is not None:
+                self._lot.park(cmd.job_id, state)
+            self._report(rp.Unknown(job_id=cmd.job_id))
+            return
+        if not self.load(state.progress.model_id or self._preload or "", report=False):
+            self._lot.park(cmd.job_id, state)
+            self._report(rp.Failed(job_id=cmd.job_id, message="model failed to load"))
+            return
+        try:
+            gen = self.session.resume(state)
+        except Exception as err:
+            logger.bind(job=cmd.job_id).warning("cannot resume: {}", err)
+            self._report(rp.Failed(job_id=cmd.job_id, message=str(err)[:500]))
+            return
+        self._activate(cmd.job_id, gen, cmd.grant, resumed=True)
+
+    def _activate(self, job_id: str, gen: Generation, grant: int, *, resumed: bool) -> None:
+        p = gen.progress
+        stop_at = len(p.generated_ids) + grant if grant > 0 else None
+        self.active = _Active(job_id, gen, time.perf_counter(), stop_at)
+        self._update_stats()
+        self._report(rp.Started(job_id=job_id, resumed=resumed, prompt_tokens=len(p.prompt_ids),
+                                recomputed=gen.recomputed_tokens, seed=int(p.seed)))
+        logger.bind(job=job_id).debug("segment started at {} tokens ({} to recompute, grant {})",
+                                      len(p.generated_ids), gen.recomputed_tokens, grant or "-")
+        self._step_again()
+
+    def _on_pause(self, cmd: rp.Pause) -> None:
+        if self.active is not None and self.active.job_id == cmd.job_id:
+            self.park_active(report=True)
+
+    def _on_cancel(self, cmd: rp.Cancel) -> None:
+        active = self.active
+        if active is not None and active.job_id == cmd.job_id:
+            self.active = None
+            self._report(rp.Cancelled(job_id=cmd.job_id, seconds=active.lap()))
+            logger.bind(job=cmd.job_id).info("cancelled after {} tokens",
+                                             len(active.gen.generated_ids))
+        self._forget(cmd.job_id)
+
+    def _on_drop(self, cmd: rp.Drop) -> None:
+        if self.active is not None and self.active.job_id == cmd.job_id:
+            return  # the scheduler believes it is parked; a Pause or Cancel will follow
+        self._forget(cmd.job_id)
+
+    _HANDLERS: dict[type, Any] = {
+        rp.Load: _on_load, rp.Start: _on_start, rp.Resume: _on_resume, rp.Pause: _on_pause,
+        rp.Cancel: _on_cancel, rp.Drop: _on_drop,
+    }
+
+    # ---- the step -------------------------------------------------------------------
+
+    def step(self) -> None:
+        """One bounded unit of the active job's work: a prefill/replay pass or one token."""
+        a = self.active
+        if a is None:
+            return
+        try:
+            ev = self.session.advance(a.gen, PREFILL_CHUNK)  # one bounded pass, or a token
+            if ev is None:  # a prefill/replay pass: let control messages in first
+                self._step_again()
+                return
+        except Interrupted:  # a pause/cancel is next in the inbox; retried if it was not ours
+            self._step_again()
+            return
+        except Exception as err:
+            logger.bind(job=a.job_id).exception("generation failed")
+            self.active = None
+            self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500], seconds=a.lap()))
+            return
+        self._report(rp.Token(job_id=a.job_id, seq=ev.seq, token_id=ev.token_id,
+                              text=ev.text_delta, seconds=a.lap()))
+        if ev.finished:
+            self.active = None
+            p = a.gen.progress
+            self._report(rp.Finished(job_id=a.job_id, finish_reason=ev.finish_reason or "stop",
+                                     prompt_tokens=len(p.prompt_ids),
+                                     generated=len(p.generated_ids), seconds=a.lap()))
+            self._update_stats()
+        elif a.stop_at is not None and len(a.gen.generated_ids) >= a.stop_at:
+            self.park_active(report=True, grant_spent=True)
+        else:
+            self._step_again()
+
+    # ---- parking --------------------------------------------------------------------
+
+    def park_active(self, *, report: bool, grant_spent: bool = False) -> None:
+        """Park the active job, if any, at its last token boundary (``Paused`` if ``report``)."""
+        a = self.active
+        if a is None:
+            return
+        self.active = None
+        generated = len(a.gen.generated_ids)
+        self._lot.park(a.job_id, self.session.park(a.gen))
+        self._update_stats()
+        if report:
+            self._report(rp.Paused(job_id=a.job_id, generated=generated, seconds=a.lap(),
+                                   grant_spent=grant_spent))
+        logger.bind(job=a.job_id).debug("parked at {} tokens", generated)
+
+    def _take_parked(self, job_id: str) -> ParkedState | None:
+        if job_id in self._lot:
+            return self._lot.take(job_id)
+        path = self._orphans.pop(job_id, None)
+        if path is None:
+            return None
+        try:
+            state = ParkedState.load(path)
+            logger.bind(job=job_id).info("continuing from the spilled snapshot {}", path)
+        except SnapshotCorrupt as err:
+            logger.bind(job=job_id).warning("spilled snapshot unusable ({}); recomputing", err)
+            state = None
+        path.unlink(missing_ok=True)
+        self._update_stats()
+        return state
+
+    def _forget(self, job_id: str) -> None:
+        self._lot.discard(job_id)
+        path = self._orphans.pop(job_id, None)
+        if path is not None:
+            path.unlink(missing_ok=True)
+        self._update_stats()

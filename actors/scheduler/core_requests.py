@@ -1,0 +1,148 @@
+"""The client-request half of the scheduler core: submit, attach, cancel, and the rest.
+
+Each handler validates, then changes state, then replies, so a refused request changes
+nothing: a :class:`ProtocolError` raised before the change is the reply. Idempotency is
+by ``job_id``: the same submit is acknowledged again (and its missed events re-sent), a
+different job under a known id is ``invalid_field job_id``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from loguru import logger
+
+from uniun.actors.policy.decision import CancelOutcome
+from uniun.actors.scheduler.core_state import CoreState, cancelled_event
+from uniun.actors.scheduler.effects import Effects, JAccept, Send
+from uniun.actors.scheduler.jobs import JobRecord
+from uniun.actors.scheduler.status import status_body
+from uniun.protocol import messages as m
+from uniun.protocol import requests as rq
+from uniun.protocol import runner_records as rp
+from uniun.protocol.errors import ErrorCode, ProtocolError
+
+__all__ = ["ClientRequests"]
+
+
+class ClientRequests(CoreState):
+    """The requests the front forwards (everything but ``ping``)."""
+
+    def request(self, conn: bytes, request: rq.Request) -> Effects:
+        """One valid request from the front (everything but ``ping``)."""
+        fx = Effects()
+        handler = self._REQUESTS.get(type(request))
+        try:
+            if handler is None:
+                raise ProtocolError(ErrorCode.UNKNOWN_TYPE,
+                                    "this server does not serve that request")
+            handler(self, fx, conn, request)
+        except ProtocolError as err:
+            fx.sends.append(Send(conn, m.reply_error(request.id, err)))
+        except Exception as err:  # our bug: answer it, keep serving
+            logger.exception("request {} failed", type(request).__name__)
+            fx = Effects(sends=[Send(conn, m.reply_error(request.id, ProtocolError(
+                ErrorCode.INTERNAL, f"internal error: {type(err).__name__}")))])
+        return fx
+
+    def accept_failed(self, job_id: str, conn: bytes, msg_id: str, error: str) -> Effects:
+        """The journal could not record an accepted job: forget it and say so."""
+        record = self.jobs.live.get(job_id)
+        if record is not None:
+            self.policy.cancel(job_id)
+            self.jobs.forget(record)
+        logger.bind(job=job_id).error("journal write failed, job refused: {}", error)
+        return Effects(sends=[Send(conn, m.reply_error(msg_id, ProtocolError(
+            ErrorCode.INTERNAL, "the job could not be recorded; retry later",
+            job_id=job_id)))])
+
+    def client_gone(self, conn: bytes) -> Effects:
+        self.jobs.drop_subscriber(conn)
+        return Effects()
+
+    def _submit(self, fx: Effects, conn: bytes, req: rq.Submit) -> None:
+        spec = req.job
+        known = self.jobs.get(spec.job_id)
+        if known is not None:
+            if known.spec != spec:
+                raise ProtocolError(ErrorCode.INVALID_FIELD, "job_id: a different job with "
+                                    "this id was already accepted", field="job_id",
+                                    job_id=spec.job_id)
+            self._subscribe(fx, conn, req.id, known, after_seq=None)
+            return
+        if len(self.jobs) >= self.queue_cap:
+            raise ProtocolError(ErrorCode.QUEUE_FULL, f"{len(self.jobs)} jobs are waiting "
+                                f"(the cap is {self.queue_cap}); retry later",
+                                job_id=spec.job_id)
+        tier = self.policy.submit(spec)  # validates; raises InvalidField, changes nothing
+        now = self._wall()
+        record = JobRecord(spec=spec, accepted_at=now, subscribers={conn}, tier=tier)
+        self.jobs.add(record)
+        fx.journal.append(JAccept(spec, now))
+        fx.sends.append(Send(conn, m.reply_accepted(req.id, spec.job_id, tier)))
+        logger.bind(job=spec.job_id).info("accepted: {} on {}, tier {}, {} tokens max",
+                                          spec.kind, spec.model_id, tier, spec.max_new_tokens)
+
+    def _attach(self, fx: Effects, conn: bytes, req: rq.Attach) -> None:
+        record = self.jobs.get(req.job_id)
+        if record is None:
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"no job {req.job_id!r}", job_id=req.job_id)
+        self._subscribe(fx, conn, req.id, record, after_seq=req.after_seq)
+
+    def _subscribe(self, fx: Effects, conn: bytes, msg_id: str, record: JobRecord, *,
+                   after_seq: int | None) -> None:
+        """Acknowledge (again) and replay what the client may have missed."""
+        fx.sends.append(Send(conn, m.reply_accepted(msg_id, record.job_id, record.tier,
+                                                    state=record.state,
+                                                    streamed=record.generated)))
+        if after_seq is not None and record.spec.stream:
+            fx.sends.extend(Send(conn, m.event_token(record.job_id, seq, record.texts[seq]))
+                            for seq in range(after_seq + 1, record.generated))
+        if record.final is not None:
+            fx.sends.append(Send(conn, record.final))
+        else:
+            record.subscribers.add(conn)
+
+    def _cancel(self, fx: Effects, conn: bytes, req: rq.Cancel) -> None:
+        record = self.jobs.get(req.job_id)
+        if record is None or record.final is not None:
+            if record is not None and record.final.get("code") == ErrorCode.CANCELLED.value:
+                fx.sends.append(Send(conn, m.reply_cancelled(req.id, req.job_id)))  # idempotent
+                return
+            what = "has already ended" if record is not None else "is not known"
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"job {req.job_id!r} {what}",
+                                job_id=req.job_id)
+        outcome = self.policy.cancel(req.job_id)
+        log = logger.bind(job=req.job_id)
+        if outcome is CancelOutcome.REMOVED:
+            if record.on_runner:
+                fx.commands.append(rp.Drop(job_id=req.job_id))
+            self._end(fx, record, cancelled_event(req.job_id))
+            log.info("cancelled while waiting")
+        elif outcome is CancelOutcome.STOP_RUNNING:
+            if record.state != "cancelling":
+                record.state = "cancelling"
+                fx.commands.append(rp.Cancel(job_id=req.job_id))
+            log.info("cancelling while running")
+        else:  # live in our table but not in the policy's: a bug, said as not_found
+            raise ProtocolError(ErrorCode.NOT_FOUND, f"job {req.job_id!r} is not known",
+                                job_id=req.job_id)
+        fx.sends.append(Send(conn, m.reply_cancelled(req.id, req.job_id)))
+
+    def _foreground(self, fx: Effects, conn: bytes, req: rq.Foreground) -> None:
+        self.policy.set_foreground(req.kind)
+        fx.sends.append(Send(conn, m.reply_ok(req.id)))
+
+    def _lifecycle(self, fx: Effects, conn: bytes, req: rq.Lifecycle) -> None:
+        self.policy.set_lifecycle(req.state)
+        fx.sends.append(Send(conn, m.reply_ok(req.id)))
+
+    def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest) -> None:
+        body = status_body(self.policy, self.jobs, self.runner, self.snapshots,
+                           self._processes(), queue_cap=self.queue_cap)
+        fx.sends.append(Send(conn, m.reply_status(req.id, body)))
+
+    _REQUESTS: dict[type, Callable[..., None]] = {
+        rq.Submit: _submit, rq.Attach: _attach, rq.Cancel: _cancel,
+        rq.Foreground: _foreground, rq.Lifecycle: _lifecycle, rq.StatusRequest: _status,
+    }
