@@ -45,8 +45,13 @@ from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
 from uniun.protocol.dealer import close_monitored_dealer, open_monitored_dealer
 from uniun.protocol.endpoints import front_endpoint
 from uniun.protocol.errors import ProtocolError
-from uniun.protocol.jobstream import (ClientError, JobFailed, JobStream,
-                                       SchedulerUnavailable, Timeout)
+from uniun.protocol.jobstream import (
+    ClientError,
+    JobFailed,
+    JobStream,
+    SchedulerUnavailable,
+    Timeout,
+)
 
 __all__ = ["Client", "ClientError", "JobFailed", "JobStream", "SchedulerUnavailable",
            "Timeout"]

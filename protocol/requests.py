@@ -26,11 +26,22 @@ from typing import Any, Collection, Mapping, Union
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, decode
 from uniun.protocol.errors import ErrorCode, InvalidField, ProtocolError
 from uniun.protocol.jobmap import DEFAULT_KINDS, JobSpec, validate_job
-from uniun.protocol.messages import (ATTACH, CANCEL, EMBED, FOREGROUND, FRONT_REQUESTS,
-                                     LIFECYCLE, LIFECYCLE_STATES, MAX_EMBED_TEXTS,
-                                     MAX_ID_CHARS, PING, PROTOCOL_VERSION, STATUS, SUBMIT,
-                                     _is_int)
-
+from uniun.protocol.messages import (
+    ATTACH,
+    CANCEL,
+    EMBED,
+    FOREGROUND,
+    FRONT_REQUESTS,
+    LIFECYCLE,
+    LIFECYCLE_STATES,
+    MAX_EMBED_TEXTS,
+    MAX_ID_CHARS,
+    PING,
+    PROTOCOL_VERSION,
+    STATUS,
+    SUBMIT,
+    _is_int,
+)
 
 # --- typed requests --------------------------------------------------------------
 

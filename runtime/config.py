@@ -36,14 +36,34 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
     import tomli as tomllib  # type: ignore[no-redef]
 
 from uniun.runtime.config_check import (
-    ConfigError, check_endpoint as _check_endpoint, check_ranges as _check_ranges,
+    ConfigError,
+)
+from uniun.runtime.config_check import (
+    check_endpoint as _check_endpoint,
+)
+from uniun.runtime.config_check import (
+    check_ranges as _check_ranges,
+)
+from uniun.runtime.config_check import (
     coerce as _coerce,
 )
-from uniun.runtime.config_sections import (DEFAULT_CHAT_MODEL, DEFAULT_EMBED_MODEL, MIB,
-                                           POLICY_NAMES, SECTIONS, EmbedConfig, FrontConfig,
-                                           JobsConfig, LimitsConfig, LoggingConfig,
-                                           ModelsConfig, PolicySection, ProducersConfig,
-                                           RunnerConfig, SupervisorConfig)
+from uniun.runtime.config_sections import (
+    DEFAULT_CHAT_MODEL,
+    DEFAULT_EMBED_MODEL,
+    MIB,
+    POLICY_NAMES,
+    SECTIONS,
+    EmbedConfig,
+    FrontConfig,
+    JobsConfig,
+    LimitsConfig,
+    LoggingConfig,
+    ModelsConfig,
+    PolicySection,
+    ProducersConfig,
+    RunnerConfig,
+    SupervisorConfig,
+)
 from uniun.runtime.paths import HOME_ENV, uniun_home
 
 __all__ = ["RuntimeConfig", "ConfigError", "load_config", "load_config_text",

@@ -9,8 +9,8 @@ by its documentation comment, so the dump is a complete reference.
 from __future__ import annotations
 
 import dataclasses
-import json
 import inspect
+import json
 import math
 import re
 import textwrap

@@ -14,7 +14,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-
 from uniun.actors.producers.actor import ProducerActor, ProducerLogic
 from uniun.actors.producers.deck import WaterMarks
 from uniun.actors.producers.extract import ExtractProducer, ExtractSettings
@@ -116,8 +115,11 @@ def gana_logic(config: RuntimeConfig) -> ProducerLogic:
 
 def background_gana_logic(config: RuntimeConfig) -> ProducerLogic:
     # Imported here: the other producer processes need not pay for its model code.
-    from uniun.actors.producers.background_gana import (BackgroundGana, BackgroundSettings,
-                                                        SessionCache)
+    from uniun.actors.producers.background_gana import (
+        BackgroundGana,
+        BackgroundSettings,
+        SessionCache,
+    )
 
     p = config.producers
     settings = BackgroundSettings(

@@ -22,24 +22,24 @@ from __future__ import annotations
 
 import os
 import threading
-from pathlib import Path
 import time
+from pathlib import Path
 
 import pykka
 import zmq
 from loguru import logger
 
-from uniun.actors.scheduler.front import FrontActor, ModelIds, OpenFront, Stopping
 from uniun.actors.scheduler.core import SchedulerCore
+from uniun.actors.scheduler.front import FrontActor, ModelIds, OpenFront, Stopping
 from uniun.actors.scheduler.host import Drain, Quiet, Replay, SchedulerHost, Wire
+from uniun.actors.scheduler.journal import Journal
 from uniun.actors.scheduler.runner_link import OpenLink, RunnerLinkActor
+from uniun.models.store import ModelStore
+from uniun.protocol import runner_records as rp
 from uniun.protocol.codec import Limits
 from uniun.protocol.endpoints import default_endpoint
 from uniun.protocol.requests import JobRules
-from uniun.protocol import runner_records as rp
 from uniun.runtime.config import RuntimeConfig
-from uniun.actors.scheduler.journal import Journal
-from uniun.models.store import ModelStore
 from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir, uniun_home
 
 __all__ = ["main", "journal_path"]

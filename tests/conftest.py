@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 import pytest
+
 from tests.models_cache import shared_store
 
 pytest_plugins = ["tests.embedding_fixtures"]  # the MiniLM wheel, model and pool fixtures

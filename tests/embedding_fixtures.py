@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from tests.models_cache import shared_store
 
 WAIT_S = 180.0  # generous: a loaded 2-core machine may be converting the model meanwhile

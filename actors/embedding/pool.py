@@ -44,6 +44,8 @@ import zmq
 from loguru import logger
 
 from uniun.actors.embedding.model_gate import ModelGate
+from uniun.actors.embedding.worker import EXIT_MODEL, INTERNAL_LIMITS
+from uniun.actors.embedding.workers import PIDS_FILE, WorkerProcess, publish_pids
 from uniun.models.convert.embedding import MODEL_ID
 from uniun.models.store import ModelStore
 from uniun.protocol import messages as m
@@ -51,8 +53,6 @@ from uniun.protocol import requests as rq
 from uniun.protocol.codec import DEFAULT_LIMITS, EncodeError, Limits, encode, try_decode
 from uniun.protocol.endpoints import EMBED, remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
-from uniun.actors.embedding.worker import EXIT_MODEL, INTERNAL_LIMITS
-from uniun.actors.embedding.workers import PIDS_FILE, WorkerProcess, publish_pids
 
 POLL_MS = 100  # loop tick: how often children are checked when no message arrives, ms
 DRAIN = 256  # messages read from one socket per tick before looking at the other

@@ -29,10 +29,9 @@ from typing import Any
 import zmq
 from loguru import logger
 
+from uniun.models.embedding import EmbeddingSession
 from uniun.protocol.codec import Limits, encode, try_decode
 from uniun.protocol.errors import ProtocolError
-
-from uniun.models.embedding import EmbeddingSession
 
 EXIT_MODEL = 3
 # Pool <-> worker frames: a ``work`` message carries a whole client request (up to the

@@ -58,12 +58,24 @@ Contract with the host:
 from uniun.actors.policy.base import PolicyBase
 from uniun.actors.policy.config import PolicyConfig
 from uniun.actors.policy.decision import (
-    PAUSE_REASONS, CancelOutcome, Decision, Idle, PauseReason, Preempt, ReportOutcome, Run,
+    PAUSE_REASONS,
+    CancelOutcome,
+    Decision,
+    Idle,
+    PauseReason,
+    Preempt,
+    ReportOutcome,
+    Run,
 )
 from uniun.actors.policy.factory import POLICIES, make_policy
 from uniun.actors.policy.fcfs import FcfsPolicy
 from uniun.actors.policy.job import (
-    DuplicateJob, IllegalTransition, JobStatus, PolicyError, PolicyJob, UnknownJob,
+    DuplicateJob,
+    IllegalTransition,
+    JobStatus,
+    PolicyError,
+    PolicyJob,
+    UnknownJob,
 )
 from uniun.actors.policy.tiers import TIER_NAMES, tier_of
 from uniun.actors.policy.uniun import UniunPolicy

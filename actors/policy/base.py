@@ -21,10 +21,18 @@ from typing import Any
 
 from uniun.actors.policy.config import PolicyConfig
 from uniun.actors.policy.decision import (
-    PAUSE_REASONS, CancelOutcome, Decision, ReportOutcome,
+    PAUSE_REASONS,
+    CancelOutcome,
+    Decision,
+    ReportOutcome,
 )
 from uniun.actors.policy.job import (
-    DuplicateJob, IllegalTransition, JobStatus, PolicyError, PolicyJob, UnknownJob,
+    DuplicateJob,
+    IllegalTransition,
+    JobStatus,
+    PolicyError,
+    PolicyJob,
+    UnknownJob,
 )
 from uniun.protocol.errors import InvalidField
 from uniun.protocol.jobmap import JobSpec

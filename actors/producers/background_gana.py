@@ -37,10 +37,16 @@ from uniun.actors.producers.gana_cron import GanaFile
 from uniun.actors.producers.gana_schedule import GanaDef, due_slot, fire_job_id, gana_messages
 from uniun.actors.producers.lifecycle import BACKGROUND, LifecycleWatch
 from uniun.actors.producers.results import ResultsStore
+from uniun.actors.producers.results_fires import (
+    OWNER_BACKGROUND,
+    Fire,
+    adopt_expired,
+    claim_fire,
+    finish_fire,
+    renew_lease,
+)
 from uniun.models.convert.recipes import ensure_model
 from uniun.models.store import ModelStore
-from uniun.actors.producers.results_fires import (OWNER_BACKGROUND, Fire, adopt_expired, claim_fire,
-                                         finish_fire, renew_lease)
 
 NAME = "background-gana"
 RUNNER = "background"

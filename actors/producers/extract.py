@@ -33,9 +33,15 @@ import numpy as np
 from loguru import logger
 
 from uniun.actors.producers.extraction import extraction_messages, parse_extraction
-from uniun.actors.producers.notes import (NoteFile, Pacer, extract_job_id, note_title, read_note,
-                                scan_notes)
 from uniun.actors.producers.jobs import JobTracker
+from uniun.actors.producers.notes import (
+    NoteFile,
+    Pacer,
+    extract_job_id,
+    note_title,
+    read_note,
+    scan_notes,
+)
 from uniun.actors.producers.results import ResultsStore
 
 NAME = "extract"

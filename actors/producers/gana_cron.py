@@ -26,13 +26,25 @@ from typing import Any
 
 from loguru import logger
 
-from uniun.actors.producers.gana_schedule import (GanaConfigError, GanaDef, due_slot, fire_job_id,
-                                        gana_job, load_ganas)
-from uniun.actors.producers.lifecycle import FOREGROUND, LifecycleWatch
+from uniun.actors.producers.gana_schedule import (
+    GanaConfigError,
+    GanaDef,
+    due_slot,
+    fire_job_id,
+    gana_job,
+    load_ganas,
+)
 from uniun.actors.producers.jobs import JobTracker
+from uniun.actors.producers.lifecycle import FOREGROUND, LifecycleWatch
 from uniun.actors.producers.results import ResultsStore
-from uniun.actors.producers.results_fires import (OWNER_CRON, Fire, adopt_expired, claim_fire,
-                                         finish_fire, open_fires)
+from uniun.actors.producers.results_fires import (
+    OWNER_CRON,
+    Fire,
+    adopt_expired,
+    claim_fire,
+    finish_fire,
+    open_fires,
+)
 
 NAME = "gana"
 

@@ -31,9 +31,8 @@ from typing import Any
 
 from loguru import logger
 
-from uniun.protocol.client import (Client, ClientError, JobStream, SchedulerUnavailable,
-                                   Timeout)
 from uniun.actors.producers.results import ResultsStore
+from uniun.protocol.client import Client, ClientError, JobStream, SchedulerUnavailable, Timeout
 
 RETRYABLE_REFUSALS = ("queue_full", "shutting_down", "runner_failed")
 DoneCallback = Callable[[dict[str, Any], dict[str, Any]], None]

@@ -15,8 +15,14 @@ from typing import Any
 
 from loguru import logger
 
-from uniun.actors.producers.deck import DEFAULT_TOPICS, WaterMarks, card_messages, cards_to_request, \
-    pick_topic, tidy_card
+from uniun.actors.producers.deck import (
+    DEFAULT_TOPICS,
+    WaterMarks,
+    card_messages,
+    cards_to_request,
+    pick_topic,
+    tidy_card,
+)
 from uniun.actors.producers.jobs import JobTracker
 from uniun.actors.producers.results import ResultsStore
 

@@ -34,13 +34,13 @@ from typing import Any
 from loguru import logger
 
 from uniun.actors.runner.reuse import already_done, continues, find_orphans, peek_progress
+from uniun.models.convert.recipes import ensure_model
 from uniun.models.decoder_model import Interrupted
 from uniun.models.generate import Generation
 from uniun.models.kv import ParkedState, SnapshotCorrupt
 from uniun.models.parking import ParkingLot
-from uniun.protocol import runner_records as rp
-from uniun.models.convert.recipes import ensure_model
 from uniun.models.store import ModelStore
+from uniun.protocol import runner_records as rp
 
 __all__ = ["RunnerJobs", "PREFILL_CHUNK"]
 

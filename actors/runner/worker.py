@@ -28,8 +28,8 @@ from loguru import logger
 from uniun.actors.runner.jobs import RunnerJobs
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 from uniun.models.parking import ParkingLot
-from uniun.protocol import runner_records as rp
 from uniun.models.store import ModelStore
+from uniun.protocol import runner_records as rp
 from uniun.protocol.liveness import Liveness
 from uniun.protocol.runner_socket import runner_socket
 

@@ -25,6 +25,7 @@ import pykka
 import zmq
 from loguru import logger
 
+from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 from uniun.models.convert.recipes import can_run_jobs
 from uniun.models.store import ModelStore
 from uniun.protocol import messages as m
@@ -32,7 +33,6 @@ from uniun.protocol import requests as rq
 from uniun.protocol.codec import EncodeError, Limits, decode, encode
 from uniun.protocol.endpoints import remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
-from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 
 __all__ = ["FrontActor", "ClientRequest", "ClientGone", "Outgoing", "OpenFront", "Stopping", "ModelIds"]
 

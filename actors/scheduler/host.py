@@ -28,8 +28,13 @@ from uniun.actors.scheduler.core import SchedulerCore
 from uniun.actors.scheduler.effects import KEEP_TIMER, Effects
 from uniun.actors.scheduler.front import ClientGone, ClientRequest, Outgoing
 from uniun.actors.scheduler.journal import Journal, JournalEntry
-from uniun.actors.scheduler.runner_link import (FromRunner, RunnerDown, RunnerStats,
-                                                RunnerUp, ToRunner)
+from uniun.actors.scheduler.runner_link import (
+    FromRunner,
+    RunnerDown,
+    RunnerStats,
+    RunnerUp,
+    ToRunner,
+)
 from uniun.protocol import requests as rq
 
 __all__ = ["SchedulerHost", "Wire", "Replay", "Drain", "Quiet"]

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uniun.protocol import messages as m
-from uniun.protocol.jobmap import JobSpec
 from uniun.protocol import runner_records as rp
+from uniun.protocol.jobmap import JobSpec
 
 __all__ = ["JobRecord", "JobTable", "done_event", "start_command"]
 

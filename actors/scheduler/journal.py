@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import sqlite3
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from collections.abc import Callable, Sequence
 from typing import Any
 
 import msgpack
 from loguru import logger
 
-from uniun.actors.scheduler.effects import (JAccept, JFinish, JournalWrite, JPaused, JStarted,
-                                            JToken)
+from uniun.actors.scheduler.effects import JAccept, JFinish, JournalWrite, JPaused, JStarted, JToken
 from uniun.protocol.jobmap import JobSpec, validate_job
 
 __all__ = ["Journal", "JournalEntry"]

@@ -28,10 +28,10 @@ import pykka
 import zmq
 from loguru import logger
 
+from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 from uniun.protocol import runner_records as rp
 from uniun.protocol.liveness import Liveness
 from uniun.protocol.runner_socket import runner_socket
-from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 
 __all__ = ["RunnerLinkActor", "OpenLink", "ToRunner", "FromRunner", "RunnerUp",
            "RunnerDown", "RunnerStats"]

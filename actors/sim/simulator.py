@@ -22,7 +22,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uniun.actors.policy import (
-    CancelOutcome, Idle, PolicyConfig, Preempt, ReportOutcome, Run, make_policy,
+    CancelOutcome,
+    Idle,
+    PolicyConfig,
+    Preempt,
+    ReportOutcome,
+    Run,
+    make_policy,
 )
 from uniun.actors.sim.trace import Cancel, Foreground, Lifecycle, Submit, TraceEvent
 

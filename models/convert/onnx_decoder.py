@@ -39,8 +39,14 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
-from uniun.models.convert.decoder_blocks import (MS_DOMAIN, GraphBuilder, attention,
-                                                 attention_bias, rope_tables, scaled)
+from uniun.models.convert.decoder_blocks import (
+    MS_DOMAIN,
+    GraphBuilder,
+    attention,
+    attention_bias,
+    rope_tables,
+    scaled,
+)
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Progress, Weight
 
 __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNAL_DATA_NAME"]

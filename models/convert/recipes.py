@@ -20,8 +20,13 @@ from pathlib import Path
 
 from loguru import logger
 
-from uniun.models.store import (ModelCorrupt, ModelNotFound, ModelStore, ModelStoreError,
-                                check_model_id)
+from uniun.models.store import (
+    ModelCorrupt,
+    ModelNotFound,
+    ModelStore,
+    ModelStoreError,
+    check_model_id,
+)
 
 __all__ = ["RECIPES", "ensure_model", "can_run_jobs", "known_model_ids", "builder_version"]
 

@@ -38,12 +38,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from uniun.protocol import messages as m
-from uniun.protocol.client import Client, JobFailed
-from uniun.runtime.state import read_state
 from uniun.models.convert.recipes import ensure_model
 from uniun.models.store import ModelStore
+from uniun.protocol import messages as m
+from uniun.protocol.client import Client, JobFailed
 from uniun.runtime.paths import models_dir
+from uniun.runtime.state import read_state
 
 Log = Callable[[str], None]
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]

@@ -32,8 +32,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from uniun.protocol.client import Client
 from uniun.actors.producers.results import ResultsStore
+from uniun.protocol.client import Client
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 WAIT_S = 300.0

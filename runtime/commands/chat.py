@@ -20,7 +20,10 @@ from uniun.protocol import messages as m
 from uniun.protocol.client import Client, ClientError, JobFailed
 from uniun.runtime.commands.chat_log import ChatLog
 from uniun.runtime.commands.common import (
-    add_connection_args, client_command, connect, describe_done,
+    add_connection_args,
+    client_command,
+    connect,
+    describe_done,
 )
 
 PROMPT = "you> "

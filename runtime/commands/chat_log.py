@@ -28,8 +28,8 @@ class ChatLog:
             return
         try:
             if self._store is None:
-                from uniun.runtime.commands.producer_common import runtime_config
                 from uniun.actors.producers.results import ResultsStore
+                from uniun.runtime.commands.producer_common import runtime_config
 
                 self._store = ResultsStore(runtime_config().results_path)
             self._store.add_chat_message(self.conversation, "user", user)

@@ -20,8 +20,12 @@ import time
 from typing import Any
 
 from uniun.runtime.commands.common import add_connection_args, client_command, connect
-from uniun.runtime.commands.producer_common import (add_json_flag, foreground_while,
-                                                    open_store, runtime_config)
+from uniun.runtime.commands.producer_common import (
+    add_json_flag,
+    foreground_while,
+    open_store,
+    runtime_config,
+)
 
 
 def register(sub: argparse._SubParsersAction) -> None:

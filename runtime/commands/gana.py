@@ -18,13 +18,23 @@ from datetime import datetime
 
 from uniun.actors.producers.gana_cron import run_fields
 from uniun.actors.producers.gana_schedule import GanaConfigError, gana_job, load_ganas, next_slot
-from uniun.runtime.commands.common import (CommandError, add_connection_args, client_command,
-                                           connect, describe_done)
-from uniun.runtime.commands.producer_common import (add_json_flag, foreground_while,
-                                                    open_store, runtime_config, short,
-                                                    stream_job)
-from uniun.runtime.producers_main import ganas_file
 from uniun.actors.producers.results_fires import last_slot
+from uniun.runtime.commands.common import (
+    CommandError,
+    add_connection_args,
+    client_command,
+    connect,
+    describe_done,
+)
+from uniun.runtime.commands.producer_common import (
+    add_json_flag,
+    foreground_while,
+    open_store,
+    runtime_config,
+    short,
+    stream_job,
+)
+from uniun.runtime.producers_main import ganas_file
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -20,14 +20,24 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from uniun.actors.producers.extract import (NAME as EXTRACT, OPEN_NOTE, ExtractSettings,
-                                           note_job, store_extraction)
+from uniun.actors.producers.extract import NAME as EXTRACT
+from uniun.actors.producers.extract import OPEN_NOTE, ExtractSettings, note_job, store_extraction
 from uniun.actors.producers.notes import NOTE_SUFFIXES, extract_job_id, note_hash
 from uniun.protocol.client import ClientError
-from uniun.runtime.commands.common import (CommandError, add_connection_args, client_command,
-                                           connect, describe_done)
-from uniun.runtime.commands.producer_common import (add_json_flag, foreground_while,
-                                                    open_store, runtime_config, stream_job)
+from uniun.runtime.commands.common import (
+    CommandError,
+    add_connection_args,
+    client_command,
+    connect,
+    describe_done,
+)
+from uniun.runtime.commands.producer_common import (
+    add_json_flag,
+    foreground_while,
+    open_store,
+    runtime_config,
+    stream_job,
+)
 from uniun.runtime.producers_main import notes_dir
 
 

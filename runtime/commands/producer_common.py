@@ -14,11 +14,11 @@ import contextlib
 from collections.abc import Iterator
 from typing import Any
 
+from uniun.actors.producers.results import ResultsStore, SchemaTooNew
 from uniun.protocol.client import Client, ClientError
 from uniun.runtime.commands.common import CommandError
 from uniun.runtime.config import ConfigError, RuntimeConfig, load_config
 from uniun.runtime.paths import run_dir
-from uniun.actors.producers.results import ResultsStore, SchemaTooNew
 from uniun.runtime.state import EFFECTIVE_CONFIG, is_running
 
 

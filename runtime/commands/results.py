@@ -13,9 +13,8 @@ import sys
 from datetime import datetime
 from typing import Any
 
-from uniun.runtime.commands.producer_common import add_json_flag, open_store, runtime_config, \
-    short
 from uniun.actors.producers.results import RESULT_KINDS
+from uniun.runtime.commands.producer_common import add_json_flag, open_store, runtime_config, short
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -27,7 +27,12 @@ from uniun.runtime.config_toml import dump_config
 from uniun.runtime.logging_setup import configure_logging
 from uniun.runtime.paths import ensure_private_dir, models_dir
 from uniun.runtime.state import (
-    EFFECTIVE_CONFIG, RuntimeLock, RuntimeRunning, clear_state, is_running, read_state,
+    EFFECTIVE_CONFIG,
+    RuntimeLock,
+    RuntimeRunning,
+    clear_state,
+    is_running,
+    read_state,
     write_private,
 )
 from uniun.runtime.supervisor import Supervisor, plan_children

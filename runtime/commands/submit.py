@@ -17,7 +17,11 @@ from typing import Any
 from uniun.protocol import messages as m
 from uniun.protocol.client import Client, JobStream
 from uniun.runtime.commands.common import (
-    CommandError, add_connection_args, client_command, connect, describe_done,
+    CommandError,
+    add_connection_args,
+    client_command,
+    connect,
+    describe_done,
 )
 
 

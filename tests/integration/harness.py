@@ -27,7 +27,6 @@ import zmq
 
 from tests.wait import WAIT_S, wait_for
 
-
 BASE_CONFIG = """\
 [models]
 chat_model = "tiny-1"

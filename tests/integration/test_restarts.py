@@ -17,7 +17,14 @@ import pytest
 from uniun.protocol.client import Client
 
 from .harness import (
-    BASE_CONFIG, Runtime, assert_gap_free, chat_job, long_job, tokens_of, wait_for, wait_tokens,
+    BASE_CONFIG,
+    Runtime,
+    assert_gap_free,
+    chat_job,
+    long_job,
+    tokens_of,
+    wait_for,
+    wait_tokens,
 )
 
 pytestmark = pytest.mark.integration

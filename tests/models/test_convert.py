@@ -13,10 +13,10 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-from tests.models.numpy_reference import NumpyLlama
 
-from uniun.models.convert.recipes import ensure_model
+from tests.models.numpy_reference import NumpyLlama
 from tests.models_cache import shared_store
+from uniun.models.convert.recipes import ensure_model
 
 
 def _session(folder: Path) -> ort.InferenceSession:
@@ -97,7 +97,6 @@ def _log_softmax(x: np.ndarray) -> np.ndarray:
 @pytest.fixture(scope="module")
 def smol(smollm2: str) -> tuple[Path, ort.InferenceSession, dict, NumpyLlama]:
     from tests.models.numpy_reference import load_gguf
-
     from uniun.models.convert.pull import source_file
 
     folder = ensure_model(smollm2, shared_store())

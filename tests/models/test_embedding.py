@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+
 from tests.models_cache import shared_store
 
 _ERF = np.frompyfunc(math.erf, 1, 1)

@@ -8,12 +8,12 @@ import msgpack
 import numpy as np
 import pytest
 
+from tests.models_cache import shared_store
+from uniun.models.convert.recipes import ensure_model
 from uniun.models.kv import JobProgress, KVCache, ParkedState, SnapshotCorrupt
 from uniun.models.parking import ParkingLot
 from uniun.models.sampling import SamplingParams
 from uniun.models.session import DecoderSession
-from uniun.models.convert.recipes import ensure_model
-from tests.models_cache import shared_store
 
 LAYERS, HEADS, DIM = 2, 2, 32
 BYTES_PER_POS = 2 * LAYERS * HEADS * DIM * 4

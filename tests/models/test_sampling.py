@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from tests.models_cache import shared_store
 from uniun.models.detokenize import IncrementalDetokenizer, StopMatcher
 from uniun.models.sampling import SamplingParams, sample_token
 from uniun.protocol.jobmap import Sampling
-from tests.models_cache import shared_store
 
 
 def _logits(seed: int = 0, vocab: int = 1000) -> np.ndarray:

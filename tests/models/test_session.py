@@ -12,12 +12,12 @@ from pathlib import Path
 
 import pytest
 
+from tests.models_cache import shared_store
+from uniun.models.convert.recipes import ensure_model
 from uniun.models.decoder_model import Interrupted
 from uniun.models.generate import FinishedError, TokenEvent
 from uniun.models.kv import ParkedState, SnapshotCorrupt
 from uniun.models.session import DecoderSession
-from uniun.models.convert.recipes import ensure_model
-from tests.models_cache import shared_store
 
 MESSAGES = [{"role": "system", "content": "You are a helpful assistant. Answer the question."},
             {"role": "user", "content": "What is the capital of France?"}]

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.models_cache import shared_store
+from uniun.models.convert.recipes import ensure_model
 from uniun.models.kv import ParkedState
 from uniun.models.session import DecoderSession
-from uniun.models.convert.recipes import ensure_model
-from tests.models_cache import shared_store
 
 pytestmark = pytest.mark.smollm2
 

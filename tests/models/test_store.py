@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from uniun.models.convert.recipes import ensure_model
 from uniun.models.store import (
     MANIFEST_NAME,
     ModelCorrupt,
@@ -21,7 +22,6 @@ from uniun.models.store import (
     ModelStore,
     ModelStoreError,
 )
-from uniun.models.convert.recipes import ensure_model
 
 
 @pytest.fixture()

@@ -10,13 +10,11 @@ from typing import Any, Callable
 
 import pytest
 
-from uniun.protocol import messages as m
-from uniun.protocol.client import (Client, ClientError, JobFailed, SchedulerUnavailable,
-                                   Timeout)
-from uniun.protocol.codec import EncodeError
-
 from tests.protocol.protocol_fakes import FakeScheduler
 from tests.wait import wait_for
+from uniun.protocol import messages as m
+from uniun.protocol.client import Client, ClientError, JobFailed, SchedulerUnavailable, Timeout
+from uniun.protocol.codec import EncodeError
 
 WAIT = 30.0  # seconds: generous, for anything that should succeed
 

@@ -7,10 +7,9 @@ import re
 from typing import Any, Callable
 
 from tests import REPO
+from tests.protocol.protocol_fakes import FakeScheduler
 from uniun.protocol import messages as m
 from uniun.protocol import requests as rq
-
-from tests.protocol.protocol_fakes import FakeScheduler
 
 DOC = REPO / "docs" / "protocol.md"
 RULES = rq.JobRules(default_model="smollm2-135m")

@@ -7,9 +7,16 @@ from pathlib import Path
 
 import pytest
 
-from uniun.protocol.endpoints import (EndpointError, check_endpoint, default_endpoint,
-                                      embed_endpoint, endpoint_file, front_endpoint,
-                                      remove_endpoint, write_endpoint)
+from uniun.protocol.endpoints import (
+    EndpointError,
+    check_endpoint,
+    default_endpoint,
+    embed_endpoint,
+    endpoint_file,
+    front_endpoint,
+    remove_endpoint,
+    write_endpoint,
+)
 
 
 @pytest.fixture

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 
+from tests import REPO as ROOT
 from uniun.runtime.config import (
-    ConfigError, RuntimeConfig, load_config, load_config_text,
+    ConfigError,
+    RuntimeConfig,
+    load_config,
+    load_config_text,
 )
 from uniun.runtime.config_toml import dump_config
-
-from tests import REPO as ROOT
 
 
 def test_defaults_without_a_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -7,7 +7,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from uniun.actors.policy import (
-    Decision, Idle, PolicyConfig, Preempt, ReportOutcome, Run, make_policy,
+    Decision,
+    Idle,
+    PolicyConfig,
+    Preempt,
+    ReportOutcome,
+    Run,
+    make_policy,
 )
 from uniun.protocol.jobmap import JobSpec, validate_job
 

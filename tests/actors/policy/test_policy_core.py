@@ -7,12 +7,21 @@ import subprocess
 import sys
 
 import pytest
-from tests.actors.policy.harness import MODEL, FakeClock, FakeRunner, spec, uniun
 
+from tests.actors.policy.harness import MODEL, FakeClock, FakeRunner, spec, uniun
 from uniun.actors.policy import (
-    CancelOutcome, DuplicateJob, Idle, IllegalTransition, JobStatus, PolicyConfig, PolicyError,
+    CancelOutcome,
+    DuplicateJob,
+    Idle,
+    IllegalTransition,
+    JobStatus,
+    PolicyConfig,
+    PolicyError,
     Preempt,
-    ReportOutcome, Run, UnknownJob, make_policy,
+    ReportOutcome,
+    Run,
+    UnknownJob,
+    make_policy,
 )
 from uniun.protocol.errors import InvalidField
 

@@ -21,10 +21,16 @@ from dataclasses import dataclass
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
-from tests.actors.policy.harness import FakeClock, spec
 
+from tests.actors.policy.harness import FakeClock, spec
 from uniun.actors.policy import (
-    CancelOutcome, Idle, PolicyConfig, Preempt, ReportOutcome, Run, make_policy,
+    CancelOutcome,
+    Idle,
+    PolicyConfig,
+    Preempt,
+    ReportOutcome,
+    Run,
+    make_policy,
 )
 
 CONFIG = PolicyConfig(slice_s=0.5, granularity_s=0.5, halving_period_s=15.0,

@@ -8,7 +8,6 @@ background lifecycle with no queued work nothing is dispatched, and grants are 2
 from __future__ import annotations
 
 from tests.actors.policy.harness import MODEL, FakeRunner, spec, uniun
-
 from uniun.actors.policy import Idle, PolicyConfig, Preempt, ReportOutcome, Run
 from uniun.actors.sim.simulator import CostModel, Simulation
 from uniun.actors.sim.trace import Submit

@@ -7,11 +7,25 @@ from pathlib import Path
 
 import pytest
 
-from uniun.actors.producers.gana_schedule import (GanaConfigError, GanaDef, due_slot, fire_job_id,
-                                        gana_job, load_ganas, next_slot)
+from uniun.actors.producers.gana_schedule import (
+    GanaConfigError,
+    GanaDef,
+    due_slot,
+    fire_job_id,
+    gana_job,
+    load_ganas,
+    next_slot,
+)
 from uniun.actors.producers.results import ResultsStore
-from uniun.actors.producers.results_fires import (OWNER_BACKGROUND, OWNER_CRON, adopt_expired,
-                                         claim_fire, finish_fire, fires, open_fires)
+from uniun.actors.producers.results_fires import (
+    OWNER_BACKGROUND,
+    OWNER_CRON,
+    adopt_expired,
+    claim_fire,
+    finish_fire,
+    fires,
+    open_fires,
+)
 
 E = 600.0  # every 10 minutes
 

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from uniun.actors.producers.gana_schedule import load_ganas
-from uniun.runtime.commands.search import rank
 from uniun.actors.producers.samples import SAMPLE_NOTES, ensure_samples
+from uniun.runtime.commands.search import rank
 
 
 def test_samples_are_written_only_where_nothing_exists(tmp_path: Path) -> None:

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from tests.actors.policy.harness import MODEL, FakeClock, spec
-
 from uniun.actors.policy import PolicyConfig, make_policy
 from uniun.actors.scheduler.core import SchedulerCore
 from uniun.actors.scheduler.effects import KEEP_TIMER, Effects, JAccept, JFinish, JToken

@@ -9,9 +9,16 @@ like the runner process (``actors/runner/jobs.py``); the end-to-end versions of 
 
 from __future__ import annotations
 
-from tests.actors.scheduler.core_driver import (MODEL, Driver, FakeRunner, commands, entry,
-                                                msgs, text_of, token_id)
-
+from tests.actors.scheduler.core_driver import (
+    MODEL,
+    Driver,
+    FakeRunner,
+    commands,
+    entry,
+    msgs,
+    text_of,
+    token_id,
+)
 from uniun.actors.scheduler.effects import JFinish, JPaused
 from uniun.protocol import messages as m
 from uniun.protocol import requests as rq

@@ -19,9 +19,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loguru import logger
-from tests.actors.scheduler.core_driver import (Driver, FakeRunner,
-                                                assert_persisted_before_told, entry, text_of)
 
+from tests.actors.scheduler.core_driver import (
+    Driver,
+    FakeRunner,
+    assert_persisted_before_told,
+    entry,
+    text_of,
+)
 from uniun.actors.policy import PolicyConfig
 from uniun.actors.scheduler.effects import JFinish
 from uniun.protocol import requests as rq

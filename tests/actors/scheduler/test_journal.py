@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from uniun.protocol.jobmap import validate_job
 from uniun.actors.scheduler.effects import JAccept, JFinish, JPaused, JStarted, JToken
 from uniun.actors.scheduler.journal import Journal
+from uniun.protocol.jobmap import validate_job
 
 KINDS = ("chat", "extract", "nataraj", "gana")
 

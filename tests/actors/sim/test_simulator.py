@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from tests import REPO as ROOT
 from uniun.actors.sim.simulator import CostModel, Simulation, simulate, summarize
 from uniun.actors.sim.trace import Cancel, Foreground, Lifecycle, Submit, TraceError, parse_trace
 from uniun.runtime.cli import main
 
-from tests import REPO as ROOT
 TRACES = sorted((ROOT / "examples" / "traces").glob("*.jsonl"))
 MODEL = "m"
 
