@@ -30,7 +30,6 @@ re-exported here: ``from uniun.protocol.client import Client, ClientError`` is t
 
 from __future__ import annotations
 
-import itertools
 import time
 import uuid
 from dataclasses import dataclass
@@ -38,11 +37,10 @@ from typing import Any, Callable, Mapping
 
 import zmq
 from loguru import logger
-from zmq.utils.monitor import recv_monitor_message
 
 from uniun.protocol import messages as m
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
-from uniun.protocol.dealer import close_monitored_dealer, open_monitored_dealer
+from uniun.protocol.dealer import DealerConnection
 from uniun.protocol.endpoints import front_endpoint
 from uniun.protocol.errors import ProtocolError
 from uniun.protocol.jobstream import (
@@ -56,7 +54,6 @@ from uniun.protocol.jobstream import (
 __all__ = ["Client", "ClientError", "JobFailed", "JobStream", "SchedulerUnavailable",
            "Timeout"]
 
-_MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
 _ENVELOPE_KEYS = ("v", "type", "re")
 
 
@@ -67,7 +64,7 @@ class _Pending:
     on_reply: Callable[[dict[str, Any]], None] | None = None  # asynchronous requests
 
 
-class Client:
+class Client(DealerConnection):
     """A connection to the scheduler's front. See the module docstring.
 
     ``endpoint``: default :func:`~uniun.protocol.endpoints.front_endpoint` (the
@@ -82,23 +79,15 @@ class Client:
                  reconnect: bool = True, reconnect_timeout: float = 30.0,
                  heartbeat_s: float = 2.0, linger_s: float = 0.5,
                  limits: Limits = DEFAULT_LIMITS, context: zmq.Context | None = None) -> None:
-        self.endpoint = front_endpoint(endpoint)
+        super().__init__(front_endpoint(endpoint), linger_ms=int(linger_s * 1000),
+                         limits=limits, context=context)
         self.timeout = timeout
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
         self.heartbeat_s = heartbeat_s
         self.reconnects = 0  # how many times a lost scheduler was reconnected
-        self._linger_ms = int(linger_s * 1000)
-        self._limits = limits
-        self._ctx = context or zmq.Context.instance()
-        self._ids = itertools.count(1)
-        self._prefix = uuid.uuid4().hex[:8]
         self._pending: dict[str, _Pending] = {}
         self._streams: dict[str, JobStream] = {}
-        self._sock: zmq.Socket | None = None
-        self._mon: zmq.Socket | None = None
-        self._poller = zmq.Poller()
-        self._connected = False
         self._lost = False
         self._last_rx = time.monotonic()  # last traffic of any kind (handshake included)
         self._last_msg = time.monotonic()  # last message from the scheduler
@@ -178,33 +167,11 @@ class Client:
         self._pending.clear()
         self._close_socket()
 
-    def __enter__(self) -> "Client":
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- socket ---------------------------------------------------------------------
 
-    def _next_id(self) -> str:
-        return f"{self._prefix}-{next(self._ids)}"
-
     def _open(self) -> None:
-        sock, self._mon = open_monitored_dealer(self._ctx, self.endpoint,
-                                                linger_ms=self._linger_ms,
-                                                events=_MONITOR_EVENTS)
-        self._sock = sock
-        self._poller = zmq.Poller()
-        self._poller.register(sock, zmq.POLLIN)
-        self._poller.register(self._mon, zmq.POLLIN)
-        self._connected = self._lost = False
-
-    def _close_socket(self) -> None:
-        if self._sock is None:
-            return
-        close_monitored_dealer(self._sock, self._mon, linger_ms=self._linger_ms)
-        self._sock = self._mon = None
-        self._connected = False
+        super()._open()
+        self._lost = False
 
     def _send(self, msg: dict[str, Any]) -> None:
         if self._sock is None:
@@ -276,36 +243,19 @@ class Client:
 
     def _pump(self, timeout_s: float) -> None:
         """Wait up to ``timeout_s`` for traffic and route all that arrived."""
-        assert self._sock is not None and self._mon is not None
-        ready = dict(self._poller.poll(max(0, int(timeout_s * 1000))))
-        if self._mon in ready:
-            self._read_monitor()
-        if self._sock in ready:
-            while self._sock is not None:
-                try:
-                    parts = self._sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                self._last_rx = self._last_msg = time.monotonic()
-                if len(parts) != 1:
-                    logger.warning("dropped a {}-part message; protocol v1 is one frame", len(parts))
-                    continue
-                self._route(parts[0])
+        for parts in self._poll(timeout_s):
+            self._last_rx = self._last_msg = time.monotonic()
+            if len(parts) != 1:
+                logger.warning("dropped a {}-part message; protocol v1 is one frame", len(parts))
+                continue
+            self._route(parts[0])
 
-    def _read_monitor(self) -> None:
-        assert self._mon is not None
-        while True:
-            try:
-                event = recv_monitor_message(self._mon, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connected = True
-                self._last_rx = time.monotonic()
-            elif event["event"] == zmq.EVENT_DISCONNECTED and self._connected:
-                logger.info("lost the scheduler at {}", self.endpoint)
-                self._connected = False
-                self._lost = True
+    def _on_handshake(self) -> None:
+        self._last_rx = time.monotonic()
+
+    def _on_disconnect(self) -> None:
+        logger.info("lost the scheduler at {}", self.endpoint)
+        self._lost = True
 
     def _route(self, frame: bytes) -> None:
         msg = try_decode(frame, self._limits)

@@ -21,31 +21,25 @@ Theory of operation:
 
 from __future__ import annotations
 
-import itertools
 import time
-import uuid
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import zmq
-from zmq.utils.monitor import recv_monitor_message
 
 from uniun.protocol import messages as m
 from uniun.protocol.client import ClientError, Timeout
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
-from uniun.protocol.dealer import close_monitored_dealer, open_monitored_dealer
+from uniun.protocol.dealer import DealerConnection
 from uniun.protocol.endpoints import embed_endpoint
-
-_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
-
 
 class EmbedUnavailable(ConnectionError):
     """No embedding pool at the endpoint; the message says how to start one."""
 
 
-class EmbedClient:
+class EmbedClient(DealerConnection):
     """A connection to the embedding pool. See the module docstring.
 
     ``timeout``: seconds :meth:`embed` waits for its reply (default 60: a request
@@ -56,19 +50,13 @@ class EmbedClient:
     def __init__(self, endpoint: str | None = None, timeout: float = 60.0, *,
                  connect_timeout: float = 5.0, limits: Limits = DEFAULT_LIMITS,
                  context: zmq.Context | None = None) -> None:
-        self.endpoint = embed_endpoint(endpoint)
+        super().__init__(embed_endpoint(endpoint), linger_ms=0, limits=limits, context=context,
+                         send_timeout_ms=int(connect_timeout * 1000))
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.resends = 0  # requests sent again after the pool was lost
-        self._limits = limits
-        self._ctx = context or zmq.Context.instance()
-        self._ids = itertools.count(1)
-        self._prefix = uuid.uuid4().hex[:8]
         self._pending: dict[str, dict[str, Any]] = {}  # id -> request, until answered
         self._replies: dict[str, dict[str, Any]] = {}  # id -> reply, until collected
-        self._sock: zmq.Socket | None = None
-        self._mon: zmq.Socket | None = None
-        self._connected = False
         self._open()
 
     # -- public API -----------------------------------------------------------------
@@ -116,28 +104,7 @@ class EmbedClient:
         self._pending.clear()
         self._close_socket()
 
-    def __enter__(self) -> EmbedClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
-
     # -- socket ---------------------------------------------------------------------
-    def _next_id(self) -> str:
-        return f"{self._prefix}-{next(self._ids)}"
-
-    def _open(self) -> None:
-        self._sock, self._mon = open_monitored_dealer(
-            self._ctx, self.endpoint, linger_ms=0, events=_EVENTS,
-            send_timeout_ms=int(self.connect_timeout * 1000))
-        self._connected = False
-
-    def _close_socket(self) -> None:
-        if self._sock is None:
-            return
-        close_monitored_dealer(self._sock, self._mon, linger_ms=0)
-        self._sock = self._mon = None
-
     def _send_request(self, msg: dict[str, Any]) -> str:
         frame = encode(msg, self._limits)  # a bad request fails here, before anything is sent
         self._ensure_connected()
@@ -194,33 +161,9 @@ class EmbedClient:
             self._send_frame(encode(msg, self._limits))
 
     def _pump(self, timeout_s: float) -> None:
-        assert self._sock is not None and self._mon is not None
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
-        poller.register(self._mon, zmq.POLLIN)
-        ready = dict(poller.poll(max(0, int(timeout_s * 1000))))
-        if self._mon in ready:
-            self._read_monitor()
-        if self._sock in ready:
-            while True:
-                try:
-                    parts = self._sock.recv_multipart(zmq.NOBLOCK)
-                except zmq.Again:
-                    break
-                if len(parts) == 1:
-                    self._route(parts[0])
-
-    def _read_monitor(self) -> None:
-        assert self._mon is not None
-        while True:
-            try:
-                event = recv_monitor_message(self._mon, zmq.NOBLOCK)
-            except zmq.Again:
-                return
-            if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connected = True
-            elif event["event"] == zmq.EVENT_DISCONNECTED:
-                self._connected = False
+        for parts in self._poll(timeout_s):
+            if len(parts) == 1:
+                self._route(parts[0])
 
     def _route(self, frame: bytes) -> None:
         msg = try_decode(frame, self._limits)
