@@ -58,11 +58,13 @@ from uniun.runtime.config_sections import (
     JobsConfig,
     LimitsConfig,
     LoggingConfig,
+    MetricsConfig,
     ModelsConfig,
     PolicySection,
     ProducersConfig,
     RunnerConfig,
     SupervisorConfig,
+    TraceConfig,
 )
 from uniun.runtime.paths import HOME_ENV, uniun_home
 
@@ -88,6 +90,8 @@ class RuntimeConfig:
     embed: EmbedConfig = field(default_factory=EmbedConfig)
     producers: ProducersConfig = field(default_factory=ProducersConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
     source: Path | None = None
 
     @property

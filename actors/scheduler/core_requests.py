@@ -79,6 +79,7 @@ class ClientRequests(CoreState):
         record = JobRecord(spec=spec, accepted_at=now, subscribers={conn}, tier=tier)
         self.jobs.add(record)
         fx.journal.append(JAccept(spec, now))
+        self.rec.accepted(fx, record)
         fx.sends.append(Send(conn, m.reply_accepted(req.id, spec.job_id, tier)))
         logger.bind(job=spec.job_id).info("accepted: {} on {}, tier {}, {} tokens max",
                                           spec.kind, spec.model_id, tier, spec.max_new_tokens)
@@ -140,6 +141,7 @@ class ClientRequests(CoreState):
     def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest) -> None:
         body = status_body(self.policy, self.jobs, self.runner, self.snapshots,
                            self._processes(), queue_cap=self.queue_cap)
+        body.update(self.rec.status_extra(), process_info=self._process_info())
         fx.sends.append(Send(conn, m.reply_status(req.id, body)))
 
     _REQUESTS: dict[type, Callable[..., None]] = {
