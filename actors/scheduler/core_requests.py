@@ -141,7 +141,8 @@ class ClientRequests(CoreState):
     def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest) -> None:
         body = status_body(self.policy, self.jobs, self.runner, self.snapshots,
                            self._processes(), queue_cap=self.queue_cap)
-        body.update(self.rec.status_extra(), process_info=self._process_info())
+        body.update(self.rec.status_extra(), process_info=self._process_info(),
+                    t2_share_max=self.policy.config.t2_share_max)
         fx.sends.append(Send(conn, m.reply_status(req.id, body)))
 
     _REQUESTS: dict[type, Callable[..., None]] = {
