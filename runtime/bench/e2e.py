@@ -59,8 +59,10 @@ def median(values: list[float]) -> float | None:
 class BenchRuntime:
     """``uniun-runtime start`` in a subprocess over ``home``; stopped on exit."""
 
-    def __init__(self, home: Path, *, policy: str, model: str, log: Log) -> None:
+    def __init__(self, home: Path, *, policy: str, model: str, log: Log,
+                 extra_config: str = "") -> None:
         self.home, self.policy, self.model, self.log = home, policy, model, log
+        self.extra_config = extra_config  # more TOML sections (the overhead bench's)
         self.env = dict(os.environ, UNIUN_HOME=str(home))
         self.env.pop("UNIUN_CONFIG", None)
         self.config = home / "bench.toml"
@@ -72,7 +74,8 @@ class BenchRuntime:
                                f'[policy]\nname = "{self.policy}"\n'
                                '[producers]\nextract = false\nnataraj = false\n'
                                'gana = false\nbackground_gana = false\n'
-                               '[embed]\nenabled = false\n')  # measured load only
+                               '[embed]\nenabled = false\n'  # measured load only
+                               + self.extra_config)
         self.log(f"starting runtime (policy {self.policy}, model {self.model}) in {self.home}")
         out = open(self.home / "start.out", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",
@@ -279,7 +282,8 @@ def embed_bench(*, log: Log) -> dict[str, Any] | None:
 
 def run(*, model: str, policies: tuple[str, ...] = ("uniun", "fcfs"), reps: int = 5,
         bg_tokens: int = 200, home: Path | None = None, restart_reps: int = 3,
-        with_model_bench: bool = True, log: Log = lambda _m: None) -> dict[str, Any]:
+        with_model_bench: bool = True, overhead_reps: int = 10,
+        log: Log = lambda _m: None) -> dict[str, Any]:
     """Run the whole benchmark and return the result map (see the module docstring)."""
     base = home or Path(tempfile.mkdtemp(prefix="uniun-bench-", dir="/tmp"))
     result: dict[str, Any] = {"model": model, "reps": reps, "bg_tokens": bg_tokens,
@@ -298,6 +302,11 @@ def run(*, model: str, policies: tuple[str, ...] = ("uniun", "fcfs"), reps: int 
         "fcfs_over_uniun_loaded": _ratio(fcfs.get("ttft_loaded_s"), uni.get("ttft_loaded_s")),
     }
     result["policy_decision"] = policy_decision_bench()
+    if overhead_reps > 0:  # metrics + segment recording on vs off (issue 12)
+        from uniun.runtime.bench.overhead import run as run_overhead
+
+        result["observability_overhead"] = run_overhead(model=model, base=base,
+                                                        reps=overhead_reps, log=log)
     if with_model_bench:
         result["model_bench"] = model_bench(model, reps=3, log=log)
         result["embed_bench"] = embed_bench(log=log)

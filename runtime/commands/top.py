@@ -95,3 +95,31 @@ def _terminal_width() -> int:
     import shutil
 
     return shutil.get_terminal_size((100, 40)).columns
+
+
+def watch_plain(args: argparse.Namespace) -> int:
+    """``status --watch``: a plain frame every ``interval`` seconds, separated by a blank
+    line; a runtime that stops is reported on one line and polled again. Ctrl-C ends."""
+    from uniun.runtime.top_view import WIDE, Rates, frame_text
+
+    if args.interval <= 0:
+        print("uniun-runtime status: --interval must be > 0", file=sys.stderr)
+        return 2
+    rates = Rates()
+    with connect(args) as client:
+        endpoint = client.endpoint
+        try:
+            while True:
+                try:
+                    status = client.status(timeout=max(1.0, args.interval))
+                    rates.update(status, time.monotonic())
+                    width = _terminal_width() if sys.stdout.isatty() else WIDE
+                    sys.stdout.write(frame_text(status, endpoint=endpoint, width=width,
+                                                rates=rates) + "\n")
+                except (SchedulerUnavailable, Timeout, ClientError) as err:
+                    sys.stdout.write(f"{time.strftime('%H:%M:%S')} runtime not answering at "
+                                     f"{endpoint} ({type(err).__name__}); retrying\n")
+                sys.stdout.flush()
+                time.sleep(args.interval)
+        except KeyboardInterrupt:
+            return 0
