@@ -18,6 +18,8 @@ import time
 from uniun.protocol.client import ClientError, SchedulerUnavailable, Timeout
 from uniun.runtime.commands.common import add_connection_args, client_command, connect
 
+RECONNECT_S = 2.0  # a live view waits this long for a lost runtime before saying so
+
 
 def register(sub: argparse._SubParsersAction) -> None:
     parser = sub.add_parser(
@@ -69,6 +71,7 @@ def live(args: argparse.Namespace) -> int:
     console = Console()
     rates = Rates()
     with connect(args) as client:
+        client.reconnect_timeout = RECONNECT_S  # say "not answering" soon, then retry
         endpoint = client.endpoint
         down_since: float | None = None
         with Live(console=console, screen=True, auto_refresh=False,
@@ -107,6 +110,7 @@ def watch_plain(args: argparse.Namespace) -> int:
         return 2
     rates = Rates()
     with connect(args) as client:
+        client.reconnect_timeout = RECONNECT_S
         endpoint = client.endpoint
         try:
             while True:

@@ -169,3 +169,15 @@ def test_the_depth_gauge_waits_out_its_throttle_with_a_wake() -> None:
     assert len(after) > len(last)
     t4 = [o.value for o in after if dict(o.labels)["tier"] == "T4"]
     assert t4 == [0, 1]  # first "one" (dispatched at once), after the wake "two" waiting
+
+
+def test_a_swap_is_marked_and_counted_by_the_model_loaded() -> None:
+    d = Driver(observe=True)
+    d.up()
+    d.submit(A, "other", "chat", model_id="m-other", max_new_tokens=2)
+    d.run()
+    assert _sums(d, "swaps") == {(("model", "m-other"),): 1}
+    assert [(mk.what, mk.detail) for mk in marks(d) if mk.what == "swap"] == [
+        ("swap", "load m-other")]
+    [run] = segments(d, "run")
+    assert run.model_id == "m-other" and run.reason == "done"
