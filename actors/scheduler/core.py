@@ -260,9 +260,7 @@ class SchedulerCore(ClientRequests):
                 self._preempt(fx, decision)
             if isinstance(decision, Idle):
                 break
-        depth_at = self.rec.depths(fx, self.policy)
-        fx.wake_at = decision.wake_at if depth_at is None or (
-            decision.wake_at is not None and decision.wake_at <= depth_at) else depth_at
+        fx.wake_at = _earliest(decision.wake_at, self.rec.depths(fx, self.policy))
         return fx
 
     def _run(self, fx: Effects, d: Run) -> None:
@@ -303,3 +301,8 @@ class SchedulerCore(ClientRequests):
                 record.state, record.pause_reason = "pausing", "preempted"
                 fx.commands.append(rp.Pause(job_id=running.job_id))
         return fx
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    """The earlier of two wake times (None: no wake)."""
+    return b if a is None else a if b is None else min(a, b)

@@ -51,6 +51,7 @@ class ClientRequests(CoreState):
         if record is not None:
             self.policy.cancel(job_id)
             self.jobs.forget(record)
+            self.rec.forget(job_id)
         logger.bind(job=job_id).error("journal write failed, job refused: {}", error)
         return Effects(sends=[Send(conn, m.reply_error(msg_id, ProtocolError(
             ErrorCode.INTERNAL, "the job could not be recorded; retry later",

@@ -79,6 +79,11 @@ class Recorder:
             fx.observations.append(Count("jobs_accepted", _kt(record)))
         self._depth_pending = True
 
+    def forget(self, job_id: str) -> None:
+        """A job that was never accepted after all (its journal write failed)."""
+        self._waits.pop(job_id, None)
+        self._runs.pop(job_id, None)
+
     def replayed(self, record: JobRecord) -> None:
         """A live job came back from the journal: it waits again from now."""
         self._waits[record.job_id] = _Wait(self._wall(), not record.started, None)

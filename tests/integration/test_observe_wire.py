@@ -9,6 +9,7 @@ wait is generous; assertions are on what the runtime decided and counted.
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import urllib.request
@@ -19,6 +20,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tests.wait import wait_for
+from uniun.protocol.client import ClientError
 from uniun.runtime.timeline import run_segments, trace_problems
 
 from .harness import BASE_CONFIG, Runtime, chat_job, long_job, wait_tokens
@@ -153,3 +155,41 @@ def test_logging_json_writes_json_lines_with_the_job_id(
     assert {r["extra"]["proc"] for r in records} == {"scheduler", "runner"}
     assert all(set(r["extra"]) >= {"proc", "job"} for r in records)
     assert any(r["extra"]["job"] is None for r in records)  # lines about no job: null
+
+
+def test_the_embedding_pool_counts_its_requests_and_their_latency(minilm_dir: Any,
+                                                                    tmp_path: Any) -> None:
+    """The pool process, started the way the supervisor starts it, with the metrics
+    folder the supervisor would give it; read back by the exposition."""
+    import signal
+    import tempfile
+    from pathlib import Path
+
+    from tests.embedding_fixtures import Pool
+    from uniun.runtime.metrics_http import MULTIPROC_ENV, prepare_metrics_dir, render_metrics
+
+    run = tmp_path / "run"
+    metrics_dir = prepare_metrics_dir(run)
+    with tempfile.TemporaryDirectory(prefix="uo-") as tmp:  # ipc paths must be short
+        endpoint = f"ipc://{tmp}/embed.sock"
+        config = Path(tmp) / "uniun.toml"
+        config.write_text(f'[embed]\nenabled = true\nworkers = 1\nendpoint = "{endpoint}"\n')
+        proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime.process", "embed",
+                                 "--config", str(config)], stdin=subprocess.DEVNULL,
+                                env={**os.environ, MULTIPROC_ENV: str(metrics_dir)})
+        pool = Pool(endpoint, proc, 64)
+        try:
+            pool.wait_ready()
+            with pool.client() as client:
+                client.embed(["one text"])
+                client.embed(["two", "texts"])
+                with pytest.raises(ClientError):
+                    client.embed([])  # refused before admission: not an answered request
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            proc.wait(timeout=60)
+    body, _ = render_metrics(run)
+    got = {(s.name, tuple(sorted(s.labels.items()))): s.value
+           for fam in text_string_to_metric_families(body.decode()) for s in fam.samples}
+    assert got[("uniun_embed_requests_total", (("outcome", "ok"),))] == 2
+    assert got[("uniun_embed_latency_seconds_count", ())] == 2
