@@ -282,8 +282,7 @@ def embed_bench(*, log: Log) -> dict[str, Any] | None:
 
 def run(*, model: str, policies: tuple[str, ...] = ("uniun", "fcfs"), reps: int = 5,
         bg_tokens: int = 200, home: Path | None = None, restart_reps: int = 3,
-        with_model_bench: bool = True, overhead_reps: int = 10,
-        log: Log = lambda _m: None) -> dict[str, Any]:
+        with_model_bench: bool = True, log: Log = lambda _m: None) -> dict[str, Any]:
     """Run the whole benchmark and return the result map (see the module docstring)."""
     base = home or Path(tempfile.mkdtemp(prefix="uniun-bench-", dir="/tmp"))
     result: dict[str, Any] = {"model": model, "reps": reps, "bg_tokens": bg_tokens,
@@ -302,11 +301,6 @@ def run(*, model: str, policies: tuple[str, ...] = ("uniun", "fcfs"), reps: int 
         "fcfs_over_uniun_loaded": _ratio(fcfs.get("ttft_loaded_s"), uni.get("ttft_loaded_s")),
     }
     result["policy_decision"] = policy_decision_bench()
-    if overhead_reps > 0:  # metrics + segment recording on vs off (issue 12)
-        from uniun.runtime.bench.overhead import run as run_overhead
-
-        result["observability_overhead"] = run_overhead(model=model, base=base,
-                                                        reps=overhead_reps, log=log)
     if with_model_bench:
         result["model_bench"] = model_bench(model, reps=3, log=log)
         result["embed_bench"] = embed_bench(log=log)

@@ -72,8 +72,16 @@ def run(args: argparse.Namespace) -> int:
                            bg_tokens=args.bg_tokens, home=args.home,
                            restart_reps=args.restart_reps,
                            with_model_bench=not args.no_model_bench,
-                           overhead_reps=max(0, args.overhead_reps),
                            log=lambda msg: print(msg, file=sys.stderr))
+        if args.overhead_reps > 0:  # metrics + segment recording on vs off (issue 12)
+            import tempfile
+
+            from uniun.runtime.bench.overhead import run as run_overhead
+
+            base = args.home or Path(tempfile.mkdtemp(prefix="uniun-bench-oh-", dir="/tmp"))
+            result["observability_overhead"] = run_overhead(
+                model=args.model, base=base, reps=args.overhead_reps,
+                log=lambda msg: print(msg, file=sys.stderr))
         if args.producers:
             from uniun.runtime.bench.producers import run as run_producers
 
