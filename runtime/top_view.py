@@ -198,7 +198,7 @@ def _snapshots(status: dict[str, Any]) -> RenderableType:
     snaps = status.get("snapshots") or {}
     parking = status.get("parking") or {}
     mib = (snaps.get("bytes") or 0) / 2**20
-    return Text(f"parked: {snaps.get('count', 0)} snapshots · {mib:.1f} MiB · trimmed "
+    return Text(f"parked snapshots: {snaps.get('count', 0)} ({mib:.1f} MiB) · trimmed "
                 f"{parking.get('trimmed', 0)} · spilled {parking.get('spilled', 0)} · "
                 f"swaps {status.get('swaps', 0)} · preemptions {status.get('preemptions', 0)}")
 
