@@ -69,11 +69,11 @@ def grammar_for(fmt: Mapping[str, Any]) -> str:
 
     schema = _schema_of(fmt)
     if not isinstance(schema, dict):
-        raise FormatError("schema must be a JSON Schema object")
+        raise FormatError("must be a JSON Schema object")
     try:
         return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS)
     except ValueError as err:
-        raise FormatError(f"schema: {err}") from None
+        raise FormatError(str(err)) from None
 
 
 def check_format(fmt: Mapping[str, Any]) -> None:
@@ -82,7 +82,7 @@ def check_format(fmt: Mapping[str, Any]) -> None:
 
     error = llguidance.LLMatcher.validate_grammar(grammar_for(fmt))
     if error:
-        raise FormatError(f"schema: {error.strip()[:300]}")
+        raise FormatError(error.strip()[:300])
 
 
 # One wrapped tokenizer per (tokenizer object, vocab size): wrapping costs ~0.5 s.
