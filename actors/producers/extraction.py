@@ -31,9 +31,9 @@ EXAMPLE_ANSWER = (
     '{"source": "Marie Curie", "relation": "worked with", "target": "Pierre Curie"}]}')
 DEFAULT_MAX_NOTE_CHARS = 4000
 ENTITY_TYPES = ("person", "place", "organisation", "thing", "idea", "event", "time")
-MAX_ENTITIES = 8  # per note; bounds the answer so it ends well inside max_new_tokens
-MAX_RELATIONS = 6
-MAX_NAME_CHARS = 48
+MAX_ENTITIES = 6  # per note; bounds the answer so it ends well inside max_new_tokens
+MAX_RELATIONS = 4
+MAX_NAME_CHARS = 40
 # What extraction jobs ask the runner for (the job's ``format``): constrained decoding
 # makes every answer parse and fit this schema. JSON Schema cannot say "unique by name"
 # (``uniqueItems`` compares whole items, and grammar engines do not implement it), so
