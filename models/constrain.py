@@ -130,8 +130,10 @@ class Constraint:
         self._pending = [int(t) for t in generated_ids]  # replayed when the matcher is built
         self._matcher: Any = None
         self._bits: np.ndarray | None = None
-        self.mask_s = 0.0  # seconds spent computing and applying masks
+        self.mask_s = 0.0  # seconds spent computing and applying masks, per-token work
         self.masks = 0  # masks computed
+        self.build_s = 0.0  # seconds of the one-off build (tokenizer wrap when not cached,
+        # schema compile, replay of the tokens generated before a pause)
 
     def _build(self, vocab_size: int) -> None:
         import llguidance
@@ -149,9 +151,11 @@ class Constraint:
 
     def mask(self, logits: np.ndarray) -> np.ndarray:
         """The logits of the next step with every token the grammar forbids at -inf."""
-        t0 = time.perf_counter()
         if self._matcher is None:
+            t0 = time.perf_counter()
             self._build(int(logits.shape[-1]))
+            self.build_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
         assert self._bits is not None
         self._matcher.unsafe_compute_mask_ptr(self._bits.ctypes.data, self._bits.nbytes)
         if self._matcher.is_error() or not self._bits.any():

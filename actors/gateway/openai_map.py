@@ -23,7 +23,7 @@ from typing import Any
 from uniun.actors.gateway.errors import ApiError, bad_request
 
 __all__ = ["JobRequest", "chat_job", "completion_job", "embedding_texts", "chat_response",
-           "chat_chunk", "completion_response", "completion_chunk", "usage_of",
+           "chat_chunk", "completion_response", "completion_chunk", "usage_of", "uniun_info",
            "IGNORED_CHAT_FIELDS", "UNIUN_FIELDS"]
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
@@ -215,8 +215,7 @@ def _scheduling(ext: Mapping[str, Any], now: float) -> dict[str, Any]:
     return job
 
 
-def _common(body: Mapping[str, Any], *, default_max_tokens: int, now: float,
-            prefix: str) -> tuple[dict[str, Any], str, bool, bool]:
+def _common(body: Mapping[str, Any], *, default_max_tokens: int, now: float) -> tuple[dict[str, Any], str, bool, bool]:
     _refuse_unsupported(body)
     model = _model(body)
     ext = body.get("uniun") or {}
@@ -244,8 +243,7 @@ def _common(body: Mapping[str, Any], *, default_max_tokens: int, now: float,
 def chat_job(body: Any, *, default_max_tokens: int, now: float) -> JobRequest:
     """``POST /v1/chat/completions`` as a job map (raises :class:`ApiError` 400)."""
     body = _require_object(body)
-    job, model, stream, usage = _common(body, default_max_tokens=default_max_tokens, now=now,
-                                        prefix="chatcmpl")
+    job, model, stream, usage = _common(body, default_max_tokens=default_max_tokens, now=now)
     job["messages"] = _messages(body.get("messages"))
     fmt = _response_format(body.get("response_format"))
     if fmt is not None:
@@ -256,8 +254,7 @@ def chat_job(body: Any, *, default_max_tokens: int, now: float) -> JobRequest:
 def completion_job(body: Any, *, default_max_tokens: int, now: float) -> JobRequest:
     """``POST /v1/completions`` (a raw prompt) as a job map."""
     body = _require_object(body)
-    job, model, stream, usage = _common(body, default_max_tokens=default_max_tokens, now=now,
-                                        prefix="cmpl")
+    job, model, stream, usage = _common(body, default_max_tokens=default_max_tokens, now=now)
     prompt = body.get("prompt")
     if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str):
         prompt = prompt[0]
@@ -296,7 +293,7 @@ def usage_of(done: Mapping[str, Any]) -> dict[str, int]:
             "total_tokens": prompt + completion}
 
 
-def _uniun_info(done: Mapping[str, Any], accepted: Mapping[str, Any] | None) -> dict[str, Any]:
+def uniun_info(done: Mapping[str, Any], accepted: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"job_id": done.get("job_id"), "tier": (accepted or {}).get("tier"),
             "preemptions": done.get("preemptions", 0), "timings": done.get("timings")}
 
@@ -308,7 +305,7 @@ def chat_response(req: JobRequest, done: Mapping[str, Any], created: int,
             "choices": [{"index": 0, "message": {"role": "assistant", "content": done["text"],
                                                  "refusal": None},
                          "logprobs": None, "finish_reason": done.get("finish_reason", "stop")}],
-            "usage": usage_of(done), "uniun": _uniun_info(done, accepted)}
+            "usage": usage_of(done), "uniun": uniun_info(done, accepted)}
 
 
 def chat_chunk(req: JobRequest, created: int, *, content: str | None = None,
@@ -339,7 +336,7 @@ def completion_response(req: JobRequest, done: Mapping[str, Any], created: int,
             "model": req.model, "system_fingerprint": None,
             "choices": [{"index": 0, "text": done["text"], "logprobs": None,
                          "finish_reason": done.get("finish_reason", "stop")}],
-            "usage": usage_of(done), "uniun": _uniun_info(done, accepted)}
+            "usage": usage_of(done), "uniun": uniun_info(done, accepted)}
 
 
 def completion_chunk(req: JobRequest, created: int, *, text: str = "",

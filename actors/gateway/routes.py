@@ -121,7 +121,8 @@ async def _collect(gateway: Gateway, request: Request, run: JobRun) -> dict[str,
 
 
 async def _stream(gateway: Gateway, run: JobRun, chunk: Callable[..., dict[str, Any]],
-                  first: dict[str, Any] | None, include_usage: bool) -> AsyncIterator[bytes]:
+                  first: dict[str, Any] | None, include_usage: bool,
+                  accepted: dict[str, Any]) -> AsyncIterator[bytes]:
     """SSE of a job: ``first`` (the role chunk), text chunks, the finish, usage, [DONE]."""
     ended = False
     try:
@@ -136,7 +137,9 @@ async def _stream(gateway: Gateway, run: JobRun, chunk: Callable[..., dict[str, 
             if event["type"] == "token" and event["text"]:
                 yield _sse(chunk(text=event["text"]))
             elif event["type"] == "done":
-                yield _sse(chunk(finish_reason=event.get("finish_reason", "stop")))
+                last = chunk(finish_reason=event.get("finish_reason", "stop"))
+                last["uniun"] = om.uniun_info(event, accepted)  # extension: job id, tier, ...
+                yield _sse(last)
                 if include_usage:
                     yield _sse(chunk(usage=om.usage_of(event), final_usage=True))
                 yield b"data: [DONE]\n\n"
@@ -185,7 +188,7 @@ async def _complete(gateway: Gateway, request: Request, req: om.JobRequest, *,
                                    usage=usage, final_usage=final_usage)
 
     first = om.chat_chunk(req, created, role=True, content="") if chat else None
-    return StreamingResponse(_stream(gateway, run, chunk, first, req.include_usage),
+    return StreamingResponse(_stream(gateway, run, chunk, first, req.include_usage, accepted),
                              media_type="text/event-stream", headers=SSE_HEADERS)
 
 

@@ -72,7 +72,8 @@ class BenchRuntime:
                                f'[policy]\nname = "{self.policy}"\n'
                                '[producers]\nextract = false\nnataraj = false\n'
                                'gana = false\nbackground_gana = false\n'
-                               '[embed]\nenabled = false\n')  # measured load only
+                               '[embed]\nenabled = false\n'  # measured load only
+                               '[http]\nport = 0\n')  # a free port: the HTTP TTFT
         self.log(f"starting runtime (policy {self.policy}, model {self.model}) in {self.home}")
         out = open(self.home / "start.out", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",
