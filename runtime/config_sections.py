@@ -219,6 +219,9 @@ class ProducersConfig:
     extract_max_new_tokens: int = field(default=256, metadata=_doc(
         "max_new_tokens of an extraction job (default 256: room for the answer schema's "
         "bounds)"))
+    extract_format: bool = field(default=True, metadata=_doc(
+        "extraction jobs ask for the answer's JSON schema, enforced by constrained decoding "
+        "(default true; false: free text, parsed leniently)"))
     extract_model: str = field(default="", metadata=_doc(
         "model of extraction jobs (default \"\" = models.chat_model)"))
     deck_low: int = field(default=3, metadata=_doc(

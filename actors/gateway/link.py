@@ -112,6 +112,10 @@ class JobRun:
 
     def run(self) -> None:
         """The worker thread's body."""
+        if self._link.closed:
+            self._push(Outcome("unavailable", error=SchedulerUnavailable("gateway stopping")))
+            self._push(Outcome("end"))
+            return
         log = logger.bind(job=self.job_id)
         client = self._link.clients.acquire()
         healthy = True
@@ -123,6 +127,7 @@ class JobRun:
             healthy = False
         finally:
             self._link.clients.release(client, healthy=healthy)
+            self._link.runs.discard(self)
             self._push(Outcome("end"))
 
     def _follow(self, client: Client, log: Any) -> bool:
@@ -178,9 +183,12 @@ class SchedulerLink:
                                          thread_name_prefix="gateway-call")
         self.open = 0  # jobs and calls in flight (read and written on the event loop)
         self.max_open = max_workers
+        self.runs: set[JobRun] = set()  # jobs whose worker has not ended
+        self.closed = False
 
     def start_job(self, job: dict[str, Any]) -> JobRun:
         run = JobRun(self, job, asyncio.get_running_loop())
+        self.runs.add(run)
         self._executor.submit(run.run)
         return run
 
@@ -218,6 +226,10 @@ class SchedulerLink:
         return await asyncio.get_running_loop().run_in_executor(self._calls, work)
 
     def close(self) -> None:
+        """Cancel every open job (their workers end within ``POLL_S``), close clients."""
+        self.closed = True
+        for run in list(self.runs):
+            run.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
         self._calls.shutdown(wait=False, cancel_futures=True)
         self.clients.close()

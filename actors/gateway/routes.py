@@ -115,6 +115,8 @@ async def _collect(gateway: Gateway, request: Request, run: JobRun) -> dict[str,
     finally:
         watcher.cancel()
         gateway.link.open -= 1
+        if done is None and failure is None:  # cancelled (shutdown): stop the job too
+            run.cancel()
     if done is None:
         raise failure or ApiError(500, "the job ended without a result", "server_error")
     return done
@@ -147,11 +149,11 @@ async def _stream(gateway: Gateway, run: JobRun, chunk: Callable[..., dict[str, 
                 yield _sse(_failure(outcome).body())
         ended = True
     finally:
+        # No await in here: a cancelled scope (the client went away) cancels every await.
+        gateway.link.open -= 1
         if not ended:  # the client went away (Starlette cancelled us): cancel the job
             run.cancel()
             logger.bind(job=run.job_id).info("HTTP client disconnected; cancelling its job")
-            await asyncio.shield(_drain(run))
-        gateway.link.open -= 1
 
 
 async def chat_completions(request: Request) -> Response:

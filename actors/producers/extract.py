@@ -61,6 +61,7 @@ class ExtractSettings:
     backfill_per_s: float = 1.0  # backlog notes submitted per second (seed scenario 5)
     max_in_flight: int = 8  # open extraction jobs at most
     max_new_tokens: int = 256  # the schema's bounds fit in it (docs/structured-output.md)
+    constrained: bool = True  # ask for EXTRACTION_FORMAT (False: free text, parsed leniently)
     model_id: str | None = None  # None: the scheduler's default (chat) model
     max_attempts: int = 3  # per note text, counting failed and cancelled jobs
     embed_batch: int = 16  # notes per embedding request
@@ -74,8 +75,9 @@ def note_job(rel: str, sha: str, text: str, attempt: int, settings: ExtractSetti
         "job_id": extract_job_id(rel, sha, attempt), "kind": "extract",
         "messages": extraction_messages(text, title=note_title(rel, text)),
         "max_new_tokens": settings.max_new_tokens, "foreground_hint": hint,
-        "format": EXTRACTION_FORMAT,  # constrained decoding: the answer always parses
     }
+    if settings.constrained:
+        job["format"] = EXTRACTION_FORMAT  # constrained decoding: the answer always parses
     if settings.model_id:
         job["model_id"] = settings.model_id
     return job, {"note_path": rel, "note_sha": sha, "hint": hint}
