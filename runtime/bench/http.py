@@ -39,11 +39,11 @@ def _zmq_ttft(client: Client, model: str) -> float:
     sent = time.monotonic()
     stream = client.submit({"job_id": f"bench-zmq-{uuid.uuid4().hex[:10]}", "kind": "chat",
                             "model_id": model, "messages": CHAT, "max_new_tokens": 8})
-    first = float("nan")
+    first: float | None = None
     for event in stream:
-        if event["type"] == m.TOKEN and first != first:
+        if event["type"] == m.TOKEN and first is None:
             first = time.monotonic() - sent
-    return first
+    return first if first is not None else float("nan")
 
 
 def _http_ttft(url: str, model: str) -> float:
@@ -58,15 +58,15 @@ def _http_ttft(url: str, model: str) -> float:
         response = conn.getresponse()
         if response.status != 200:
             raise RuntimeError(f"HTTP {response.status}: {response.read()[:300]!r}")
-        first = float("nan")
+        first: float | None = None
         for line in response:
             if not line.startswith(b"data: {"):
                 continue
             chunk = json.loads(line[6:])
             delta = (chunk.get("choices") or [{}])[0].get("delta", {})
-            if delta.get("content") and first != first:
+            if delta.get("content") and first is None:
                 first = time.monotonic() - sent
-        return first
+        return first if first is not None else float("nan")
     finally:
         conn.close()
 

@@ -56,7 +56,7 @@ def base_url(rt: Runtime) -> str:
 
 
 @pytest.fixture(scope="module")
-def client(base_url: str):  # noqa: ANN201 - openai.OpenAI
+def client(base_url: str) -> openai.OpenAI:
     ok = wait_for("the gateway to be ready", lambda: _health(base_url) == 200)
     assert ok
     return openai.OpenAI(base_url=f"{base_url}/v1", api_key="unused", max_retries=0,
@@ -194,9 +194,9 @@ def test_cancelled_stream_cancels_its_job(rt: Runtime, client) -> None:
 
 def test_background_request_preempted_by_a_chat_completes_unchanged(client) -> None:
     """A nataraj request over HTTP is paused for a chat and resumes: same text as alone."""
-    background = dict(model="tiny-1", messages=[{"role": "user", "content": "Write a card."}],
-                      max_tokens=600, temperature=0.8, seed=11,
-                      extra_body={"uniun": {"kind": "nataraj", "flow": "cards"}})
+    background = {"model": "tiny-1", "messages": [{"role": "user", "content": "Write a card."}],
+                  "max_tokens": 600, "temperature": 0.8, "seed": 11,
+                  "extra_body": {"uniun": {"kind": "nataraj", "flow": "cards"}}}
     alone = client.chat.completions.create(**background)
     assert alone.model_extra["uniun"]["preemptions"] == 0
     reference = alone.choices[0].message.content
@@ -223,3 +223,18 @@ def test_background_request_preempted_by_a_chat_completes_unchanged(client) -> N
     assert not thread.is_alive()
     assert final.get("preemptions", 0) >= 1, final  # the scheduler did pause it
     assert "".join(pieces) == reference
+
+
+def test_a_client_that_gives_up_on_a_non_streamed_request_cancels_it(rt: Runtime,
+                                                                       base_url: str) -> None:
+    import httpx
+
+    job_id = "http-gives-up-1"
+    body = {"model": "tiny-1", "messages": CHAT, "max_tokens": 4096, "temperature": 0,
+            "uniun": {"job_id": job_id}}
+    with pytest.raises(httpx.TimeoutException):  # 4096 tokens take seconds on any machine
+        httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=1.0)
+    w = rt.wire()
+    assert w.request("attach", job_id=job_id, after_seq=10**6)["type"] == "accepted"
+    end = w.end(job_id)
+    assert end["type"] == "error" and end["code"] == "cancelled"
