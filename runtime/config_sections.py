@@ -165,6 +165,28 @@ class EmbedConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """The OpenAI-compatible HTTP gateway (docs/http.md)."""
+
+    enabled: bool = field(default=True, metadata=_doc(
+        "run the HTTP gateway (default true)"))
+    # Loopback by default; anything else needs api_key (the runtime refuses to start).
+    host: str = field(default="127.0.0.1", metadata=_doc(
+        "address to bind (default 127.0.0.1; a non-loopback address requires api_key)"))
+    port: int = field(default=8765, metadata=_doc(
+        "TCP port (default 8765; 0 = any free port); the URL is written to "
+        "$UNIUN_HOME/run/http.endpoint"))
+    api_key: str = field(default="", metadata=_doc(
+        "if set, every request but /health needs Authorization: Bearer KEY (default \"\")"))
+    # Tokens; default 512 (OpenAI has no default; 128, the protocol's, is short for chat).
+    default_max_tokens: int = field(default=512, metadata=_doc(
+        "max_tokens of a chat completion that names none (default 512)"))
+    # Requests; default 256. Each open job holds one gateway thread.
+    max_open_requests: int = field(default=256, metadata=_doc(
+        "jobs open through the gateway at once; more get 429 (default 256)"))
+
+
+@dataclass(frozen=True)
 class ProducersConfig:
     """Which producer processes the supervisor runs (chat is the CLI, not a process).
 
@@ -194,8 +216,12 @@ class ProducersConfig:
         "notes of the existing backlog submitted for extraction per second (default 1.0)"))
     extract_in_flight: int = field(default=8, metadata=_doc(
         "extraction jobs open in the scheduler at most (default 8)"))
-    extract_max_new_tokens: int = field(default=160, metadata=_doc(
-        "max_new_tokens of an extraction job (default 160)"))
+    extract_max_new_tokens: int = field(default=256, metadata=_doc(
+        "max_new_tokens of an extraction job (default 256: room for the answer schema's "
+        "bounds)"))
+    extract_format: bool = field(default=True, metadata=_doc(
+        "extraction jobs ask for the answer's JSON schema, enforced by constrained decoding "
+        "(default true; false: free text, parsed leniently)"))
     extract_model: str = field(default="", metadata=_doc(
         "model of extraction jobs (default \"\" = models.chat_model)"))
     deck_low: int = field(default=3, metadata=_doc(
@@ -234,6 +260,7 @@ class LoggingConfig:
 SECTIONS: Mapping[str, type] = MappingProxyType({
     "front": FrontConfig, "policy": PolicySection, "models": ModelsConfig,
     "jobs": JobsConfig, "limits": LimitsConfig, "runner": RunnerConfig,
-    "supervisor": SupervisorConfig, "embed": EmbedConfig, "producers": ProducersConfig,
+    "supervisor": SupervisorConfig, "embed": EmbedConfig, "http": HttpConfig,
+    "producers": ProducersConfig,
     "logging": LoggingConfig,
 })

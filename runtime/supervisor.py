@@ -58,6 +58,8 @@ def plan_children(config: RuntimeConfig) -> list[str]:
         # One pool process; it runs and restarts its own embed-0..N-1 workers, so that a
         # dead worker's in-flight request is re-run (actors/embedding/pool.py).
         names.append("embed")
+    if config.http.enabled:
+        names.append("http")  # the OpenAI-compatible gateway (runtime/http_main.py)
     producers = config.producers
     for flag, name in ((producers.extract, "extract"), (producers.nataraj, "nataraj"),
                        (producers.gana, "gana"),
