@@ -27,6 +27,7 @@ from typing import Any
 
 from loguru import logger
 
+from uniun.models.constrain import Constraint
 from uniun.models.detokenize import IncrementalDetokenizer, StopMatcher
 from uniun.models.kv import JobProgress, KVCache
 from uniun.models.sampling import Sampler
@@ -66,6 +67,11 @@ class Generation:
             logger.bind(job=progress.job_id).warning(
                 "replayed text differs from the text already streamed; continuing after it")
         self._released = len(progress.text)
+        # A job with a format samples from masked logits (the grammar state is rebuilt
+        # by replaying the generated ids, so pause/resume stays exact).
+        self.constraint: Constraint | None = (
+            Constraint(progress.format, tokenizer, progress.eos_ids, progress.generated_ids)
+            if progress.format else None)
         # Counters for the caller's accounting (tokens fed through the model, by cause).
         self.prefix_cache_tokens = 0  # prompt positions taken from the prefix cache
         self.recomputed_tokens = 0  # positions fed again on resume (eviction/recompute)
@@ -120,6 +126,8 @@ class Generation:
         if p.finished:
             raise FinishedError(f"job {p.job_id!r} already finished ({p.finish_reason})")
         seq = len(p.generated_ids)
+        if self.constraint is not None:
+            self.constraint.consume(token_id)
         p.generated_ids.append(int(token_id))
         reason: str | None = None
         if token_id in p.eos_ids:

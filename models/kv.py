@@ -75,6 +75,9 @@ class JobProgress:
     finish_reason: str | None = None  # "stop" | "length"
     job_id: str | None = None
     model_id: str = ""
+    # The job's output format (models/constrain.py), None = free text. Travels with the
+    # progress so a resumed or recomputed job rebuilds its grammar state by replay.
+    format: dict[str, Any] | None = None
 
     @property
     def all_ids(self) -> list[int]:
@@ -93,7 +96,7 @@ class JobProgress:
             "stop": list(self.stop), "eos_ids": list(self.eos_ids),
             "static_prefix": self.static_prefix, "finished": self.finished,
             "finish_reason": self.finish_reason, "job_id": self.job_id,
-            "model_id": self.model_id,
+            "model_id": self.model_id, "format": self.format,
         }
 
     @classmethod
@@ -113,6 +116,7 @@ class JobProgress:
                 finish_reason=record.get("finish_reason"),
                 job_id=record.get("job_id"),
                 model_id=str(record.get("model_id", "")),
+                format=dict(record["format"]) if record.get("format") else None,
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a job progress record: {exc}") from exc

@@ -95,7 +95,7 @@ class DecoderSession(DecoderModel):
               prompt_ids: Sequence[int] | None = None, max_new_tokens: int = 128,
               sampling: Any = None, stop: Sequence[str] = (), job_id: str | None = None,
               static_prefix: int | None = None, use_prefix_cache: bool = True,
-              ignore_eos: bool = False) -> Generation:
+              ignore_eos: bool = False, format: Mapping[str, Any] | None = None) -> Generation:
         """A new generation (nothing runs yet; the first :meth:`step` prefills).
 
         Exactly one of ``prompt`` (raw text), ``messages`` (rendered with the chat
@@ -103,6 +103,8 @@ class DecoderSession(DecoderModel):
         ``Sampling``, a map, or None (greedy). ``static_prefix`` overrides the detected
         system-prompt length (positions kept by partial eviction, shared by the cache).
         ``ignore_eos`` (benchmarks): run to ``max_new_tokens`` whatever the model says.
+        ``format``: constrain the output (``models/constrain.py``), e.g.
+        ``{"type": "json_schema", "schema": {...}}``.
         """
         if prompt_ids is not None:
             if prompt is not None or messages is not None:
@@ -123,7 +125,7 @@ class DecoderSession(DecoderModel):
             seed=Sampler(params).seed, stop=tuple(stop), eos_ids=() if ignore_eos else self.eos_ids,
             static_prefix=max(0, min(static if static_prefix is None else int(static_prefix),
                                      len(ids) - 2)),
-            job_id=job_id, model_id=self.model_id)
+            job_id=job_id, model_id=self.model_id, format=dict(format) if format else None)
         gen = self._generation(progress, None)
         if use_prefix_cache and self.prefix_cache is not None:
             n, kv = self.prefix_cache.lookup(ids)
@@ -156,6 +158,8 @@ class DecoderSession(DecoderModel):
         gen.check_live()
         self._feed(gen, for_step=True)
         logits, gen.kv = self.forward(gen.pending_ids(), gen.kv)
+        if gen.constraint is not None:  # structured output: only what the grammar allows
+            logits = gen.constraint.mask(logits)
         token = gen.sampler.pick(logits, len(gen.progress.generated_ids))
         return gen.accept(token)
 

@@ -6,6 +6,7 @@ Validation happens once, at the edge, before any state changes: everything downs
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
@@ -21,8 +22,13 @@ ROLES = ("system", "user", "assistant")
 _KNOWN_KEYS = frozenset({
     "job_id", "kind", "model_id", "messages", "prompt", "max_new_tokens", "deadline",
     "foreground_hint", "flow", "stream", "sampling",
+    "stop", "format",  # extensions (docs/protocol.md): optional, a v1 peer may omit them
 })
 _SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "seed"})
+MAX_STOP_STRINGS = 4  # as OpenAI's ``stop``
+MAX_STOP_CHARS = 256
+FORMAT_TYPES = ("json_object", "json_schema")
+MAX_SCHEMA_CHARS = 65_536  # a schema's JSON text
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,24 @@ class Sampling:
     top_p: float = 1.0
     top_k: int = 0
     seed: int | None = None
+
+
+@dataclass(frozen=True)
+class JobFormat:
+    """What the output must be (extension ``format``): ``json_object`` or ``json_schema``.
+
+    The schema is kept as canonical JSON text so a spec stays hashable and two equal
+    schemas compare equal (idempotent re-submits).
+    """
+
+    type: str
+    schema_json: str | None = None
+
+    def to_map(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"type": self.type}
+        if self.schema_json is not None:
+            out["schema"] = json.loads(self.schema_json)
+        return out
 
 
 @dataclass(frozen=True)
@@ -50,6 +74,8 @@ class JobSpec:
     flow: str = ""
     stream: bool = True
     sampling: Sampling = field(default_factory=Sampling)
+    stop: tuple[str, ...] = ()  # extension: the text ends before the first of these
+    format: JobFormat | None = None  # extension: constrained output (docs/protocol.md)
 
     def to_map(self) -> dict[str, Any]:
         """Back to a wire job map (used by the journal and for idempotency checks)."""
@@ -63,6 +89,10 @@ class JobSpec:
             out["messages"] = [{"role": r, "content": c} for r, c in self.messages]
         else:
             out["prompt"] = self.prompt
+        if self.stop:
+            out["stop"] = list(self.stop)
+        if self.format is not None:
+            out["format"] = self.format.to_map()
         return out
 
 
@@ -125,6 +155,49 @@ def _parse_sampling(value: Any) -> Sampling:
     return Sampling(float(temperature), float(top_p), int(top_k), seed)
 
 
+def _parse_stop(value: Any) -> tuple[str, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list) or len(value) > MAX_STOP_STRINGS:
+        raise InvalidField("stop", f"must be a string or a list of at most "
+                                   f"{MAX_STOP_STRINGS} strings")
+    for i, item in enumerate(value):
+        if not isinstance(item, str) or not 0 < len(item) <= MAX_STOP_CHARS:
+            raise InvalidField(f"stop[{i}]", f"must be a string of 1-{MAX_STOP_CHARS} characters")
+    return tuple(value)
+
+
+def _parse_format(value: Any) -> JobFormat | None:
+    """The shape of ``format``; whether a schema compiles is the caller's check
+    (``JobRules.check_format``: the protocol room knows no grammar engine)."""
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise InvalidField("format", "must be a map with type json_object or json_schema")
+    unknown = set(value) - {"type", "schema"}
+    if unknown:
+        raise InvalidField(f"format.{sorted(map(str, unknown))[0]}", "unknown format key")
+    kind = value.get("type")
+    if kind not in FORMAT_TYPES:
+        raise InvalidField("format.type", f"must be one of {', '.join(FORMAT_TYPES)}")
+    if kind == "json_object":
+        if value.get("schema") is not None:
+            raise InvalidField("format.schema", "only with type json_schema")
+        return JobFormat(kind)
+    schema = value.get("schema")
+    if not isinstance(schema, dict):
+        raise InvalidField("format.schema", "must be a JSON Schema map")
+    try:
+        text = json.dumps(schema, sort_keys=True, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as err:
+        raise InvalidField("format.schema", f"not JSON: {err}") from None
+    if len(text) > MAX_SCHEMA_CHARS:
+        raise InvalidField("format.schema", f"longer than {MAX_SCHEMA_CHARS} characters")
+    return JobFormat(kind, text)
+
+
 def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAULT_KINDS,
                  max_new_tokens_cap: int = 4096, max_prompt_chars: int = 200_000) -> JobSpec:
     """Check a wire job map and return the ``JobSpec`` it describes.
@@ -182,10 +255,13 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
         if not isinstance(stream, bool):
             raise InvalidField("stream", "must be a boolean")
         sampling = _parse_sampling(raw.get("sampling"))
+        stop = _parse_stop(raw.get("stop"))
+        fmt = _parse_format(raw.get("format"))
     except InvalidField as err:
         err.job_id = job_id
         raise
     return JobSpec(job_id=job_id, kind=kind, model_id=model_id, messages=messages,
                    prompt=prompt, max_new_tokens=int(max_new),
                    deadline=None if deadline is None else float(deadline),
-                   foreground_hint=hint, flow=flow, stream=stream, sampling=sampling)
+                   foreground_hint=hint, flow=flow, stream=stream, sampling=sampling,
+                   stop=stop, format=fmt)

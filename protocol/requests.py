@@ -21,7 +21,7 @@ Extension over PROTOCOL.md v1 (optional, so compatible): ``attach`` may carry
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Collection, Mapping, Union
+from typing import Any, Callable, Collection, Mapping, Union
 
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, decode
 from uniun.protocol.errors import ErrorCode, InvalidField, ProtocolError
@@ -108,6 +108,9 @@ class JobRules:
     max_new_tokens_cap: int = 4096
     max_prompt_chars: int = 200_000
     known_models: Collection[str] | None = field(default=None)
+    # Raises ValueError (its message) for a ``format`` the grammar engine cannot compile;
+    # the scheduler passes models.constrain.check_format. None: shape checks only.
+    check_format: Callable[[dict[str, Any]], None] | None = field(default=None)
 
 
 # --- parsing -------------------------------------------------------------------------
@@ -172,6 +175,11 @@ def parse_request(msg: Any, rules: JobRules, *,
         if rules.known_models is not None and job.model_id not in rules.known_models:
             raise ProtocolError(ErrorCode.UNKNOWN_MODEL, f"unknown model {job.model_id!r}",
                                 field="model_id", job_id=job.job_id)
+        if job.format is not None and rules.check_format is not None:
+            try:
+                rules.check_format(job.format.to_map())
+            except ValueError as err:
+                raise InvalidField("format.schema", str(err), job_id=job.job_id) from None
         return Submit(mid, job)
     if mtype == CANCEL:
         return Cancel(mid, _require_id(msg, "job_id"))

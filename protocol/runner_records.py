@@ -115,6 +115,8 @@ class Start(Command):
     the runner continues from a snapshot it still holds for exactly those tokens, else it
     recomputes them. ``seed`` is the job's effective sampling seed once one was drawn.
     ``grant`` is how many tokens this segment may generate (0 = up to ``max_new_tokens``).
+    ``stop`` and ``format`` are the job map's extensions: stop strings, and the output
+    format the runner enforces by constrained decoding (``models/constrain.py``).
     """
 
     kind: ClassVar[str] = "start"
@@ -129,6 +131,8 @@ class Start(Command):
     text: str = ""
     seed: int | None = None
     grant: int = 0
+    stop: list[str] = field(default_factory=list)
+    format: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -55,6 +55,7 @@ from uniun.runtime.config_sections import (
     SECTIONS,
     EmbedConfig,
     FrontConfig,
+    HttpConfig,
     JobsConfig,
     LimitsConfig,
     LoggingConfig,
@@ -88,6 +89,7 @@ class RuntimeConfig:
     runner: RunnerConfig = field(default_factory=RunnerConfig)
     supervisor: SupervisorConfig = field(default_factory=SupervisorConfig)
     embed: EmbedConfig = field(default_factory=EmbedConfig)
+    http: HttpConfig = field(default_factory=HttpConfig)
     producers: ProducersConfig = field(default_factory=ProducersConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)

@@ -70,6 +70,7 @@ _POSITIVE = {
                    "start_timeout_s"),
     "embed": ("workers", "queue_bound"),
     "trace": ("keep_segments",),
+    "http": ("default_max_tokens", "max_open_requests"),
     "producers": ("scan_interval_s", "backfill_per_s", "extract_in_flight",
                   "extract_max_new_tokens", "deck_low", "deck_high", "card_max_new_tokens",
                   "check_interval_s", "lifecycle_poll_s", "background_lease_s",
@@ -109,10 +110,37 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
                           source=source)
     if section == "metrics" and "host" in values and not values["host"]:
         raise ConfigError("must not be empty", key="metrics.host", source=source)
+    if section == "http":
+        check_http(values, source)
     if section == "models":
         for key in ("chat_model", "embed_model"):
             if key in values and not values[key]:
                 raise ConfigError("must not be empty", key=f"models.{key}", source=source)
+
+
+def is_loopback(host: str) -> bool:
+    """``localhost`` or an address in 127.0.0.0/8 or ::1."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_http(values: dict[str, Any], source: Path | None) -> None:
+    """The gateway's port, and its rule: no API key, no binding beyond loopback."""
+    if not 0 <= values.get("port", 8765) <= 65535:
+        raise ConfigError("must be 0-65535 (0: any free port)", key="http.port", source=source)
+    host = values.get("host", "127.0.0.1")
+    if not host:
+        raise ConfigError("must not be empty", key="http.host", source=source)
+    if values.get("enabled", True) and not is_loopback(host) and not values.get("api_key"):
+        raise ConfigError(f"required when http.host ({host}) is not a loopback address: "
+                          "anyone on the network could use the model", key="http.api_key",
+                          source=source)
 
 
 _IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, NUL included

@@ -165,6 +165,28 @@ class EmbedConfig:
 
 
 @dataclass(frozen=True)
+class HttpConfig:
+    """The OpenAI-compatible HTTP gateway (docs/http.md)."""
+
+    enabled: bool = field(default=True, metadata=_doc(
+        "run the HTTP gateway (default true)"))
+    # Loopback by default; anything else needs api_key (the runtime refuses to start).
+    host: str = field(default="127.0.0.1", metadata=_doc(
+        "address to bind (default 127.0.0.1; a non-loopback address requires api_key)"))
+    port: int = field(default=8765, metadata=_doc(
+        "TCP port (default 8765; 0 = any free port); the URL is written to "
+        "$UNIUN_HOME/run/http.endpoint"))
+    api_key: str = field(default="", metadata=_doc(
+        "if set, every request but /health needs Authorization: Bearer KEY (default \"\")"))
+    # Tokens; default 512 (OpenAI has no default; 128, the protocol's, is short for chat).
+    default_max_tokens: int = field(default=512, metadata=_doc(
+        "max_tokens of a chat completion that names none (default 512)"))
+    # Requests; default 256. Each open job holds one gateway thread.
+    max_open_requests: int = field(default=256, metadata=_doc(
+        "jobs open through the gateway at once; more get 429 (default 256)"))
+
+
+@dataclass(frozen=True)
 class ProducersConfig:
     """Which producer processes the supervisor runs (chat is the CLI, not a process).
 
@@ -194,8 +216,12 @@ class ProducersConfig:
         "notes of the existing backlog submitted for extraction per second (default 1.0)"))
     extract_in_flight: int = field(default=8, metadata=_doc(
         "extraction jobs open in the scheduler at most (default 8)"))
-    extract_max_new_tokens: int = field(default=160, metadata=_doc(
-        "max_new_tokens of an extraction job (default 160)"))
+    extract_max_new_tokens: int = field(default=256, metadata=_doc(
+        "max_new_tokens of an extraction job (default 256: room for the answer schema's "
+        "bounds)"))
+    extract_format: bool = field(default=True, metadata=_doc(
+        "extraction jobs ask for the answer's JSON schema, enforced by constrained decoding "
+        "(default true; false: free text, parsed leniently)"))
     extract_model: str = field(default="", metadata=_doc(
         "model of extraction jobs (default \"\" = models.chat_model)"))
     deck_low: int = field(default=3, metadata=_doc(
@@ -234,15 +260,17 @@ class LoggingConfig:
 
 @dataclass(frozen=True)
 class MetricsConfig:
-    """Prometheus metrics (docs/observability.md): where the supervisor serves /metrics."""
+    """Prometheus metrics (docs/observability.md). Served at /metrics of the HTTP gateway
+    when it runs; host and port are for the supervisor's own endpoint otherwise."""
 
     enabled: bool = field(default=True, metadata=_doc(
         "collect and serve the uniun_* metrics (default true)"))
     host: str = field(default="127.0.0.1", metadata=_doc(
-        "address the metrics endpoint listens on (default 127.0.0.1, this machine only)"))
+        "address of the metrics endpoint when no HTTP gateway runs (default 127.0.0.1, "
+        "this machine only)"))
     port: int = field(default=0, metadata=_doc(
-        "TCP port of http://HOST:PORT/metrics; 0 = a free port, written to "
-        "$UNIUN_HOME/run/metrics.endpoint (default 0; set one for a Prometheus scrape)"))
+        "TCP port of http://HOST:PORT/metrics when no HTTP gateway runs; 0 = a free port "
+        "(default 0). Either way the URL is written to $UNIUN_HOME/run/metrics.endpoint"))
 
 
 @dataclass(frozen=True)
@@ -262,6 +290,7 @@ class TraceConfig:
 SECTIONS: Mapping[str, type] = MappingProxyType({
     "front": FrontConfig, "policy": PolicySection, "models": ModelsConfig,
     "jobs": JobsConfig, "limits": LimitsConfig, "runner": RunnerConfig,
-    "supervisor": SupervisorConfig, "embed": EmbedConfig, "producers": ProducersConfig,
+    "supervisor": SupervisorConfig, "embed": EmbedConfig, "http": HttpConfig,
+    "producers": ProducersConfig,
     "logging": LoggingConfig, "metrics": MetricsConfig, "trace": TraceConfig,
 })

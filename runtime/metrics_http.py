@@ -7,6 +7,11 @@ format. Anything that can answer HTTP can serve it; until the HTTP gateway does,
 supervisor runs :class:`MetricsServer` on ``[metrics] host:port`` (loopback, a free port
 by default) and writes its URL to ``$UNIUN_HOME/run/metrics.endpoint``.
 
+When the runtime runs its HTTP gateway (``[http] enabled``), the gateway serves
+``GET /metrics`` instead (:func:`metrics_route`, mounted by ``runtime/http_main.py``, behind
+the same API key as the rest of it) and writes ``<gateway URL>/metrics`` to the endpoint
+file; the supervisor then starts no server of its own.
+
 The metrics folder is wiped at every start (:func:`prepare_metrics_dir`), so figures
 count from the start of this runtime, across restarts of its processes.
 """
@@ -125,20 +130,38 @@ class MetricsServer:
             pass
 
 
-def start_metrics(run_dir: Path, *, enabled: bool, host: str,
-                  port: int) -> tuple[dict[str, str | None], MetricsServer | None]:
+def start_metrics(run_dir: Path, *, enabled: bool, host: str, port: int,
+                  serve: bool = True) -> tuple[dict[str, str | None], MetricsServer | None]:
     """The supervisor's part at start: (environment for children, the server or None).
 
-    Enabled: a fresh metrics folder that every child writes to, and the server. A port
-    that cannot be bound is logged and the runtime runs on without the endpoint (its
-    processes still count; fix the port and restart). Disabled: children get no
+    Enabled: a fresh metrics folder that every child writes to, and, with ``serve``
+    (no HTTP gateway among the children: it serves ``/metrics`` itself), the server. A
+    port that cannot be bound is logged and the runtime runs on without the endpoint
+    (its processes still count; fix the port and restart). Disabled: children get no
     multiprocess folder (None removes an inherited one).
     """
     if not enabled:
         return {MULTIPROC_ENV: None}, None
     env: dict[str, str | None] = {MULTIPROC_ENV: str(prepare_metrics_dir(run_dir))}
+    if not serve:
+        return env, None
     try:
         return env, MetricsServer(run_dir, host, port).start()
     except OSError as err:
         logger.error("metrics endpoint {}:{} not served: {}", host, port, err)
         return env, None
+
+
+def metrics_route(run_dir: Path) -> Any:
+    """``GET /metrics`` for the HTTP gateway (a Starlette route; starlette is imported
+    here only, so processes without the gateway never load it)."""
+    from starlette.concurrency import run_in_threadpool
+    from starlette.requests import Request
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def metrics(_request: Request) -> Response:
+        body, ctype = await run_in_threadpool(render_metrics, run_dir)  # file reads
+        return Response(body, media_type=ctype)
+
+    return Route("/metrics", metrics, methods=["GET"])

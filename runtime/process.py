@@ -53,6 +53,7 @@ _REGISTRY: dict[str, str | EntryPoint] = {
     "gana": "uniun.runtime.producers_main:gana_main",
     "background-gana": "uniun.runtime.producers_main:background_gana_main",
     "embed": "uniun.runtime.embed_main:main",  # the pool; it spawns its own workers
+    "http": "uniun.runtime.http_main:main",  # the OpenAI-compatible gateway
 }
 
 STOPPING = threading.Event()

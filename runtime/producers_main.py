@@ -83,7 +83,7 @@ def extract_logic(config: RuntimeConfig) -> ProducerLogic:
         notes_dir=notes_dir(config), scan_interval_s=p.scan_interval_s,
         backfill_per_s=p.backfill_per_s, max_in_flight=p.extract_in_flight,
         max_new_tokens=min(p.extract_max_new_tokens, config.limits.max_new_tokens_cap),
-        model_id=p.extract_model or None)
+        model_id=p.extract_model or None, constrained=p.extract_format)
     store = ResultsStore(config.results_path)
     return ExtractProducer.with_tracker(settings, store, _client(config),
                                         embed=_embedder(config), now=time.time())

@@ -35,6 +35,7 @@ from uniun.actors.scheduler.front import FrontActor, ModelIds, OpenFront, Stoppi
 from uniun.actors.scheduler.host import Drain, Quiet, Replay, SchedulerHost, Wire
 from uniun.actors.scheduler.journal import Journal
 from uniun.actors.scheduler.runner_link import OpenLink, RunnerLinkActor
+from uniun.models.constrain import check_format
 from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
 from uniun.protocol.codec import Limits
@@ -87,7 +88,8 @@ def main(config: RuntimeConfig) -> int:
     journal = Journal(journal_path(), keep_segments=config.trace.keep_segments)
     rules = JobRules(default_model=config.models.chat_model, kinds=tuple(config.jobs.kinds),
                      max_new_tokens_cap=config.limits.max_new_tokens_cap,
-                     max_prompt_chars=config.limits.max_prompt_chars, known_models=ModelIds(ModelStore(models_dir())))
+                     max_prompt_chars=config.limits.max_prompt_chars, known_models=ModelIds(ModelStore(models_dir())),
+                     check_format=check_format)  # a schema that cannot compile is refused here
     ctx = zmq.Context()
     sampler = ProcessSampler()
     core = SchedulerCore(policy=policy, queue_cap=config.limits.queue_cap, clock=clock,

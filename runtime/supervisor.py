@@ -59,6 +59,8 @@ def plan_children(config: RuntimeConfig) -> list[str]:
         # One pool process; it runs and restarts its own embed-0..N-1 workers, so that a
         # dead worker's in-flight request is re-run (actors/embedding/pool.py).
         names.append("embed")
+    if config.http.enabled:
+        names.append("http")  # the OpenAI-compatible gateway (runtime/http_main.py)
     producers = config.producers
     for flag, name in ((producers.extract, "extract"), (producers.nataraj, "nataraj"),
                        (producers.gana, "gana"),
@@ -145,8 +147,10 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
         monitor = HeartbeatMonitor(self.endpoint)
         metrics = self.config.metrics
+        gateway = any(c.name == "http" for c in self.children)  # it serves /metrics then
         self._child_env, server = start_metrics(self.config.run_dir, enabled=metrics.enabled,
-                                                host=metrics.host, port=metrics.port)
+                                                host=metrics.host, port=metrics.port,
+                                                serve=not gateway)
         logger.info("supervisor {} up; children in order: {}", os.getpid(),
                     ", ".join(c.name for c in self.children))
         try:

@@ -32,7 +32,11 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
-from uniun.actors.producers.extraction import extraction_messages, parse_extraction
+from uniun.actors.producers.extraction import (
+    EXTRACTION_FORMAT,
+    extraction_messages,
+    parse_extraction,
+)
 from uniun.actors.producers.jobs import JobTracker
 from uniun.actors.producers.notes import (
     NoteFile,
@@ -56,7 +60,8 @@ class ExtractSettings:
     scan_interval_s: float = 2.0  # seconds between scans of the notes folder
     backfill_per_s: float = 1.0  # backlog notes submitted per second (seed scenario 5)
     max_in_flight: int = 8  # open extraction jobs at most
-    max_new_tokens: int = 160
+    max_new_tokens: int = 256  # the schema's bounds fit in it (docs/structured-output.md)
+    constrained: bool = True  # ask for EXTRACTION_FORMAT (False: free text, parsed leniently)
     model_id: str | None = None  # None: the scheduler's default (chat) model
     max_attempts: int = 3  # per note text, counting failed and cancelled jobs
     embed_batch: int = 16  # notes per embedding request
@@ -71,6 +76,8 @@ def note_job(rel: str, sha: str, text: str, attempt: int, settings: ExtractSetti
         "messages": extraction_messages(text, title=note_title(rel, text)),
         "max_new_tokens": settings.max_new_tokens, "foreground_hint": hint,
     }
+    if settings.constrained:
+        job["format"] = EXTRACTION_FORMAT  # constrained decoding: the answer always parses
     if settings.model_id:
         job["model_id"] = settings.model_id
     return job, {"note_path": rel, "note_sha": sha, "hint": hint}

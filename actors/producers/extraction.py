@@ -30,6 +30,31 @@ EXAMPLE_ANSWER = (
     '"relations": [{"source": "Marie Curie", "relation": "worked in", "target": "Paris"}, '
     '{"source": "Marie Curie", "relation": "worked with", "target": "Pierre Curie"}]}')
 DEFAULT_MAX_NOTE_CHARS = 4000
+ENTITY_TYPES = ("person", "place", "organisation", "thing", "idea", "event", "time")
+MAX_ENTITIES = 6  # per note; bounds the answer so it ends well inside max_new_tokens
+MAX_RELATIONS = 4
+MAX_NAME_CHARS = 40
+# What extraction jobs ask the runner for (the job's ``format``): constrained decoding
+# makes every answer parse and fit this schema. JSON Schema cannot say "unique by name"
+# (``uniqueItems`` compares whole items, and grammar engines do not implement it), so
+# the bounds stop a repeating model and :func:`parse_extraction` keeps the first entity
+# of each name and the first of each relation triple.
+_NAME = {"type": "string", "minLength": 1, "maxLength": MAX_NAME_CHARS}
+EXTRACTION_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "entities": {"type": "array", "maxItems": MAX_ENTITIES, "items": {
+            "type": "object", "properties": {"name": _NAME, "type": {"enum": list(ENTITY_TYPES)}},
+            "required": ["name", "type"], "additionalProperties": False}},
+        "relations": {"type": "array", "maxItems": MAX_RELATIONS, "items": {
+            "type": "object",
+            "properties": {"source": _NAME, "relation": {**_NAME, "maxLength": 32},
+                           "target": _NAME},
+            "required": ["source", "relation", "target"], "additionalProperties": False}},
+    },
+    "required": ["entities", "relations"], "additionalProperties": False,
+}
+EXTRACTION_FORMAT: dict[str, Any] = {"type": "json_schema", "schema": EXTRACTION_SCHEMA}
 
 _FENCE_RE = re.compile(r"```(?:json|JSON)?\s*(.*?)(?:```|$)", re.DOTALL)
 _TRAILING_COMMA_RE = re.compile(r",\s*([}\]])")

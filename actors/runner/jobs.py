@@ -178,7 +178,7 @@ class RunnerJobs:
         messages = [{"role": r, "content": c} for r, c in cmd.messages] if cmd.messages else None
         gen = self.session.start(cmd.prompt, messages=messages,
                                  max_new_tokens=cmd.max_new_tokens, sampling=cmd.sampling,
-                                 job_id=cmd.job_id)
+                                 job_id=cmd.job_id, stop=tuple(cmd.stop), format=cmd.format)
         if not cmd.tokens and cmd.seed is None:
             return gen
         progress = gen.progress

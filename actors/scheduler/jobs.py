@@ -121,4 +121,5 @@ def start_command(record: JobRecord, grant: int | None) -> rp.Start:
         sampling={"temperature": spec.sampling.temperature, "top_p": spec.sampling.top_p,
                   "top_k": spec.sampling.top_k, "seed": spec.sampling.seed},
         tokens=list(record.token_ids), text="".join(record.texts), seed=record.seed,
-        grant=grant or 0)
+        grant=grant or 0, stop=list(spec.stop),
+        format=spec.format.to_map() if spec.format is not None else None)

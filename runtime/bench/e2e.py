@@ -3,6 +3,9 @@
 What it measures (DESIGN.md §7), for each policy (``uniun`` and the ``fcfs`` baseline),
 each figure the median over ``reps`` repetitions:
 
+- ``http``: chat TTFT idle over the HTTP gateway against the ZeroMQ front, interleaved in
+  the first policy's runtime (``runtime/bench/http.py``); ``ratios.http_over_zmq_idle``.
+- ``constrained``: the grammar mask's cost per token against the rest of a decode step.
 - ``ttft_idle_s``: chat time to first token with nothing else running, seen by the
   client (submit sent -> first ``token`` received); ``server_ttft_idle_s`` is the
   scheduler's own ``timings.ttft_s``.
@@ -42,6 +45,7 @@ from uniun.models.convert.recipes import ensure_model
 from uniun.models.store import ModelStore
 from uniun.protocol import messages as m
 from uniun.protocol.client import Client, JobFailed
+from uniun.runtime.bench.http import constrained_cost, measure_http
 from uniun.runtime.paths import models_dir
 from uniun.runtime.state import read_state
 
@@ -75,6 +79,7 @@ class BenchRuntime:
                                '[producers]\nextract = false\nnataraj = false\n'
                                'gana = false\nbackground_gana = false\n'
                                '[embed]\nenabled = false\n'  # measured load only
+                               '[http]\nport = 0\n'  # a free port: the HTTP TTFT
                                + self.extra_config)
         self.log(f"starting runtime (policy {self.policy}, model {self.model}) in {self.home}")
         out = open(self.home / "start.out", "ab")
@@ -292,6 +297,9 @@ def run(*, model: str, policies: tuple[str, ...] = ("uniun", "fcfs"), reps: int 
         with BenchRuntime(base / name, policy=name, model=model, log=log) as rt:
             result["policies"][name] = measure_policy(rt, reps=reps, bg_tokens=bg_tokens,
                                                       log=log)
+            if name == policies[0]:
+                result["http"] = measure_http(rt.run_dir, f"ipc://{rt.run_dir / 'front.sock'}",
+                                              model, reps=reps, log=log)
             if name == policies[0] and restart_reps > 0:
                 result["runner_restart"] = measure_restart(rt, reps=restart_reps, log=log)
     pol = result["policies"]
@@ -299,11 +307,15 @@ def run(*, model: str, policies: tuple[str, ...] = ("uniun", "fcfs"), reps: int 
     result["ratios"] = {
         "uniun_loaded_over_idle": _ratio(uni.get("ttft_loaded_s"), uni.get("ttft_idle_s")),
         "fcfs_over_uniun_loaded": _ratio(fcfs.get("ttft_loaded_s"), uni.get("ttft_loaded_s")),
+        "http_over_zmq_idle": (result.get("http") or {}).get("http_over_zmq"),
     }
     result["policy_decision"] = policy_decision_bench()
     if with_model_bench:
         result["model_bench"] = model_bench(model, reps=3, log=log)
         result["embed_bench"] = embed_bench(log=log)
+        log("constrained decoding cost (extraction schema)")
+        result["constrained"] = constrained_cost(ensure_model(model, ModelStore(models_dir())),
+                                                 log=log)
     return result
 
 

@@ -38,8 +38,8 @@ from uniun.protocol.client import Client
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 WAIT_S = 300.0
 QUIET = ("[producers]\nextract = false\nnataraj = false\ngana = false\nbackground_gana = false\n"
-         "[embed]\nenabled = false\n")
-LOADED = "[embed]\nenabled = true\n[producers]\ndeck_low = 6\ndeck_high = 12\n"
+         "[embed]\nenabled = false\n[http]\nport = 0\n")
+LOADED = "[embed]\nenabled = true\n[producers]\ndeck_low = 6\ndeck_high = 12\n[http]\nport = 0\n"
 
 
 def _start(home: Path, config: str) -> subprocess.Popen[bytes]:

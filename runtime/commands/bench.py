@@ -27,7 +27,8 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Start a runtime per policy (in a temporary home; the model store is "
                     "shared), measure chat time-to-first-token idle and while a background "
                     "job generates, chat -> background paused, background completeness, "
-                    "runner restart after SIGKILL, plus the model and policy benchmarks. "
+                    "runner restart after SIGKILL, chat TTFT over HTTP against the front, "
+                    "constrained decoding cost, plus the model and policy benchmarks. "
                     "Medians over --reps. Writes JSON (default bench-results/bench.json).")
     parser.add_argument("--model", default=DEFAULT_CHAT_MODEL,
                         help=f"model id (default {DEFAULT_CHAT_MODEL})")
@@ -115,6 +116,16 @@ def table(result: dict[str, Any]) -> Table:
     ratios = result.get("ratios", {})
     out.add_row("uniun: loaded / idle TTFT", _fmt(ratios.get("uniun_loaded_over_idle"), "x"))
     out.add_row("fcfs / uniun TTFT under load", _fmt(ratios.get("fcfs_over_uniun_loaded"), "x"))
+    http = result.get("http") or {}
+    if http:
+        out.add_row("chat TTFT idle, HTTP / ZeroMQ front",
+                    f"{http['ttft_http_s']:.3f} / {http['ttft_zmq_s']:.3f} s "
+                    f"({http['http_over_zmq']:.2f}x)")
+    constrained = result.get("constrained") or {}
+    if constrained:
+        out.add_row("constrained decoding: mask per token",
+                    f"{constrained['mask_us_per_token']:.0f} us "
+                    f"({constrained['mask_share_of_step']:.1%} of a step)")
     restart = result.get("runner_restart")
     if restart:
         out.add_row("runner SIGKILL -> new runner up", _fmt(restart.get("up_s")))

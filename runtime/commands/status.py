@@ -10,6 +10,7 @@ from rich.console import Console
 from rich.table import Table
 
 from uniun.runtime.commands.common import add_connection_args, client_command, connect
+from uniun.runtime.paths import run_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,6 +38,9 @@ def run(args: argparse.Namespace) -> int:
     with connect(args) as client:
         status = client.status()
         endpoint = client.endpoint
+    http = _http_endpoint()
+    if http:
+        status.setdefault("http", http)  # the gateway's base URL (run/http.endpoint)
     if args.json:
         print(json.dumps(status, indent=2, sort_keys=True, default=str))
         return 0
@@ -49,9 +53,10 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table = Table(title="UNIUN runtime", show_header=False, title_justify="left")
     table.add_column("what", style="bold")
     table.add_column("value")
-    shown = ("policy", "lifecycle", "foreground", "loaded_model", "running", "queues",
+    shown = ("http", "policy", "lifecycle", "foreground", "loaded_model", "running", "queues",
              "vruntime", "t2_share", "snapshots", "processes")
     table.add_row("front", endpoint)
+    table.add_row("http", _text(status.get("http")) if status.get("http") else "off")
     table.add_row("policy", _text(status.get("policy")))
     table.add_row("lifecycle", _text(status.get("lifecycle")))
     table.add_row("foreground", _text(status.get("foreground")) if status.get("foreground")
@@ -67,6 +72,14 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     for key in sorted(set(status) - set(shown)):
         table.add_row(key, _text(status[key]))
     return table
+
+
+def _http_endpoint() -> str | None:
+    """The OpenAI-compatible gateway's base URL, if it is serving."""
+    try:
+        return (run_dir() / "http.endpoint").read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _text(value: Any) -> str:

@@ -66,6 +66,16 @@ def test_bad_config_is_one_clear_line(tmp_path: Path, monkeypatch: pytest.Monkey
     assert not (tmp_path / "run" / "supervisor.lock").exists()
 
 
+def test_a_public_http_bind_without_an_api_key_never_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    config = tmp_path / "public.toml"
+    config.write_text('[http]\nhost = "0.0.0.0"\n')
+    code, err = run_inline(["start", "--config", str(config)], tmp_path, monkeypatch, capsys)
+    assert code == 2 and "http.api_key" in err
+    assert not (tmp_path / "run" / "supervisor.lock").exists()
+
+
 def test_bad_front_flag_is_rejected_before_anything_starts(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         capsys: pytest.CaptureFixture[str]) -> None:
@@ -94,7 +104,8 @@ def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
     config = tmp_path / "u.toml"
     config.write_text('[models]\nchat_model = "tiny-1"\n[supervisor]\nstop_grace_s = 5\n'
                       '[producers]\nextract = false\nnataraj = false\ngana = false\n'
-                      'background_gana = false\n[embed]\nenabled = false\n')
+                      'background_gana = false\n[embed]\nenabled = false\n'
+                      '[http]\nport = 0\n')  # tests use free ports
     home = tmp_path / "home"
     started = cli("start", "--detach", "--config", str(config), home=home)
     try:
@@ -106,8 +117,11 @@ def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
         assert status.returncode == 0, status.stderr
         body = json.loads(status.stdout)
         assert body["policy"] == "uniun" and {"scheduler", "runner"} <= set(body["processes"])
+        url = (home / "run" / "http.endpoint").read_text().strip()
+        assert url.startswith("http://127.0.0.1:") and body["http"] == url
         table = cli("status", home=home)
         assert "loaded model" in table.stdout and "front" in table.stdout
+        assert url in table.stdout
 
         submitted = cli("submit", "--kind", "nataraj", "--max-new-tokens", "12", "once upon",
                         home=home)
@@ -146,6 +160,7 @@ def test_bench_writes_its_results(tmp_path: Path) -> None:
     assert data["runner_restart"]["serving_s"] > 0
     assert data["policy_decision"]["queued_jobs"] == 10_000
     assert data["policy_decision"]["dispatch"]["n"] > 0
+    assert data["http"]["ttft_http_s"] > 0 and data["ratios"]["http_over_zmq_idle"] > 0
     assert "chat TTFT idle" in result.stdout
 
 

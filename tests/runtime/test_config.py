@@ -127,3 +127,16 @@ def test_configuration_doc_lists_every_key() -> None:
     assert block == reference_markdown(), (
         "docs/configuration.md is out of date: replace its generated block with the "
         "output of `uniun-runtime config --reference`")
+
+
+def test_http_defaults_to_loopback_and_a_public_bind_needs_a_key() -> None:
+    config = load_config_text("")
+    assert (config.http.enabled, config.http.host, config.http.port) == (True, "127.0.0.1", 8765)
+    with pytest.raises(ConfigError) as err:
+        load_config_text('[http]\nhost = "0.0.0.0"\n')
+    assert "http.api_key" in str(err.value)
+    assert load_config_text('[http]\nhost = "0.0.0.0"\napi_key = "k"\n').http.api_key == "k"
+    assert load_config_text('[http]\nhost = "::1"\n').http.host == "::1"
+    assert load_config_text('[http]\nhost = "0.0.0.0"\nenabled = false\n').http.enabled is False
+    with pytest.raises(ConfigError):
+        load_config_text("[http]\nport = 70000\n")

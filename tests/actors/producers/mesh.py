@@ -23,6 +23,9 @@ BASE = """\
 [models]
 chat_model = "tiny-1"
 
+[http]
+port = 0
+
 [supervisor]
 heartbeat_interval_s = 1.0
 missed_heartbeats = 6

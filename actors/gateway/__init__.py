@@ -1,0 +1,1 @@
+"""The HTTP gateway process: the OpenAI-compatible API mapped onto protocol v1."""

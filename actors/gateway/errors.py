@@ -1,0 +1,74 @@
+"""OpenAI's error object and status codes, and how protocol v1 codes map onto them.
+
+An OpenAI client reads ``{"error": {"message", "type", "param", "code"}}`` with an HTTP
+status; the SDKs raise ``BadRequestError`` (400), ``AuthenticationError`` (401),
+``NotFoundError`` (404), ``RateLimitError`` (429, honouring ``Retry-After``) and
+``InternalServerError`` (5xx) from them. Every refusal of the gateway is an
+:class:`ApiError`, raised by the request mapping (bad fields) or made from a scheduler's
+or embedding pool's ``error`` (:func:`from_protocol`). Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["ApiError", "from_protocol", "STATUS_OF_CODE"]
+
+RETRY_AFTER_S = 1  # Retry-After on a 429 / 503, seconds
+
+# protocol v1 code -> (HTTP status, OpenAI error type)
+STATUS_OF_CODE: dict[str, tuple[int, str]] = {
+    "invalid_field": (400, "invalid_request_error"),
+    "bad_envelope": (400, "invalid_request_error"),
+    "unknown_model": (404, "invalid_request_error"),
+    "not_found": (404, "invalid_request_error"),
+    "queue_full": (429, "rate_limit_error"),
+    "shutting_down": (503, "server_error"),
+    "runner_failed": (503, "server_error"),
+    "cancelled": (499, "invalid_request_error"),
+    "internal": (500, "server_error"),
+}
+
+
+@dataclass
+class ApiError(Exception):
+    """A refusal as OpenAI shapes it. ``code`` is the protocol's code where there is one."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+    def __post_init__(self) -> None:
+        super().__init__(self.message)
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        """``Retry-After`` on what a client should retry (429, 503)."""
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
+
+
+def bad_request(message: str, param: str | None = None, code: str = "invalid_field") -> ApiError:
+    return ApiError(400, message, "invalid_request_error", param, code)
+
+
+def from_protocol(code: str, message: str, field: str | None = None) -> ApiError:
+    """An ``error`` reply or event of protocol v1 as the HTTP error a client expects."""
+    status, kind = STATUS_OF_CODE.get(code, (500, "server_error"))
+    if code == "unknown_model":
+        return ApiError(404, message, kind, "model", "model_not_found")
+    return ApiError(status, message, kind, _openai_param(field), code)
+
+
+def _openai_param(field: str | None) -> str | None:
+    """The job-map field named back as the request parameter that set it."""
+    if field is None:
+        return None
+    top = field.split(".")[0].split("[")[0]
+    return {"max_new_tokens": "max_tokens", "model_id": "model", "format": "response_format",
+            "sampling": field.split(".")[-1]}.get(top, field)

@@ -1,0 +1,87 @@
+"""The gateway's state: its settings, its link to the scheduler and pool, the model list.
+
+Handlers (``routes.py``) reach it as ``request.app.state.gateway``. It is built by
+``runtime/http_main.py`` from the runtime's config; tests build one over a running
+runtime's endpoints.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from uniun.actors.gateway.errors import ApiError
+from uniun.actors.gateway.link import SchedulerLink
+from uniun.models.store import ModelStore
+
+__all__ = ["GatewaySettings", "Gateway"]
+
+HEALTH_TIMEOUT_S = 2.0  # /health waits this long for the scheduler's status
+
+
+@dataclass(frozen=True)
+class GatewaySettings:
+    """What the handlers need to know (``[http]`` and a few other config keys)."""
+
+    front: str  # the scheduler's front endpoint
+    embed: str | None  # the embedding pool's endpoint; None: /v1/embeddings answers 503
+    embed_model: str
+    models_root: Path
+    api_key: str = ""  # "" = no key required (loopback only; config enforces it)
+    default_max_tokens: int = 512  # chat completions without max_tokens
+    default_completion_tokens: int = 16  # text completions without max_tokens (OpenAI's)
+    max_open_requests: int = 256  # jobs open through the gateway at once; more get 429
+    max_body_bytes: int = 1 << 20  # a request body, bytes
+
+
+class Gateway:
+    """See the module docstring."""
+
+    def __init__(self, settings: GatewaySettings) -> None:
+        self.settings = settings
+        self.link = SchedulerLink(settings.front, settings.embed,
+                                  max_workers=settings.max_open_requests)
+        self.store = ModelStore(settings.models_root)
+        self.stopping = False  # set on SIGTERM: new requests get 503
+        self.last_tick = time.monotonic()  # the event loop's heartbeat (process health)
+        self._embed_tokenizer: Any = None
+
+    def check_open(self) -> None:
+        if self.stopping:
+            raise ApiError(503, "the runtime is shutting down", "server_error",
+                           code="shutting_down")
+
+    def models(self) -> list[dict[str, Any]]:
+        """``/v1/models``: every complete model in the store."""
+        return [{"id": info.model_id, "object": "model", "created": int(info.created),
+                 "owned_by": "uniun", "uniun": {"kind": info.kind}}
+                for info in self.store.list()]
+
+    async def readiness(self) -> tuple[bool, str]:
+        """(ready, why): a chat would be answered now."""
+        if self.stopping:
+            return False, "shutting down"
+        try:
+            status = await self.link.call(lambda c: c.status(timeout=HEALTH_TIMEOUT_S))
+        except Exception as err:  # no scheduler, or it did not answer
+            return False, f"scheduler: {type(err).__name__}: {err}"
+        if not (status.get("runner") or {}).get("up"):
+            return False, "no runner connected"
+        return True, "ready"
+
+    def count_embed_tokens(self, texts: list[str]) -> int:
+        """``usage.prompt_tokens`` of an embedding request (the model's own tokenizer)."""
+        if self._embed_tokenizer is None:
+            from tokenizers import Tokenizer
+
+            path = self.store.folder(self.settings.embed_model) / "tokenizer.json"
+            self._embed_tokenizer = Tokenizer.from_file(str(path)) if path.exists() else False
+        if not self._embed_tokenizer:
+            return 0
+        return sum(len(e.ids) for e in self._embed_tokenizer.encode_batch(texts))
+
+    def close(self) -> None:
+        self.link.close()
+

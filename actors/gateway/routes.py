@@ -1,0 +1,239 @@
+"""The gateway's endpoints: chat and text completions (JSON or SSE), embeddings, models,
+health. Each handler maps the request (``openai_map``), runs it through the
+:class:`~uniun.actors.gateway.link.SchedulerLink` and answers in OpenAI's shapes; every
+refusal is an :class:`~uniun.actors.gateway.errors.ApiError`.
+
+Streaming: the job's first outcome (accepted or refused) is awaited *before* the SSE
+response starts, so a refusal is a proper HTTP status (400/404/429/503), never an error
+buried in a 200 stream. After that, tokens become ``chat.completion.chunk`` events; a
+``paused`` (the job was preempted) sends nothing, so the client sees a slower stream; an
+``error`` event becomes ``data: {"error": ...}`` and the stream ends without ``[DONE]``.
+A client that disconnects cancels its job: Starlette cancels the streaming generator
+(or, for a non-streamed request, :func:`_watch_disconnect` sees ``http.disconnect``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from loguru import logger
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from uniun.actors.gateway import openai_map as om
+from uniun.actors.gateway.errors import ApiError, from_protocol
+from uniun.actors.gateway.gateway import Gateway
+from uniun.actors.gateway.link import JobRun, Outcome
+from uniun.protocol.client import ClientError
+
+__all__ = ["chat_completions", "completions", "embeddings", "list_models", "get_model",
+           "health"]
+
+SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _sse(data: Any) -> bytes:
+    return b"data: " + json.dumps(data, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def _body(request: Request, gateway: Gateway) -> Any:
+    raw = await request.body()
+    if len(raw) > gateway.settings.max_body_bytes:
+        raise ApiError(413, f"request body over {gateway.settings.max_body_bytes} bytes",
+                       code="bad_envelope")
+    try:
+        return json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as err:
+        raise ApiError(400, f"the body is not JSON: {err}", code="bad_envelope") from None
+
+
+def _failure(outcome: Outcome) -> ApiError:
+    """The HTTP error for an outcome that ends a job without ``done``."""
+    if outcome.kind == "refused" and isinstance(outcome.error, ClientError):
+        err = outcome.error
+        return from_protocol(err.code, err.message, err.field)
+    if outcome.kind == "event" and outcome.data is not None:
+        return from_protocol(str(outcome.data.get("code")), str(outcome.data.get("message")))
+    if outcome.kind == "cancelled":
+        return ApiError(499, "the request was cancelled", code="cancelled")
+    return ApiError(503, f"the scheduler is not reachable ({outcome.error})", "server_error",
+                    code="shutting_down")
+
+
+async def _start(gateway: Gateway, job: dict[str, Any]) -> tuple[JobRun, dict[str, Any]]:
+    """Submit; return the run and its ``accepted`` reply, or raise the refusal."""
+    gateway.check_open()
+    link = gateway.link
+    if link.open >= link.max_open:
+        raise ApiError(429, f"{link.open} requests are open at the gateway (the cap is "
+                            f"{link.max_open}); retry later", "rate_limit_error",
+                       code="queue_full")
+    link.open += 1
+    run = link.start_job(job)
+    first = await run.next()
+    if first.kind != "accepted":
+        await _drain(run)
+        link.open -= 1
+        raise _failure(first)
+    return run, first.data or {}
+
+
+async def _drain(run: JobRun) -> None:
+    """Wait for the worker's last outcome (its client is then back in the pool)."""
+    outcome = await run.next()
+    while outcome.kind != "end":
+        outcome = await run.next()
+
+
+async def _watch_disconnect(request: Request, run: JobRun) -> None:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            run.cancel()
+            return
+
+
+async def _collect(gateway: Gateway, request: Request, run: JobRun) -> dict[str, Any]:
+    """Events until ``done`` (returned) or a failure (raised); a disconnect cancels."""
+    watcher = asyncio.ensure_future(_watch_disconnect(request, run))
+    failure: ApiError | None = None
+    done: dict[str, Any] | None = None
+    try:
+        while (outcome := await run.next()).kind != "end":
+            if outcome.kind == "event" and outcome.data is not None:
+                if outcome.data["type"] == "done":
+                    done = outcome.data
+                elif outcome.data["type"] == "error":
+                    failure = _failure(outcome)
+            elif outcome.kind != "accepted":
+                failure = _failure(outcome)
+    finally:
+        watcher.cancel()
+        gateway.link.open -= 1
+        if done is None and failure is None:  # cancelled (shutdown): stop the job too
+            run.cancel()
+    if done is None:
+        raise failure or ApiError(500, "the job ended without a result", "server_error")
+    return done
+
+
+async def _stream(gateway: Gateway, run: JobRun, chunk: Callable[..., dict[str, Any]],
+                  first: dict[str, Any] | None, include_usage: bool,
+                  accepted: dict[str, Any]) -> AsyncIterator[bytes]:
+    """SSE of a job: ``first`` (the role chunk), text chunks, the finish, usage, [DONE]."""
+    ended = False
+    try:
+        if first is not None:
+            yield _sse(first)
+        while (outcome := await run.next()).kind != "end":
+            event = outcome.data if outcome.kind == "event" else None
+            if event is None:
+                if outcome.kind != "accepted":
+                    yield _sse(_failure(outcome).body())
+                continue
+            if event["type"] == "token" and event["text"]:
+                yield _sse(chunk(text=event["text"]))
+            elif event["type"] == "done":
+                last = chunk(finish_reason=event.get("finish_reason", "stop"))
+                last["uniun"] = om.uniun_info(event, accepted)  # extension: job id, tier, ...
+                yield _sse(last)
+                if include_usage:
+                    yield _sse(chunk(usage=om.usage_of(event), final_usage=True))
+                yield b"data: [DONE]\n\n"
+            elif event["type"] == "error":
+                yield _sse(_failure(outcome).body())
+        ended = True
+    finally:
+        # No await in here: a cancelled scope (the client went away) cancels every await.
+        gateway.link.open -= 1
+        if not ended:  # the client went away (Starlette cancelled us): cancel the job
+            run.cancel()
+            logger.bind(job=run.job_id).info("HTTP client disconnected; cancelling its job")
+
+
+async def chat_completions(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    req = om.chat_job(await _body(request, gateway),
+                      default_max_tokens=gateway.settings.default_max_tokens, now=time.time())
+    return await _complete(gateway, request, req, chat=True)
+
+
+async def completions(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    req = om.completion_job(await _body(request, gateway),
+                            default_max_tokens=gateway.settings.default_completion_tokens,
+                            now=time.time())
+    return await _complete(gateway, request, req, chat=False)
+
+
+async def _complete(gateway: Gateway, request: Request, req: om.JobRequest, *,
+                    chat: bool) -> Response:
+    run, accepted = await _start(gateway, req.job)
+    created = int(time.time())
+    if not req.stream:
+        done = await _collect(gateway, request, run)
+        make = om.chat_response if chat else om.completion_response
+        return JSONResponse(make(req, done, created, accepted))
+
+    def chunk(text: str = "", finish_reason: str | None = None,
+              usage: dict[str, int] | None = None, final_usage: bool = False) -> dict[str, Any]:
+        if chat:
+            return om.chat_chunk(req, created, content=None if finish_reason else text,
+                                 finish_reason=finish_reason, usage=usage,
+                                 final_usage=final_usage)
+        return om.completion_chunk(req, created, text=text, finish_reason=finish_reason,
+                                   usage=usage, final_usage=final_usage)
+
+    first = om.chat_chunk(req, created, role=True, content="") if chat else None
+    return StreamingResponse(_stream(gateway, run, chunk, first, req.include_usage, accepted),
+                             media_type="text/event-stream", headers=SSE_HEADERS)
+
+
+async def embeddings(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    body = await _body(request, gateway)
+    texts = om.embedding_texts(body, model=gateway.settings.embed_model)
+    gateway.check_open()
+    try:
+        vectors = await gateway.link.embed(texts)
+    except ClientError as err:
+        raise from_protocol(err.code, err.message, err.field) from None
+    except ConnectionError as err:  # no pool (EmbedUnavailable, SchedulerUnavailable)
+        raise ApiError(503, str(err), "server_error", code="shutting_down") from None
+    base64_out = body.get("encoding_format") == "base64"
+    data = []
+    for i, row in enumerate(vectors):
+        vector: Any = (base64.b64encode(row.astype("<f4").tobytes()).decode() if base64_out
+                       else [float(x) for x in row])
+        data.append({"object": "embedding", "index": i, "embedding": vector})
+    tokens = gateway.count_embed_tokens(texts)
+    return JSONResponse({"object": "list", "data": data, "model": gateway.settings.embed_model,
+                         "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def list_models(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    return JSONResponse({"object": "list", "data": gateway.models()})
+
+
+async def get_model(request: Request) -> Response:
+    gateway: Gateway = request.app.state.gateway
+    wanted = request.path_params["model"]
+    for model in gateway.models():
+        if model["id"] == wanted:
+            return JSONResponse(model)
+    raise ApiError(404, f"no model {wanted!r} in the store", param="model",
+                   code="model_not_found")
+
+
+async def health(request: Request) -> Response:
+    """200 only when a chat would be answered: scheduler up, a runner connected."""
+    gateway: Gateway = request.app.state.gateway
+    ready, reason = await gateway.readiness()
+    body = {"status": "ok" if ready else "unavailable", "reason": reason}
+    return JSONResponse(body, status_code=200 if ready else 503)

@@ -1,0 +1,133 @@
+"""Entry point of the HTTP gateway process (``http`` in the process registry).
+
+``python -m uniun.runtime.process http --config FILE`` (the supervisor spawns it when
+``[http] enabled``) ends up in :func:`main`: it binds ``[http] host``:``port`` (port 0 =
+any free port), writes the base URL to ``$UNIUN_HOME/run/http.endpoint`` once it serves,
+and runs uvicorn until the supervisor's SIGTERM. On SIGTERM new requests get 503
+``shutting_down`` and uvicorn drains the open ones for ``DRAIN_S``; a stream still open
+then is closed, which cancels its job.
+
+**Extra routes**: :func:`extra_routes` mounts ``GET /metrics`` (the Prometheus exposition
+of ``runtime/metrics_http.py``) beside the OpenAI API, behind the same API-key check;
+the gateway writes its URL to ``run/metrics.endpoint``, and the supervisor then serves
+no metrics port of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+from loguru import logger
+from starlette.routing import BaseRoute
+
+from uniun.actors.gateway.app import OPEN_PATHS, build_app
+from uniun.actors.gateway.gateway import Gateway, GatewaySettings
+from uniun.runtime import process
+from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.metrics_http import ENDPOINT_FILE as METRICS_ENDPOINT
+from uniun.runtime.metrics_http import metrics_route
+from uniun.runtime.paths import models_dir
+
+ENDPOINT_FILE = "http.endpoint"
+DRAIN_S = 3.0  # seconds open requests get after SIGTERM
+HUNG_AFTER_S = 10.0  # an event loop that has not ticked for this long is hung
+
+
+def extra_routes(config: RuntimeConfig) -> list[BaseRoute]:
+    """Routes mounted beside the OpenAI API: ``/metrics`` (docs/observability.md)."""
+    if not config.metrics.enabled:
+        return []
+    return [metrics_route(config.run_dir)]
+
+
+def settings_from_config(config: RuntimeConfig) -> GatewaySettings:
+    h = config.http
+    return GatewaySettings(
+        front=config.front.endpoint,
+        embed=config.embed.endpoint if config.embed.enabled else None,
+        embed_model=config.models.embed_model, models_root=models_dir(), api_key=h.api_key,
+        default_max_tokens=min(h.default_max_tokens, config.limits.max_new_tokens_cap),
+        max_open_requests=h.max_open_requests, max_body_bytes=config.limits.max_frame_bytes)
+
+
+def base_url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}"
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening socket; port 0 asks the OS for a free one."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as err:
+        sock.close()
+        raise SystemExit(f"cannot bind {base_url(host, port)}: {err.strerror}; set another "
+                         "[http] port (0 = any free port) or [http] enabled = false") from None
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def endpoint_path(config: RuntimeConfig) -> Path:
+    return config.run_dir / ENDPOINT_FILE
+
+
+def main(config: RuntimeConfig) -> int:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn without its own signal handlers: runtime.process owns SIGTERM."""
+
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    gateway = Gateway(settings_from_config(config))
+    app = build_app(gateway, extra_routes=extra_routes(config), open_paths=OPEN_PATHS)
+    sock = bind(config.http.host, config.http.port)
+    url = base_url(config.http.host, sock.getsockname()[1])
+    server = Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
+                                   timeout_graceful_shutdown=int(DRAIN_S)))
+
+    def stop() -> None:
+        gateway.stopping = True
+        server.should_exit = True
+
+    process.on_stop(stop)
+    process.set_health_check(lambda: time.monotonic() - gateway.last_tick < HUNG_AFTER_S)
+    path = endpoint_path(config)
+    metrics = config.run_dir / METRICS_ENDPOINT
+
+    async def serve() -> None:
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        while not server.started and not task.done():
+            await asyncio.sleep(0.02)
+        if server.started:
+            path.write_text(url + "\n")
+            if config.metrics.enabled:  # the supervisor leaves /metrics to us
+                metrics.write_text(url + "/metrics\n")
+            logger.info("serving the OpenAI-compatible API at {}", url)
+        await task
+
+    try:
+        asyncio.run(serve())
+    finally:
+        gateway.close()
+        for written, text in ((path, url), (metrics, url + "/metrics")):
+            with contextlib.suppress(OSError):
+                if written.read_text().strip() == text:
+                    written.unlink()
+    return 0 if process.STOPPING.is_set() or server.started else 1
+
+
+if __name__ == "__main__":  # pragma: no cover - the supervisor runs ``process http``
+    sys.exit("run it as: python -m uniun.runtime.process http --config FILE")
