@@ -109,3 +109,12 @@ def test_trace_export_without_a_journal_or_with_a_bad_since_says_so(tmp_path: Pa
                          timeout=120)
     assert bad.returncode == 2 and "not a duration" in bad.stderr
     assert not (tmp_path / "t.json").exists()
+
+
+def test_the_shipped_bench_timeline_is_a_valid_trace_of_two_preemptions() -> None:
+    """examples/timelines/bench-uniun.json: `trace export` of a `bench --policies uniun`
+    run (docs/observability.md says how it was made)."""
+    trace = json.loads((REPO / "examples" / "timelines" / "bench-uniun.json").read_text())
+    assert trace_problems(trace) == []
+    ends = [e["args"]["end"] for e in run_segments(trace) if e["args"]["kind"] == "nataraj"]
+    assert ends == ["preempted", "done", "preempted", "done"]
