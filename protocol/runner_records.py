@@ -189,6 +189,8 @@ class Heartbeat(Command):
     seq: int = 0  # the runner numbers its beats; the scheduler echoes the last it read
     snapshots: int = 0
     snapshot_bytes: int = 0
+    trimmed: int = 0  # partial evictions of parked snapshots since the runner started
+    spilled: int = 0  # ... and spills to disk
 
 
 # ---- reports -------------------------------------------------------------------------

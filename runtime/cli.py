@@ -25,6 +25,8 @@ def build_parser() -> argparse.ArgumentParser:
             "scheduled so that chat answers at once and no background work is lost."
         ),
     )
+    parser.add_argument("--version", action="version",
+                        version=f"uniun-runtime {_version()}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for info in sorted(pkgutil.iter_modules(commands_pkg.__path__), key=lambda m: m.name):
         module = importlib.import_module(f"{commands_pkg.__name__}.{info.name}")
@@ -32,6 +34,15 @@ def build_parser() -> argparse.ArgumentParser:
         if register is not None:
             register(sub)
     return parser
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("uniun-runtime")
+    except PackageNotFoundError:  # run from a source tree that was never installed
+        return "unknown (not installed)"
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -59,11 +59,13 @@ from uniun.runtime.config_sections import (
     JobsConfig,
     LimitsConfig,
     LoggingConfig,
+    MetricsConfig,
     ModelsConfig,
     PolicySection,
     ProducersConfig,
     RunnerConfig,
     SupervisorConfig,
+    TraceConfig,
 )
 from uniun.runtime.paths import HOME_ENV, uniun_home
 
@@ -90,6 +92,8 @@ class RuntimeConfig:
     http: HttpConfig = field(default_factory=HttpConfig)
     producers: ProducersConfig = field(default_factory=ProducersConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    trace: TraceConfig = field(default_factory=TraceConfig)
     source: Path | None = None
 
     @property

@@ -69,6 +69,7 @@ _POSITIVE = {
     "supervisor": ("heartbeat_interval_s", "missed_heartbeats", "restart_window_s",
                    "start_timeout_s"),
     "embed": ("workers", "queue_bound"),
+    "trace": ("keep_segments",),
     "http": ("default_max_tokens", "max_open_requests"),
     "producers": ("scan_interval_s", "backfill_per_s", "extract_in_flight",
                   "extract_max_new_tokens", "deck_low", "deck_high", "card_max_new_tokens",
@@ -104,6 +105,11 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
     if section == "producers" and values.get("deck_low", 3) > values.get("deck_high", 8):
         raise ConfigError("must not exceed producers.deck_high", key="producers.deck_low",
                           source=source)
+    if section == "metrics" and not 0 <= values.get("port", 0) <= 65535:
+        raise ConfigError(f"must be 0..65535 (got {values['port']!r})", key="metrics.port",
+                          source=source)
+    if section == "metrics" and "host" in values and not values["host"]:
+        raise ConfigError("must not be empty", key="metrics.host", source=source)
     if section == "http":
         check_http(values, source)
     if section == "models":

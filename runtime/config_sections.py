@@ -253,6 +253,36 @@ class LoggingConfig:
 
     level: str = field(default="INFO", metadata=_doc(
         "loguru level: TRACE, DEBUG, INFO, WARNING or ERROR (default INFO)"))
+    json: bool = field(default=False, metadata=_doc(
+        "write every process's log as JSON lines (loguru's serializer; the job id is "
+        "record.extra.job) instead of text (default false)"))
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    """Prometheus metrics (docs/observability.md). Served at /metrics of the HTTP gateway
+    when it runs; host and port are for the supervisor's own endpoint otherwise."""
+
+    enabled: bool = field(default=True, metadata=_doc(
+        "collect and serve the uniun_* metrics (default true)"))
+    host: str = field(default="127.0.0.1", metadata=_doc(
+        "address of the metrics endpoint when no HTTP gateway runs (default 127.0.0.1, "
+        "this machine only)"))
+    port: int = field(default=0, metadata=_doc(
+        "TCP port of http://HOST:PORT/metrics when no HTTP gateway runs; 0 = a free port "
+        "(default 0). Either way the URL is written to $UNIUN_HOME/run/metrics.endpoint"))
+
+
+@dataclass(frozen=True)
+class TraceConfig:
+    """The scheduler's timeline in the journal (``uniun-runtime trace export``)."""
+
+    segments: bool = field(default=True, metadata=_doc(
+        "record every job's run and wait segments and the preempt/swap/restart instants "
+        "(default true)"))
+    keep_segments: int = field(default=100000, metadata=_doc(
+        "newest timeline rows kept in the journal, segments and instants each "
+        "(default 100000)"))
 
 
 
@@ -262,5 +292,5 @@ SECTIONS: Mapping[str, type] = MappingProxyType({
     "jobs": JobsConfig, "limits": LimitsConfig, "runner": RunnerConfig,
     "supervisor": SupervisorConfig, "embed": EmbedConfig, "http": HttpConfig,
     "producers": ProducersConfig,
-    "logging": LoggingConfig,
+    "logging": LoggingConfig, "metrics": MetricsConfig, "trace": TraceConfig,
 })

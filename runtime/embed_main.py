@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import signal
 import sys
 import threading
@@ -48,7 +49,12 @@ def main(config: RuntimeConfig) -> int:
     """The ``embed`` process: serve until the supervisor's SIGTERM."""
     stop = threading.Event()
     process.on_stop(stop.set)
-    pool = EmbedPool(settings_from_config(config))
+    settings = settings_from_config(config)
+    if config.metrics.enabled:
+        from uniun.actors.metrics import MetricSink
+
+        settings = dataclasses.replace(settings, observe=MetricSink().apply)
+    pool = EmbedPool(settings)
     # Beat only while the loop turns (it ticks every 0.1 s): a hung pool gets restarted.
     process.set_health_check(lambda: time.monotonic() - pool.last_tick < HUNG_AFTER_S)
     return pool.run(stop)

@@ -7,9 +7,10 @@ and runs uvicorn until the supervisor's SIGTERM. On SIGTERM new requests get 503
 ``shutting_down`` and uvicorn drains the open ones for ``DRAIN_S``; a stream still open
 then is closed, which cancels its job.
 
-**Extra routes** (the hook for ``/metrics`` and the like): add them in
-:func:`extra_routes`; they are mounted beside the OpenAI API and get the API-key check
-unless their path is added to ``OPEN_PATHS`` (``actors/gateway/app.py``).
+**Extra routes**: :func:`extra_routes` mounts ``GET /metrics`` (the Prometheus exposition
+of ``runtime/metrics_http.py``) beside the OpenAI API, behind the same API-key check;
+the gateway writes its URL to ``run/metrics.endpoint``, and the supervisor then serves
+no metrics port of its own.
 """
 
 from __future__ import annotations
@@ -29,6 +30,8 @@ from uniun.actors.gateway.app import OPEN_PATHS, build_app
 from uniun.actors.gateway.gateway import Gateway, GatewaySettings
 from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.metrics_http import ENDPOINT_FILE as METRICS_ENDPOINT
+from uniun.runtime.metrics_http import metrics_route
 from uniun.runtime.paths import models_dir
 
 ENDPOINT_FILE = "http.endpoint"
@@ -37,8 +40,10 @@ HUNG_AFTER_S = 10.0  # an event loop that has not ticked for this long is hung
 
 
 def extra_routes(config: RuntimeConfig) -> list[BaseRoute]:
-    """Routes mounted beside the OpenAI API (e.g. ``Route("/metrics", handler)``)."""
-    return []
+    """Routes mounted beside the OpenAI API: ``/metrics`` (docs/observability.md)."""
+    if not config.metrics.enabled:
+        return []
+    return [metrics_route(config.run_dir)]
 
 
 def settings_from_config(config: RuntimeConfig) -> GatewaySettings:
@@ -100,6 +105,7 @@ def main(config: RuntimeConfig) -> int:
     process.on_stop(stop)
     process.set_health_check(lambda: time.monotonic() - gateway.last_tick < HUNG_AFTER_S)
     path = endpoint_path(config)
+    metrics = config.run_dir / METRICS_ENDPOINT
 
     async def serve() -> None:
         task = asyncio.ensure_future(server.serve(sockets=[sock]))
@@ -107,6 +113,8 @@ def main(config: RuntimeConfig) -> int:
             await asyncio.sleep(0.02)
         if server.started:
             path.write_text(url + "\n")
+            if config.metrics.enabled:  # the supervisor leaves /metrics to us
+                metrics.write_text(url + "/metrics\n")
             logger.info("serving the OpenAI-compatible API at {}", url)
         await task
 
@@ -114,9 +122,10 @@ def main(config: RuntimeConfig) -> int:
         asyncio.run(serve())
     finally:
         gateway.close()
-        with contextlib.suppress(OSError):
-            if path.read_text().strip() == url:
-                path.unlink()
+        for written, text in ((path, url), (metrics, url + "/metrics")):
+            with contextlib.suppress(OSError):
+                if written.read_text().strip() == text:
+                    written.unlink()
     return 0 if process.STOPPING.is_set() or server.started else 1
 
 

@@ -38,7 +38,7 @@ from loguru import logger
 
 from uniun.runtime.config import ConfigError, RuntimeConfig, load_config
 from uniun.runtime.heartbeat import HeartbeatSender
-from uniun.runtime.logging_setup import configure_logging
+from uniun.runtime.logging_setup import JSON_ENV, configure_logging
 
 EntryPoint = Callable[[RuntimeConfig], int]
 PLUGINS_ENV = "UNIUN_PROCESS_PLUGINS"
@@ -187,8 +187,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"uniun {args.name}: {err}", file=sys.stderr)
         return 2
     os.environ["UNIUN_HOME"] = str(config.home)
+    if config.logging.json:  # the embedding workers this process may start log JSON too
+        os.environ[JSON_ENV] = "1"
     configure_logging(args.name, log_file=config.logs_dir / f"{args.name}.log",
-                      level=config.logging.level.upper())
+                      level=config.logging.level.upper(), json=config.logging.json)
     signal.signal(signal.SIGTERM, _handle_stop)
     signal.signal(signal.SIGINT, _handle_stop)
     try:

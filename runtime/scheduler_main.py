@@ -29,6 +29,7 @@ import pykka
 import zmq
 from loguru import logger
 
+from uniun.actors.metrics import MetricSink
 from uniun.actors.scheduler.core import SchedulerCore
 from uniun.actors.scheduler.front import FrontActor, ModelIds, OpenFront, Stopping
 from uniun.actors.scheduler.host import Drain, Quiet, Replay, SchedulerHost, Wire
@@ -42,6 +43,7 @@ from uniun.protocol.endpoints import default_endpoint
 from uniun.protocol.requests import JobRules
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir, uniun_home
+from uniun.runtime.proc_stats import ProcessSampler
 
 __all__ = ["main", "journal_path"]
 
@@ -52,17 +54,26 @@ def journal_path() -> Path:
     return uniun_home() / "journal.db"
 
 
-def _processes() -> dict[str, int]:
+def _processes(state: dict | None = None) -> dict[str, int]:
     """Children's pids as the supervisor published them (empty when run by hand)."""
     from uniun.actors.embedding.workers import read_pids
     from uniun.runtime.state import read_state
 
-    state = read_state(run_dir()) or {}
+    state = state if state is not None else read_state(run_dir()) or {}
     children = state.get("children") or {}
     processes = {name: pid for name, pid in children.items() if isinstance(pid, int)}
     processes.update(read_pids(run_dir()))  # the embed pool's own embed-N workers
     processes["scheduler"] = os.getpid()
     return processes
+
+
+def _process_info(sampler: ProcessSampler) -> dict[str, dict]:
+    """pid, CPU %, RSS and restarts of every process, for ``status.process_info``."""
+    from uniun.runtime.state import read_state
+
+    state = read_state(run_dir()) or {}
+    restarts = {k: v for k, v in (state.get("restarts") or {}).items() if isinstance(v, int)}
+    return sampler.sample(_processes(state), restarts)
 
 
 def main(config: RuntimeConfig) -> int:
@@ -74,15 +85,20 @@ def main(config: RuntimeConfig) -> int:
     process.on_stop(stop.set)
     clock = time.monotonic
     policy = make_policy(config.policy.name, config.policy.policy_config(), clock)
-    journal = Journal(journal_path())
+    journal = Journal(journal_path(), keep_segments=config.trace.keep_segments)
     rules = JobRules(default_model=config.models.chat_model, kinds=tuple(config.jobs.kinds),
                      max_new_tokens_cap=config.limits.max_new_tokens_cap,
                      max_prompt_chars=config.limits.max_prompt_chars, known_models=ModelIds(ModelStore(models_dir())),
                      check_format=check_format)  # a schema that cannot compile is refused here
     ctx = zmq.Context()
+    sampler = ProcessSampler()
     core = SchedulerCore(policy=policy, queue_cap=config.limits.queue_cap, clock=clock,
-                         wall=time.time, processes=_processes)
-    host = SchedulerHost.start(core=core, journal=journal, clock=clock)
+                         wall=time.time, processes=_processes,
+                         process_info=lambda: _process_info(sampler),
+                         segments=config.trace.segments, metrics=config.metrics.enabled)
+    sink = MetricSink() if config.metrics.enabled else None
+    host = SchedulerHost.start(core=core, journal=journal, clock=clock,
+                               observe=sink.apply if sink is not None else None)
     front = FrontActor.start(endpoint=config.front.endpoint or default_endpoint(), host=host,
                              rules=rules, limits=Limits(frame_bytes=config.limits.max_frame_bytes),
                              linger_ms=config.front.linger_ms, ctx=ctx)

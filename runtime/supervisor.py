@@ -41,6 +41,7 @@ from loguru import logger
 from uniun.runtime import process as process_registry
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.heartbeat import ENDPOINT_ENV, HeartbeatMonitor, supervisor_endpoint
+from uniun.runtime.metrics_http import start_metrics
 from uniun.runtime.paths import ensure_private_dir
 from uniun.runtime.state import write_state
 
@@ -136,6 +137,7 @@ class Supervisor:
         self._stop_signal: int | None = None
         self._fatal: str | None = None
         self._state = "starting"
+        self._child_env: dict[str, str | None] = {}
 
     # --- main loop -------------------------------------------------------------------
 
@@ -144,6 +146,11 @@ class Supervisor:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             signal.signal(sig, self._on_signal)
         monitor = HeartbeatMonitor(self.endpoint)
+        metrics = self.config.metrics
+        gateway = any(c.name == "http" for c in self.children)  # it serves /metrics then
+        self._child_env, server = start_metrics(self.config.run_dir, enabled=metrics.enabled,
+                                                host=metrics.host, port=metrics.port,
+                                                serve=not gateway)
         logger.info("supervisor {} up; children in order: {}", os.getpid(),
                     ", ".join(c.name for c in self.children))
         try:
@@ -157,6 +164,8 @@ class Supervisor:
             self._publish()
             self.stop_all()
             monitor.close()
+            if server is not None:
+                server.stop()
         if self._fatal is not None:
             logger.error("{}", self._fatal)
             print(f"uniun-runtime: {self._fatal}", file=sys.stderr)
@@ -250,6 +259,11 @@ class Supervisor:
         env = dict(os.environ)
         env.update({ENDPOINT_ENV: self.endpoint, process_registry.PARENT_ENV: str(os.getpid()),
                     "UNIUN_HOME": str(self.config.home)})
+        for key, value in self._child_env.items():  # the metrics folder (metrics_http.py)
+            if value is None:
+                env.pop(key, None)
+            else:
+                env[key] = value
         log = self.config.logs_dir / f"{child.name}.out"
         log.parent.mkdir(parents=True, exist_ok=True)
         with open(log, "ab") as out:  # stray prints and tracebacks; loguru has NAME.log

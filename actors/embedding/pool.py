@@ -36,6 +36,7 @@ import os
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -44,6 +45,7 @@ import zmq
 from loguru import logger
 
 from uniun.actors.embedding.model_gate import ModelGate
+from uniun.actors.observe import Count, Observation, Sample
 from uniun.actors.embedding.worker import EXIT_MODEL, INTERNAL_LIMITS
 from uniun.actors.embedding.workers import PIDS_FILE, WorkerProcess, publish_pids
 from uniun.models.convert.embedding import MODEL_ID
@@ -83,6 +85,7 @@ class PoolSettings:
     log_level: str = "INFO"
     publish_endpoint: bool = True  # write run/embed.endpoint (false for private pools)
     limits: Limits = DEFAULT_LIMITS
+    observe: Callable[[list[Observation]], None] | None = None  # MetricSink.apply
 
 
 @dataclass
@@ -92,6 +95,7 @@ class _Request:
     texts: tuple[str, ...]
     rid: int
     attempts: int = 0
+    arrived: float = 0.0  # monotonic seconds, for the latency metric
 
 
 @dataclass
@@ -200,10 +204,13 @@ class EmbedPool:
 
     def _admit(self, route: list[bytes], req: rq.Embed) -> None:
         if self.model.error is not None:
-            self._reply(route, m.reply_error(req.id, self.model.unavailable()))
+            err = self.model.unavailable()
+            self._observe(err.code.value)
+            self._reply(route, m.reply_error(req.id, err))
             return
         if len(self.queue) >= self.s.queue_bound and not self._idle_worker():
             self.counters.rejected_full += 1
+            self._observe(ErrorCode.QUEUE_FULL.value)
             err = ProtocolError(ErrorCode.QUEUE_FULL,
                                 f"embedding queue is full ({len(self.queue)} waiting, "
                                 f"{self._running()} running); retry later")
@@ -211,7 +218,8 @@ class EmbedPool:
             return
         self._rid += 1
         self.counters.accepted += 1
-        self.queue.append(_Request(route, req.id, req.texts, self._rid))
+        self.queue.append(_Request(route, req.id, req.texts, self._rid,
+                                   arrived=time.monotonic()))
         self._dispatch()
 
     def _reply(self, route: list[bytes], msg: dict[str, Any]) -> None:
@@ -226,8 +234,18 @@ class EmbedPool:
         except zmq.Again:
             logger.warning("client not reading; dropped a {} reply", msg.get("type"))
 
+    def _observe(self, outcome: str, req: _Request | None = None) -> None:
+        """Count one answered request (and its latency, when it was queued)."""
+        if self.s.observe is None:
+            return
+        obs: list[Observation] = [Count("embed_requests", (("outcome", outcome),))]
+        if req is not None:
+            obs.append(Sample("embed_latency_seconds", time.monotonic() - req.arrived))
+        self.s.observe(obs)
+
     def _answer_error(self, req: _Request, err: ProtocolError) -> None:
         self.counters.failed += 1
+        self._observe(err.code.value, req)
         self._reply(req.route, m.reply_error(req.msg_id, err))
 
     def status(self) -> dict[str, Any]:
@@ -270,6 +288,7 @@ class EmbedPool:
         width = 4 * dim
         vectors = [data[i * width:(i + 1) * width] for i in range(len(req.texts))]
         self.counters.answered += 1
+        self._observe("ok", req)
         self._reply(req.route, m.reply_embeddings(req.msg_id, dim, vectors))
 
     def _idle_worker(self) -> WorkerProcess | None:

@@ -97,6 +97,16 @@ class PolicyBase(ABC):
         re-queueing it?"""
         return False
 
+    def queue_depths(self) -> list[int]:
+        """Waiting jobs (queued, paused, held) per tier 0..4 now, for the queue-depth
+        metric: one pass over the live jobs, no sorting (``status()`` sorts)."""
+        now = self._clock()
+        depths = [0, 0, 0, 0, 0]
+        for job in self._jobs.values():
+            if job.status.waiting:
+                depths[self.tier(job, now)] += 1
+        return depths
+
     # --- commands ------------------------------------------------------------------------
     def submit(self, spec: JobSpec, *, arrival: float | None = None,
                deadline_at: float | None = None) -> int:

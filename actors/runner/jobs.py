@@ -76,7 +76,8 @@ class RunnerJobs:
         self.session: Any = None  # DecoderSession, imported lazily (onnxruntime)
         self.active: _Active | None = None
         self._orphans: dict[str, Path] = {}
-        self.stats = (0, 0)  # (snapshots, snapshot bytes), read by the pump thread
+        # (snapshots, snapshot bytes, trimmed, spilled), read by the pump thread
+        self.stats = (0, 0, 0, 0)
 
     def find_orphans(self, spill_dir: Path) -> None:
         """Adopt the spill files a previous runner process left in ``spill_dir``."""
@@ -102,7 +103,9 @@ class RunnerJobs:
         return jobs
 
     def _update_stats(self) -> None:
-        self.stats = (len(self._lot) + len(self._orphans), self._lot.nbytes)
+        lot = self._lot.stats()
+        self.stats = (len(self._lot) + len(self._orphans), self._lot.nbytes, lot.trimmed,
+                      lot.spilled)
 
     # ---- commands -------------------------------------------------------------------
 

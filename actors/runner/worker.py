@@ -147,10 +147,10 @@ class RunnerWorker(pykka.ThreadingActor):
         if not self._silent and self._liveness.dead(self._heard_at, now):
             self._silent = True
             self.actor_ref.tell(_SchedulerSilent())
-        count, nbytes = self._jobs.stats
+        count, nbytes, trimmed, spilled = self._jobs.stats
         self._beat_seq += 1
         beat = rp.Heartbeat(boot=self._boot, seq=self._beat_seq, snapshots=count,
-                            snapshot_bytes=nbytes)
+                            snapshot_bytes=nbytes, trimmed=trimmed, spilled=spilled)
         return [[rp.encode(beat)]]
 
     # ---- messages -------------------------------------------------------------------

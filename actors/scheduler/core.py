@@ -80,8 +80,10 @@ class SchedulerCore(ClientRequests):
                                                     f"lost on restart: {err}"))
                 continue
             self.jobs.add(record)
+            self.rec.replayed(record)
             logger.bind(job=e.spec.job_id).info("replayed from the journal ({} tokens "
                                                 "streamed before)", record.generated)
+        self.rec.mark(fx, "scheduler_start", None, f"{len(self.jobs)} live jobs replayed")
         return fx
 
     # ---- the runner -----------------------------------------------------------------
@@ -102,6 +104,7 @@ class SchedulerCore(ClientRequests):
                 record.in_sync = record.generated == generated
         if hello.model_id:
             self.policy.on_model_loaded(hello.model_id)
+        self.rec.runner_up(fx, hello.pid, hello.model_id)
         return fx
 
     def runner_down(self, reason: str) -> Effects:
@@ -113,13 +116,15 @@ class SchedulerCore(ClientRequests):
         for record in self.jobs.live.values():
             record.on_runner = record.in_sync = False
         job = self.policy.running
-        if job is None:
+        record = self.jobs.live[job.job_id] if job is not None else None
+        self.rec.runner_lost(fx, record, reason)
+        if job is None or record is None:
             return fx
-        record = self.jobs.live[job.job_id]
         outcome = self.policy.on_failed(job.job_id, 0.0, requeue=True)
         log = logger.bind(job=job.job_id)
         if outcome is ReportOutcome.REQUEUED:
             record.state = "paused"
+            self.rec.requeued(record)
             log.warning("runner lost ({}); resumes after its {} streamed tokens",
                         reason, record.generated)
         elif outcome is ReportOutcome.CANCELLED:
@@ -131,9 +136,12 @@ class SchedulerCore(ClientRequests):
                                                 retryable=True))
         return fx
 
-    def runner_stats(self, count: int, nbytes: int) -> Effects:
+    def runner_stats(self, count: int, nbytes: int, trimmed: int = 0,
+                     spilled: int = 0) -> Effects:
         self.snapshots = (count, nbytes)
-        return Effects()
+        fx = Effects()
+        self.rec.runner_stats(fx, count, nbytes, trimmed, spilled)
+        return fx
 
     def report(self, report: rp.Report) -> Effects:
         """A report of the current runner."""
@@ -179,7 +187,9 @@ class SchedulerCore(ClientRequests):
         fx.journal.append(JToken(record.job_id, rep.seq, rep.token_id, rep.text, now))
         record.token_ids.append(rep.token_id)
         record.texts.append(rep.text)
+        first_of_job = record.first_token_at is None
         record.first_token_at = record.first_token_at or now
+        self.rec.token(fx, record, rep.seconds, first_of_job)
         if record.spec.stream and record.state != "cancelling":
             self._emit(fx, record, m.event_token(record.job_id, rep.seq, rep.text))
 
@@ -190,6 +200,7 @@ class SchedulerCore(ClientRequests):
             record.state = "paused"
             record.preemptions += 1
             fx.journal.append(JPaused(record.job_id, record.preemptions))
+            self.rec.paused(fx, record, "shutdown" if self.draining else reason)
             self._emit(fx, record, m.event_paused(record.job_id, reason))
             logger.bind(job=record.job_id).info("paused ({}) after {} tokens", reason,
                                                 record.generated)
@@ -249,7 +260,7 @@ class SchedulerCore(ClientRequests):
                 self._preempt(fx, decision)
             if isinstance(decision, Idle):
                 break
-        fx.wake_at = decision.wake_at
+        fx.wake_at = _earliest(decision.wake_at, self.rec.depths(fx, self.policy))
         return fx
 
     def _run(self, fx: Effects, d: Run) -> None:
@@ -259,6 +270,7 @@ class SchedulerCore(ClientRequests):
         logger.bind(job=d.job_id).info("dispatch: tier {}{}{}", d.tier,
                                        ", swap to " + d.model_id if d.swap else "",
                                        ", resume" if record.resumed else "")
+        self.rec.dispatched(fx, record, d)
         if d.swap:
             fx.commands.append(rp.Load(model_id=d.model_id))
         grant = d.token_grant or 0
@@ -273,6 +285,7 @@ class SchedulerCore(ClientRequests):
         record = self.jobs.live[d.running_job_id]
         record.state, record.pause_reason = "pausing", d.reason
         logger.bind(job=d.running_job_id).info("preempt ({}) for {}", d.reason, d.for_job_id)
+        self.rec.preempting(fx, d)
         fx.commands.append(rp.Pause(job_id=d.running_job_id))
 
     # ---- stopping -------------------------------------------------------------------
@@ -288,3 +301,8 @@ class SchedulerCore(ClientRequests):
                 record.state, record.pause_reason = "pausing", "preempted"
                 fx.commands.append(rp.Pause(job_id=running.job_id))
         return fx
+
+
+def _earliest(a: float | None, b: float | None) -> float | None:
+    """The earlier of two wake times (None: no wake)."""
+    return b if a is None else a if b is None else min(a, b)

@@ -51,6 +51,7 @@ class ClientRequests(CoreState):
         if record is not None:
             self.policy.cancel(job_id)
             self.jobs.forget(record)
+            self.rec.forget(job_id)
         logger.bind(job=job_id).error("journal write failed, job refused: {}", error)
         return Effects(sends=[Send(conn, m.reply_error(msg_id, ProtocolError(
             ErrorCode.INTERNAL, "the job could not be recorded; retry later",
@@ -79,6 +80,7 @@ class ClientRequests(CoreState):
         record = JobRecord(spec=spec, accepted_at=now, subscribers={conn}, tier=tier)
         self.jobs.add(record)
         fx.journal.append(JAccept(spec, now))
+        self.rec.accepted(fx, record)
         fx.sends.append(Send(conn, m.reply_accepted(req.id, spec.job_id, tier)))
         logger.bind(job=spec.job_id).info("accepted: {} on {}, tier {}, {} tokens max",
                                           spec.kind, spec.model_id, tier, spec.max_new_tokens)
@@ -140,6 +142,8 @@ class ClientRequests(CoreState):
     def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest) -> None:
         body = status_body(self.policy, self.jobs, self.runner, self.snapshots,
                            self._processes(), queue_cap=self.queue_cap)
+        body.update(self.rec.status_extra(), process_info=self._process_info(),
+                    t2_share_max=self.policy.config.t2_share_max)
         fx.sends.append(Send(conn, m.reply_status(req.id, body)))
 
     _REQUESTS: dict[type, Callable[..., None]] = {

@@ -18,6 +18,7 @@ from loguru import logger
 from uniun.actors.policy import PolicyBase
 from uniun.actors.scheduler.effects import Effects, JFinish, Send
 from uniun.actors.scheduler.jobs import JobRecord, JobTable
+from uniun.actors.scheduler.recorder import Recorder
 from uniun.protocol import messages as m
 from uniun.protocol import runner_records as rp
 from uniun.protocol.errors import ErrorCode
@@ -37,15 +38,23 @@ class CoreState:
     ``clock``: the policy's clock (monotonic seconds; ``wake_at`` is on it).
     ``wall``: unix seconds, for what is journaled and reported to clients.
     ``processes``: name -> pid of the runtime's processes, for ``status``.
+    ``process_info``: name -> {pid, cpu_percent, rss_bytes, restarts}, for ``status``.
+    ``segments`` / ``metrics``: record the timeline / make metric observations
+    (:class:`~uniun.actors.scheduler.recorder.Recorder`).
     """
 
     def __init__(self, *, policy: PolicyBase, queue_cap: int, clock: Clock, wall: Clock,
-                 processes: Callable[[], dict[str, int]] = dict) -> None:
+                 processes: Callable[[], dict[str, int]] = dict,
+                 process_info: Callable[[], dict[str, Any]] = dict,
+                 segments: bool = True, metrics: bool = True) -> None:
         self.policy = policy
         self.queue_cap = queue_cap
         self._clock = clock
         self._wall = wall
         self._processes = processes
+        self._process_info = process_info
+        self.rec = Recorder(wall=wall, clock=clock, chat_kind=policy.config.chat_kind,
+                            segments=segments, metrics=metrics)
         self.jobs = JobTable()
         self.runner: rp.Hello | None = None  # the runner we work with, if one is up
         self.snapshots = (0, 0)  # parked snapshots on the runner: count, bytes
@@ -71,6 +80,7 @@ class CoreState:
                                                    final.get("type"))
             return
         fx.journal.append(JFinish(record.job_id, final, self._wall()))
+        self.rec.ended(fx, record, final)
         self._emit(fx, record, final)
         self.jobs.end(record, final)
         logger.bind(job=record.job_id).info("ended: {}", final.get("finish_reason")

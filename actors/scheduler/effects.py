@@ -8,7 +8,8 @@ fixed order, which is where the scheduler's promises live:
 1. **journal writes first**, in one transaction (persist before acknowledging: a client
    never hears of a job, a token or an end the journal does not hold);
 2. then the **messages** to clients, in order;
-3. then the **runner commands**, in order (a ``Load`` before the ``Start`` it serves).
+3. then the **runner commands**, in order (a ``Load`` before the ``Start`` it serves);
+4. last the metric **observations** (values for prometheus-client; nothing waits on them).
 
 Because they are values, a unit test can check those promises without a disk or a socket,
 and the host can batch the journal writes of many inputs into one commit.
@@ -19,11 +20,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Union
 
+from uniun.actors.observe import Observation
 from uniun.protocol import runner_records as rp
 from uniun.protocol.jobmap import JobSpec
 
 __all__ = ["Effects", "Send", "JournalWrite", "JAccept", "JStarted", "JToken", "JPaused",
-           "JFinish", "KEEP_TIMER"]
+           "JFinish", "JSegment", "JMark", "KEEP_TIMER"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,7 +81,41 @@ class JFinish:
     at: float
 
 
-JournalWrite = Union[JAccept, JStarted, JToken, JPaused, JFinish]
+@dataclass(frozen=True, slots=True)
+class JSegment:
+    """One stretch of a job's timeline ended (``uniun-runtime trace export`` reads them).
+
+    ``lane`` "run": the job held the runner from ``start`` to ``end`` (unix seconds) and
+    generated ``tokens``; "wait": it waited in tier ``tier`` (the tier it was then
+    dispatched from). ``reason`` says why the stretch ended: preempted, slice, budget,
+    swap, done, cancelled, failed, runner_lost or shutdown for a run; dispatched or
+    cancelled for a wait.
+    """
+
+    job_id: str
+    lane: str
+    kind: str
+    flow: str
+    tier: int
+    model_id: str
+    start: float
+    end: float
+    reason: str
+    tokens: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class JMark:
+    """An instant on the timeline: preempt, resume, swap, runner_lost, runner_up,
+    scheduler_start (``job_id`` and ``detail`` say for whom and why)."""
+
+    what: str
+    at: float
+    job_id: str | None = None
+    detail: str = ""
+
+
+JournalWrite = Union[JAccept, JStarted, JToken, JPaused, JFinish, JSegment, JMark]
 
 
 class _KeepTimer:
@@ -100,9 +136,11 @@ class Effects:
     sends: list[Send] = field(default_factory=list)
     commands: list[rp.Command] = field(default_factory=list)
     wake_at: float | None | _KeepTimer = KEEP_TIMER  # policy-clock time; None: no timer
+    # Metric values for the host's MetricSink, applied after the rest (nothing waits on them)
+    observations: list[Observation] = field(default_factory=list)
 
     def __bool__(self) -> bool:
-        return bool(self.journal or self.sends or self.commands
+        return bool(self.journal or self.sends or self.commands or self.observations
                     or self.wake_at is not KEEP_TIMER)
 
     def extend(self, other: "Effects") -> "Effects":
@@ -110,6 +148,7 @@ class Effects:
         self.journal.extend(other.journal)
         self.sends.extend(other.sends)
         self.commands.extend(other.commands)
+        self.observations.extend(other.observations)
         if other.wake_at is not KEEP_TIMER:
             self.wake_at = other.wake_at
         return self

@@ -24,6 +24,7 @@ from typing import Any
 import pykka
 from loguru import logger
 
+from uniun.actors.observe import Observation
 from uniun.actors.scheduler.core import SchedulerCore
 from uniun.actors.scheduler.effects import KEEP_TIMER, Effects
 from uniun.actors.scheduler.front import ClientGone, ClientRequest, Outgoing
@@ -74,10 +75,12 @@ class SchedulerHost(pykka.ThreadingActor):
     """See the module docstring."""
 
     def __init__(self, *, core: SchedulerCore, journal: Journal,
-                 clock: Callable[[], float]) -> None:
+                 clock: Callable[[], float],
+                 observe: Callable[[list[Observation]], None] | None = None) -> None:
         super().__init__()
         self._core = core
         self._journal = journal
+        self._observe = observe  # MetricSink.apply, or None (metrics off)
         self._clock = clock  # the policy's clock: wake_at is on it
         self._front: pykka.ActorRef | None = None
         self._link: pykka.ActorRef | None = None
@@ -101,7 +104,8 @@ class SchedulerHost(pykka.ThreadingActor):
         elif isinstance(message, RunnerDown):
             self._apply(core.runner_down(message.reason))
         elif isinstance(message, RunnerStats):
-            self._apply(core.runner_stats(message.count, message.nbytes))
+            self._apply(core.runner_stats(message.count, message.nbytes, message.trimmed,
+                                          message.spilled))
         elif isinstance(message, ClientGone):
             self._apply(core.client_gone(message.conn))
         elif isinstance(message, _Wake):
@@ -136,7 +140,8 @@ class SchedulerHost(pykka.ThreadingActor):
     # ---- output ---------------------------------------------------------------------
 
     def _apply(self, fx: Effects) -> None:
-        """Journal first (committed), then messages, then commands, then the timer."""
+        """Journal first (committed), then messages, then commands, then the timer, then
+        the metric observations."""
         self._journal.write(fx.journal)
         self._send(fx)
 
@@ -151,6 +156,8 @@ class SchedulerHost(pykka.ThreadingActor):
                 self._link.tell(ToRunner(command))
         if fx.wake_at is not KEEP_TIMER:
             self._arm(fx.wake_at)
+        if fx.observations and self._observe is not None:
+            self._observe(fx.observations)
 
     def _arm(self, wake_at: float | None) -> None:
         if wake_at == self._wake_at:

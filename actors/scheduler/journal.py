@@ -27,12 +27,22 @@ from typing import Any
 import msgpack
 from loguru import logger
 
-from uniun.actors.scheduler.effects import JAccept, JFinish, JournalWrite, JPaused, JStarted, JToken
+from uniun.actors.scheduler.effects import (
+    JAccept,
+    JFinish,
+    JMark,
+    JournalWrite,
+    JPaused,
+    JSegment,
+    JStarted,
+    JToken,
+)
 from uniun.protocol.jobmap import JobSpec, validate_job
 
-__all__ = ["Journal", "JournalEntry"]
+__all__ = ["Journal", "JournalEntry", "KEEP_SEGMENTS", "read_timeline"]
 
 PRUNE_EVERY = 100  # finished jobs between two prunes of the kept outcomes
+KEEP_SEGMENTS = 100_000  # timeline rows kept (segments and marks each; ~100 bytes a row)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -55,6 +65,28 @@ CREATE TABLE IF NOT EXISTS tokens (
     text     TEXT NOT NULL,
     PRIMARY KEY (job_id, seq)
 ) WITHOUT ROWID;
+-- The timeline (docs/observability.md): one row per stretch a job ran or waited, written
+-- when it ends, and instants (preempt, swap, restarts). Pruned to the newest rows.
+CREATE TABLE IF NOT EXISTS segments (
+    job_id   TEXT NOT NULL,
+    lane     TEXT NOT NULL,        -- run | wait
+    kind     TEXT NOT NULL,
+    flow     TEXT NOT NULL,
+    tier     INTEGER NOT NULL,
+    model_id TEXT NOT NULL,
+    start    REAL NOT NULL,        -- unix seconds
+    end      REAL NOT NULL,
+    reason   TEXT NOT NULL,
+    tokens   INTEGER NOT NULL DEFAULT 0
+);
+CREATE INDEX IF NOT EXISTS segments_end ON segments (end);
+CREATE TABLE IF NOT EXISTS marks (
+    what   TEXT NOT NULL,
+    at     REAL NOT NULL,
+    job_id TEXT,
+    detail TEXT NOT NULL DEFAULT ''
+);
+CREATE INDEX IF NOT EXISTS marks_at ON marks (at);
 """
 
 
@@ -77,10 +109,12 @@ class JournalEntry:
 class Journal:
     """SQLite-backed journal of accepted jobs (see module docstring)."""
 
-    def __init__(self, path: Path, *, keep_done: int = 1000) -> None:
+    def __init__(self, path: Path, *, keep_done: int = 1000,
+                 keep_segments: int = KEEP_SEGMENTS) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.keep_done = keep_done
+        self.keep_segments = keep_segments
         # check_same_thread off: the main thread replays, then only the host actor writes.
         self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0,
                                    check_same_thread=False)
@@ -143,9 +177,18 @@ class Journal:
                          (blob, w.at, w.job_id))
         self._db.execute("DELETE FROM tokens WHERE job_id = ?", (w.job_id,))
 
+    def _segment(self, w: JSegment) -> None:
+        self._db.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                         (w.job_id, w.lane, w.kind, w.flow, w.tier, w.model_id, w.start,
+                          w.end, w.reason, w.tokens))
+
+    def _mark(self, w: JMark) -> None:
+        self._db.execute("INSERT INTO marks VALUES (?, ?, ?, ?)",
+                         (w.what, w.at, w.job_id, w.detail))
+
     _APPLY: dict[type, Callable[[Journal, Any], None]] = {
         JAccept: _accept, JStarted: _started, JToken: _token, JPaused: _paused,
-        JFinish: _finish,
+        JFinish: _finish, JSegment: _segment, JMark: _mark,
     }
 
     def prune(self) -> None:
@@ -155,6 +198,9 @@ class Journal:
             "DELETE FROM jobs WHERE final IS NOT NULL AND job_id NOT IN ("
             "SELECT job_id FROM jobs WHERE final IS NOT NULL "
             "ORDER BY finished_at DESC LIMIT ?)", (self.keep_done,))
+        for table in ("segments", "marks"):
+            self._db.execute(f"DELETE FROM {table} WHERE rowid <= "
+                             f"(SELECT MAX(rowid) FROM {table}) - ?", (self.keep_segments,))
 
     # ---- replay ---------------------------------------------------------------------
 
@@ -193,3 +239,30 @@ class Journal:
         logger.info("journal replayed {} jobs ({} active) in {:.3f} s", len(out),
                     sum(e.final is None for e in out), time.monotonic() - started)
         return out
+
+
+def read_timeline(path: Path, *, since: float | None = None
+                  ) -> tuple[list[JSegment], list[JMark]]:
+    """The journal's timeline rows (segments that ended, and marks) at or after ``since``
+    (unix seconds; None: all kept), oldest first.
+
+    Opens its own read-only connection, so it works beside a running scheduler (WAL lets
+    readers in while it writes) and after the runtime stopped. A journal from before the
+    timeline existed has no rows, not an error.
+    """
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=10.0)
+    try:
+        tables = {name for (name,) in db.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table'")}
+        if not {"segments", "marks"} <= tables:
+            return [], []
+        low = -1e300 if since is None else since
+        segments = [JSegment(*row) for row in db.execute(
+            "SELECT job_id, lane, kind, flow, tier, model_id, start, end, reason, tokens "
+            "FROM segments WHERE end >= ? ORDER BY start, rowid", (low,))]
+        marks = [JMark(*row) for row in db.execute(
+            "SELECT what, at, job_id, detail FROM marks WHERE at >= ? ORDER BY at, rowid",
+            (low,))]
+        return segments, marks
+    finally:
+        db.close()

@@ -72,10 +72,13 @@ class RunnerDown:
 
 @dataclass(frozen=True)
 class RunnerStats:
-    """Parked-snapshot totals of the runner, sent when they change."""
+    """Parked-snapshot totals of the runner, sent when they change (``trimmed`` and
+    ``spilled`` count the partial evictions and spills it did since it started)."""
 
     count: int
     nbytes: int
+    trimmed: int = 0
+    spilled: int = 0
 
 
 @dataclass(frozen=True)
@@ -110,7 +113,7 @@ class RunnerLinkActor(pykka.ThreadingActor):
         self._peer_boot = ""
         self._peer_seq = 0  # last beat number read from the current runner
         self._last_seen = 0.0
-        self._stats = (0, 0)
+        self._stats = (0, 0, 0, 0)
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -187,7 +190,7 @@ class RunnerLinkActor(pykka.ThreadingActor):
     def _on_heartbeat(self, identity: bytes, beat: rp.Heartbeat) -> None:
         if identity == self._peer:
             self._last_seen = time.monotonic()
-            stats = (beat.snapshots, beat.snapshot_bytes)
+            stats = (beat.snapshots, beat.snapshot_bytes, beat.trimmed, beat.spilled)
             if stats != self._stats:
                 self._stats = stats
                 self._host.tell(RunnerStats(*stats))
@@ -224,5 +227,5 @@ class RunnerLinkActor(pykka.ThreadingActor):
     def _lose(self, reason: str) -> None:
         logger.warning("runner {} lost: {}", self._peer_boot, reason)
         self._peer, self._peer_boot = None, ""
-        self._stats = (0, 0)
+        self._stats = (0, 0, 0, 0)
         self._host.tell(RunnerDown(reason))

@@ -30,6 +30,7 @@ from uniun.actors.policy import (
     Run,
     make_policy,
 )
+from uniun.actors.sim.timeline import SimTimeline
 from uniun.actors.sim.trace import Cancel, Foreground, Lifecycle, Submit, TraceEvent
 
 # A trace that still has work this long after its last line has a policy that never
@@ -131,6 +132,7 @@ class Simulation:
         self._wake: float | None = None
         self.result = SimResult(policy=policy_name)
         self._prompt: dict[str, int] = {}
+        self.timeline = SimTimeline()  # segments and marks, for --trace-out
 
     def _clock(self) -> float:
         return self.now
@@ -168,10 +170,11 @@ class Simulation:
                 job_id=spec.job_id, kind=spec.kind, flow=spec.flow or spec.kind,
                 submit=self.now, target=min(event.new_tokens, spec.max_new_tokens),
                 prompt_tokens=event.prompt_tokens)
-            policy.submit(spec)
+            self.timeline.submitted(spec, policy.submit(spec), self.now)
         elif isinstance(event, Cancel):
             outcome = policy.cancel(event.job_id)
             if outcome is CancelOutcome.REMOVED:
+                self.timeline.cancelled_waiting(event.job_id, self.now)
                 self._ended(event.job_id, "cancelled")
             elif outcome is CancelOutcome.STOP_RUNNING and self._seg is not None:
                 self._request_stop("cancel")
@@ -185,6 +188,8 @@ class Simulation:
         if isinstance(decision, Run):
             self._start(decision)
         elif isinstance(decision, Preempt):
+            self.timeline.mark("preempt", decision.running_job_id, decision.reason + (
+                f" for {decision.for_job_id}" if decision.for_job_id else ""), self.now)
             self._request_stop("pause", decision.reason)
         else:
             assert isinstance(decision, Idle)
@@ -194,6 +199,7 @@ class Simulation:
         record = self.result.jobs[run.job_id]
         if record.first_start is None:
             record.first_start = self.now
+        self.timeline.dispatched(run, record.tokens, self.now)
         compute_start = self.now + (self.cost.swap_s if run.swap else 0.0)
         todo = record.prompt_tokens - record.prefilled
         if todo > 0:  # fresh, or paused during its prefill: the first token ends prefill
@@ -276,9 +282,13 @@ class Simulation:
         record = self.result.jobs[seg.job_id]
         record.prefilled = seg.prefilled
         if seg.stop == "cancel":
+            self.timeline.run_ended(seg.job_id, "cancelled", record.tokens, self.now,
+                                    waits_again=False)
             self.policy.on_cancelled(seg.job_id, 0.0)
             self._ended(seg.job_id, "cancelled")
         elif record.tokens >= record.target:
+            self.timeline.run_ended(seg.job_id, "done", record.tokens, self.now,
+                                    waits_again=False)
             self.policy.on_finished(seg.job_id, 0.0)
             self._ended(seg.job_id, "done")
         else:
@@ -286,6 +296,9 @@ class Simulation:
             self.result.preemptions += 1
             reason = "budget" if seg.stop is None else seg.reason
             outcome = self.policy.on_paused(seg.job_id, 0.0, reason)
+            self.timeline.run_ended(seg.job_id, reason, record.tokens, self.now,
+                                    waits_again=outcome in (ReportOutcome.REQUEUED,
+                                                            ReportOutcome.HELD))
             if outcome in (ReportOutcome.CHAT_INTERRUPTED, ReportOutcome.FAILED):
                 self._ended(seg.job_id, "failed")
             elif outcome is ReportOutcome.CANCELLED:

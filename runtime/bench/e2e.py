@@ -63,8 +63,10 @@ def median(values: list[float]) -> float | None:
 class BenchRuntime:
     """``uniun-runtime start`` in a subprocess over ``home``; stopped on exit."""
 
-    def __init__(self, home: Path, *, policy: str, model: str, log: Log) -> None:
+    def __init__(self, home: Path, *, policy: str, model: str, log: Log,
+                 extra_config: str = "") -> None:
         self.home, self.policy, self.model, self.log = home, policy, model, log
+        self.extra_config = extra_config  # more TOML sections (the overhead bench's)
         self.env = dict(os.environ, UNIUN_HOME=str(home))
         self.env.pop("UNIUN_CONFIG", None)
         self.config = home / "bench.toml"
@@ -77,7 +79,8 @@ class BenchRuntime:
                                '[producers]\nextract = false\nnataraj = false\n'
                                'gana = false\nbackground_gana = false\n'
                                '[embed]\nenabled = false\n'  # measured load only
-                               '[http]\nport = 0\n')  # a free port: the HTTP TTFT
+                               '[http]\nport = 0\n'  # a free port: the HTTP TTFT
+                               + self.extra_config)
         self.log(f"starting runtime (policy {self.policy}, model {self.model}) in {self.home}")
         out = open(self.home / "start.out", "ab")
         self.proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",

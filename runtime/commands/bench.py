@@ -39,6 +39,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="comma-separated policies (default uniun,fcfs)")
     parser.add_argument("--restart-reps", type=int, default=3,
                         help="runner SIGKILLs to time (default 3; 0 skips)")
+    parser.add_argument("--overhead-reps", type=int, default=10, metavar="N",
+                        help="chat pairs comparing metrics + segment recording on vs off "
+                             "(default 10; 0 skips)")
     parser.add_argument("--no-model-bench", action="store_true",
                         help="skip the model session benchmark")
     parser.add_argument("--producers", action="store_true",
@@ -71,6 +74,15 @@ def run(args: argparse.Namespace) -> int:
                            restart_reps=args.restart_reps,
                            with_model_bench=not args.no_model_bench,
                            log=lambda msg: print(msg, file=sys.stderr))
+        if args.overhead_reps > 0:  # metrics + segment recording on vs off (issue 12)
+            import tempfile
+
+            from uniun.runtime.bench.overhead import run as run_overhead
+
+            base = args.home or Path(tempfile.mkdtemp(prefix="uniun-bench-oh-", dir="/tmp"))
+            result["observability_overhead"] = run_overhead(
+                model=args.model, base=base, reps=args.overhead_reps,
+                log=lambda msg: print(msg, file=sys.stderr))
         if args.producers:
             from uniun.runtime.bench.producers import run as run_producers
 
@@ -133,6 +145,10 @@ def table(result: dict[str, Any]) -> Table:
     embed = result.get("embed_bench") or {}
     if "pool_texts_per_s" in embed:
         out.add_row("embedding pool of 2: texts/s", f"{embed['pool_texts_per_s']:.1f}")
+    overhead = result.get("observability_overhead") or {}
+    if overhead.get("ttft_ratio") and overhead.get("decode_ratio"):
+        out.add_row("observability on/off: chat TTFT", f"{overhead['ttft_ratio']:.3f}x")
+        out.add_row("observability on/off: decode tok/s", f"{overhead['decode_ratio']:.3f}x")
     model = result.get("model_bench") or {}
     for key in ("decode_ms_per_token", "prefill_tokens_per_s", "load_s"):
         if key in model:

@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from uniun.actors.policy import POLICIES
-from uniun.actors.sim.simulator import CostModel, format_table, simulate
+from uniun.actors.sim.simulator import CostModel, Simulation, format_table, summarize
 from uniun.actors.sim.trace import TraceError, load_trace
 
 _DEFAULTS = CostModel()
@@ -41,6 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--config", type=Path, default=None, metavar="FILE",
                         help="take [policy] settings from this runtime config file")
     parser.add_argument("--json", action="store_true", help="print one JSON object")
+    parser.add_argument("--trace-out", type=Path, default=None, metavar="FILE.json",
+                        help="also write the run's timeline as a Chrome trace (open in "
+                             "Perfetto or chrome://tracing; same layout as `trace export`)")
     parser.set_defaults(func=run)
 
 
@@ -67,8 +70,22 @@ def run(args: argparse.Namespace) -> int:
     except TraceError as err:
         print(f"uniun-runtime simulate: {args.trace}: {err}", file=sys.stderr)
         return 2
-    summary = simulate(args.policy, events, cost, config=policy_config,
-                       default_model=default_model)
+    sim = Simulation(args.policy, events, cost, config=policy_config,
+                     default_model=default_model)
+    summary = summarize(sim.run())
+    if args.trace_out is not None:
+        from uniun.runtime.timeline import chrome_trace
+
+        trace = chrome_trace(sim.timeline.segments, sim.timeline.marks,
+                             source="uniun simulator", origin=0.0)
+        try:
+            args.trace_out.write_text(json.dumps(trace), encoding="utf-8")
+        except OSError as err:
+            print(f"uniun-runtime simulate: cannot write {args.trace_out}: {err}",
+                  file=sys.stderr)
+            return 1
+        print(f"trace: {len(sim.timeline.segments)} segments, {len(sim.timeline.marks)} "
+              f"instants -> {args.trace_out}", file=sys.stderr)
     if args.json:
         print(json.dumps(summary))
     else:

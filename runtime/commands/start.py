@@ -134,7 +134,8 @@ def serve(config: RuntimeConfig, children: list[str], *, daemon: bool = False) -
         print(f"uniun-runtime: {err}", file=sys.stderr)
         return 1
     configure_logging("supervisor", log_file=config.logs_dir / "supervisor.log",
-                      level=config.logging.level.upper(), stderr=not daemon)
+                      level=config.logging.level.upper(), stderr=not daemon,
+                      json=config.logging.json)
     from uniun.protocol.endpoints import remove_endpoint, write_endpoint
     config_file = run_dir / EFFECTIVE_CONFIG
     try:

@@ -20,12 +20,21 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "loaded model, running job, queues per tier in pick order, vruntime "
                     "per flow, T2 share, parked snapshots and process ids.")
     parser.add_argument("--json", action="store_true", help="print the raw status as JSON")
+    parser.add_argument("--watch", action="store_true",
+                        help="print a plain-text frame of `top` every --interval seconds "
+                             "(for terminals and logs where the live view does not fit)")
+    parser.add_argument("--interval", type=float, default=2.0, metavar="S",
+                        help="seconds between --watch frames (default 2)")
     add_connection_args(parser)
     parser.set_defaults(func=run)
 
 
 @client_command
 def run(args: argparse.Namespace) -> int:
+    if args.watch:
+        from uniun.runtime.commands.top import watch_plain
+
+        return watch_plain(args)
     with connect(args) as client:
         status = client.status()
         endpoint = client.endpoint

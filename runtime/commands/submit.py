@@ -9,6 +9,7 @@ shell.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 import time
 import uuid
@@ -58,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="print the job id once accepted and return (job keeps running)")
     parser.add_argument("--events", action="store_true",
                         help="print every job event (started, paused, ...) to stderr")
+    parser.add_argument("--json", action="store_true",
+                        help="print every reply and event as one JSON object per line on "
+                             "stdout (accepted, started, token, paused, done/error)")
     add_connection_args(parser)
     parser.set_defaults(func=run)
 
@@ -96,8 +100,10 @@ def run(args: argparse.Namespace) -> int:
         stream = client.submit(job)
         accepted = stream.accepted or {}
         if args.no_wait:
-            print(job["job_id"])
+            print(json.dumps(accepted) if args.json else job["job_id"])
             return 0
+        if args.json:
+            return follow_json(stream)
         if args.events:
             print(f"[accepted {job['job_id']} in tier {accepted.get('tier')}]", file=sys.stderr)
         try:
@@ -106,6 +112,21 @@ def run(args: argparse.Namespace) -> int:
             client.cancel(job["job_id"], timeout=args.timeout)
             print(f"\n[cancelled {job['job_id']}]", file=sys.stderr)
             return 130
+
+
+def follow_json(stream: JobStream) -> int:
+    """JSON lines: the ``accepted`` reply, then every event; exit 0 on done, 1 on error.
+
+    One line per message, flushed at once, so ``jq`` or a script can follow a job live.
+    """
+    print(json.dumps(stream.accepted or {}, default=str), flush=True)
+    for event in stream:
+        print(json.dumps(event, default=str), flush=True)
+        if event["type"] == m.DONE:
+            return 0
+        if event["type"] == m.ERROR:
+            return 1
+    raise CommandError(f"job {stream.job_id}: the event stream ended without done")
 
 
 def follow(client: Client, stream: JobStream, *, sent: float, verbose: bool) -> int:

@@ -245,3 +245,28 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_cancels_it(rt: Runtime
         assert end["type"] == "error" and end["code"] == "cancelled"
     finally:
         assert w.request("lifecycle", state="foreground")["type"] == "ok"
+
+
+def test_the_gateway_serves_the_prometheus_metrics(rt: Runtime, base_url: str,
+                                                  client: openai.OpenAI) -> None:
+    """With the gateway running, ``/metrics`` is its route (and the URL in
+    ``run/metrics.endpoint``); an embeddings call through it moves the pool's counter."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    endpoint = rt.home / "run" / "metrics.endpoint"
+    url = wait_for("the metrics endpoint file", lambda: endpoint.exists()
+                   and endpoint.read_text().strip())
+    assert url == f"{base_url}/metrics"
+
+    def embeds_ok() -> float:
+        with urllib.request.urlopen(url, timeout=WAIT_S) as reply:
+            body = reply.read().decode()
+        return sum(s.value for fam in text_string_to_metric_families(body)
+                   for s in fam.samples
+                   if s.name == "uniun_embed_requests_total" and s.labels == {"outcome": "ok"})
+
+    before = embeds_ok()
+    client.embeddings.create(model="all-minilm-l6-v2", input=["metrics through the gateway"])
+    assert wait_for("the embedding to be counted", lambda: embeds_ok() == before + 1)

@@ -169,11 +169,14 @@ class Driver:
     """
 
     def __init__(self, *, queue_cap: int = 100, config: PolicyConfig | None = None,
-                 entries: Iterable[JournalEntry] = ()) -> None:
+                 entries: Iterable[JournalEntry] = (), observe: bool = False) -> None:
+        # observe: record the timeline and make metric observations (the recorder's own
+        # tests turn it on; the others assert the job writes alone)
         self.clock = FakeClock()
         policy = make_policy("uniun", config, self.clock, wall_clock=self.clock)
         self.core = SchedulerCore(policy=policy, queue_cap=queue_cap, clock=self.clock,
-                                  wall=self.clock, processes=lambda: {"scheduler": 1})
+                                  wall=self.clock, processes=lambda: {"scheduler": 1},
+                                  segments=observe, metrics=observe)
         self.history: list[Effects] = []
         self.runner: FakeRunner | None = None
         self.inbox: list[rp.Command] = []
