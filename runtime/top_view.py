@@ -242,8 +242,8 @@ def _events(status: dict[str, Any], rates: Rates | None, now: float,
             limit: int = 8) -> RenderableType:
     table = Table(title="recent events", title_justify="left", box=box.SIMPLE_HEAD,
                   padding=(0, 1))
-    table.add_column("ago", justify="right", no_wrap=True)
-    table.add_column("what", no_wrap=True)
+    table.add_column("ago", justify="right", no_wrap=True, min_width=6)  # never squeezed to "0.…"
+    table.add_column("what", no_wrap=True, min_width=7)
     table.add_column("job", overflow="ellipsis", no_wrap=True, max_width=28)
     table.add_column("detail", overflow="ellipsis", no_wrap=True)
     recent = _recent(status, rates)[-limit:]
