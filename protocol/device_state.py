@@ -81,6 +81,7 @@ class YieldGate:
         self._interactive = False
         self._heard_at = 0.0
         self.last_seq = -1
+        self._heard = threading.Event()
         self.waits = 0  # calls of wait_turn that had to wait
         self.waited_s = 0.0  # their total wait, s
         self._stop = threading.Event()
@@ -95,6 +96,11 @@ class YieldGate:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(2.0)
+
+    def wait_heard(self, timeout: float = STALE_S) -> bool:
+        """Wait until the first state arrived (a late joiner's catch-up; the publisher
+        repeats itself every ``REPUBLISH_S``); False if none came (no scheduler yet)."""
+        return self._thread is None or self._heard.wait(timeout)
 
     @property
     def interactive(self) -> bool:
@@ -137,5 +143,6 @@ class YieldGate:
                     self._heard_at = time.monotonic()
                     self.last_seq = state.seq
                     self._cond.notify_all()
+                self._heard.set()
         finally:
             sock.close(0)

@@ -63,6 +63,7 @@ def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads:
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(backend)
+    gate.wait_heard()  # start with the scheduler's current state, not a guess
     sock.send(encode({"type": "ready", "name": name, "pid": os.getpid(), "dim": session.dim},
                      INTERNAL_LIMITS))
     logger.info("ready (dim {}, {} thread(s))", session.dim, threads)
