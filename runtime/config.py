@@ -111,12 +111,13 @@ class RuntimeConfig:
         from uniun.runtime.device import ThreadBudget, thread_budget
 
         d = self.device
+        cores = d.cores or _usable_cores()
         if not d.thread_budget:
-            return ThreadBudget(cores=os.cpu_count() or 1,
+            return ThreadBudget(cores=cores,
                                 runner_threads=self.runner.intra_op_threads,
                                 runner_spinning=True, embed_threads=1,
                                 background_threads=self.producers.background_threads)
-        return thread_budget(d.cores or os.cpu_count() or 1, embed_workers=self.embed.workers,
+        return thread_budget(cores, embed_workers=self.embed.workers,
                              runner_spinning=d.runner_spinning, runner_threads=d.runner_threads,
                              embed_threads=d.embed_threads)
 
@@ -135,6 +136,14 @@ class RuntimeConfig:
 
 
 # --- loading --------------------------------------------------------------------------
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (a taskset or a container's limit counts)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def default_config_path() -> Path:

@@ -102,7 +102,8 @@ class RunnerConfig:
 
     # Threads; default 2 (one per core on the 2-core target machine).
     intra_op_threads: int = field(default=2, metadata=_doc(
-        "ONNX Runtime intra-op threads (default 2)"))
+        "ONNX Runtime intra-op threads, used when device.thread_budget is false; otherwise "
+        "the budget chooses (docs/device.md) (default 2)"))
     # Bytes; default 256 MiB. Over it: partial eviction, then spill, then drop.
     snapshot_cap_bytes: int = field(default=256 * MIB, metadata=_doc(
         "memory for parked KV snapshots, bytes; over it partial eviction, then spill, "
@@ -244,7 +245,8 @@ class ProducersConfig:
         "lease of a background Gana fire; a dead owner's fire is re-run after it "
         "(default 30.0)"))
     background_threads: int = field(default=1, metadata=_doc(
-        "ONNX Runtime threads of the background-Gana process's own model (default 1)"))
+        "ONNX Runtime threads of the background-Gana process's own model, used when "
+        "device.thread_budget is false (default 1)"))
 
 
 @dataclass(frozen=True)
@@ -304,7 +306,8 @@ class DeviceConfig:
         "ONNX Runtime threads together from the core count; false: runner.intra_op_threads "
         "and producers.background_threads as written, one thread per worker (default true)"))
     cores: int = field(default=0, metadata=_doc(
-        "cores the budget shares out; 0 = all of this machine's (default 0)"))
+        "cores the budget shares out; 0 = those this process may run on "
+        "(os.sched_getaffinity) (default 0)"))
     runner_threads: int = field(default=0, metadata=_doc(
         "the runner's intra-op threads under the budget; 0 = chosen (default 0)"))
     embed_threads: int = field(default=0, metadata=_doc(
