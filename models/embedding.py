@@ -15,6 +15,8 @@ pooling and the L2 norm (see ``models/convert/embedding.py``); rows come back in
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import json
 from collections.abc import Sequence
 from pathlib import Path
@@ -77,8 +79,13 @@ class EmbeddingSession:
         """Token ids of each text after truncation, ``[CLS] ... [SEP]`` included."""
         return [enc.ids for enc in self.tokenizer.encode_batch(list(texts))]
 
-    def embed(self, texts: Sequence[str]) -> np.ndarray:
-        """``[len(texts), dim]`` float32, each row L2-normalised, in input order."""
+    def embed(self, texts: Sequence[str],
+              before_batch: Callable[[], object] | None = None) -> np.ndarray:
+        """``[len(texts), dim]`` float32, each row L2-normalised, in input order.
+
+        ``before_batch`` is called before each ONNX run: the embedding worker waits there
+        while interactive work is in flight (docs/device.md), so a running batch is the
+        last one to start."""
         if isinstance(texts, str):
             raise EmbeddingError("embed() takes a list of texts, not one string")
         out = np.zeros((len(texts), self.dim), dtype=np.float32)
@@ -88,6 +95,8 @@ class EmbeddingSession:
         order = sorted(range(len(ids)), key=lambda i: len(ids[i]))
         for start in range(0, len(order), self.batch_size):
             rows = order[start:start + self.batch_size]
+            if before_batch is not None:
+                before_batch()
             width = max(len(ids[i]) for i in rows)
             input_ids = np.zeros((len(rows), width), dtype=np.int64)
             mask = np.zeros((len(rows), width), dtype=np.int64)

@@ -53,6 +53,7 @@ from uniun.runtime.config_sections import (
     MIB,
     POLICY_NAMES,
     SECTIONS,
+    DeviceConfig,
     EmbedConfig,
     FrontConfig,
     HttpConfig,
@@ -94,6 +95,7 @@ class RuntimeConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    device: DeviceConfig = field(default_factory=DeviceConfig)
     source: Path | None = None
 
     @property
@@ -103,6 +105,21 @@ class RuntimeConfig:
     @property
     def logs_dir(self) -> Path:
         return self.home / "logs"
+
+    def budget(self) -> "ThreadBudget":
+        """The ONNX Runtime threads of every session (``[device]``, docs/device.md)."""
+        from uniun.runtime.device import ThreadBudget, thread_budget
+
+        d = self.device
+        cores = d.cores or _usable_cores()
+        if not d.thread_budget:
+            return ThreadBudget(cores=cores,
+                                runner_threads=self.runner.intra_op_threads,
+                                runner_spinning=True, embed_threads=1,
+                                background_threads=self.producers.background_threads)
+        return thread_budget(cores, embed_workers=self.embed.workers,
+                             runner_spinning=d.runner_spinning, runner_threads=d.runner_threads,
+                             embed_threads=d.embed_threads)
 
     def with_overrides(self, **sections: Mapping[str, Any]) -> "RuntimeConfig":
         """A copy with some keys changed, validated like a file (CLI flags use this)."""
@@ -119,6 +136,14 @@ class RuntimeConfig:
 
 
 # --- loading --------------------------------------------------------------------------
+
+
+def _usable_cores() -> int:
+    """Cores this process may run on (a taskset or a container's limit counts)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 def default_config_path() -> Path:

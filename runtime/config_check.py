@@ -81,6 +81,7 @@ _NON_NEGATIVE = {
     "runner": ("snapshot_cap_bytes", "spill_cap_bytes"),
     "supervisor": ("max_restarts", "stop_grace_s"),
     "producers": ("gana_lead_s",),
+    "device": ("cores", "runner_threads", "embed_threads"),
 }
 _LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 
@@ -112,6 +113,12 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
         raise ConfigError("must not be empty", key="metrics.host", source=source)
     if section == "http":
         check_http(values, source)
+    if section == "device" and values.get("background_priority", "idle") not in (
+            "idle", "nice", "none"):
+        raise ConfigError("must be idle, nice or none", key="device.background_priority",
+                          source=source)
+    if section == "device" and not 0 <= values.get("background_nice", 10) <= 19:
+        raise ConfigError("must be 0..19", key="device.background_nice", source=source)
     if section == "models":
         for key in ("chat_model", "embed_model"):
             if key in values and not values[key]:

@@ -102,7 +102,8 @@ class RunnerConfig:
 
     # Threads; default 2 (one per core on the 2-core target machine).
     intra_op_threads: int = field(default=2, metadata=_doc(
-        "ONNX Runtime intra-op threads (default 2)"))
+        "ONNX Runtime intra-op threads, used when device.thread_budget is false; otherwise "
+        "the budget chooses (docs/device.md) (default 2)"))
     # Bytes; default 256 MiB. Over it: partial eviction, then spill, then drop.
     snapshot_cap_bytes: int = field(default=256 * MIB, metadata=_doc(
         "memory for parked KV snapshots, bytes; over it partial eviction, then spill, "
@@ -244,7 +245,8 @@ class ProducersConfig:
         "lease of a background Gana fire; a dead owner's fire is re-run after it "
         "(default 30.0)"))
     background_threads: int = field(default=1, metadata=_doc(
-        "ONNX Runtime threads of the background-Gana process's own model (default 1)"))
+        "ONNX Runtime threads of the background-Gana process's own model, used when "
+        "device.thread_budget is false (default 1)"))
 
 
 @dataclass(frozen=True)
@@ -287,10 +289,40 @@ class TraceConfig:
 
 
 
+@dataclass(frozen=True)
+class DeviceConfig:
+    """Scheduling the whole device, not just the runner (docs/device.md)."""
+
+    yield_signal: bool = field(default=True, metadata=_doc(
+        "publish 'interactive work in flight' from the scheduler; the embedding workers "
+        "and the background-Gana process start no new batch while it is on (default true)"))
+    background_priority: str = field(default="idle", metadata=_doc(
+        "CPU priority of the producers, the embedding pool and its workers: idle "
+        "(SCHED_IDLE, else nice), nice, or none (default idle)"))
+    background_nice: int = field(default=10, metadata=_doc(
+        "nice value used when SCHED_IDLE is not allowed or priority is nice (default 10)"))
+    thread_budget: bool = field(default=True, metadata=_doc(
+        "choose the runner's, the embedding workers' and the background-Gana session's "
+        "ONNX Runtime threads together from the core count; false: runner.intra_op_threads "
+        "and producers.background_threads as written, one thread per worker (default true)"))
+    cores: int = field(default=0, metadata=_doc(
+        "cores the budget shares out; 0 = those this process may run on "
+        "(os.sched_getaffinity) (default 0)"))
+    runner_threads: int = field(default=0, metadata=_doc(
+        "the runner's intra-op threads under the budget; 0 = chosen (default 0)"))
+    embed_threads: int = field(default=0, metadata=_doc(
+        "threads of each embedding worker under the budget; 0 = chosen (default 0)"))
+    runner_spinning: bool = field(default=True, metadata=_doc(
+        "let the runner's idle ONNX Runtime threads spin (faster decode; the background "
+        "runs at idle priority, so it is not starved of anything it was owed) "
+        "(default true)"))
+
+
 SECTIONS: Mapping[str, type] = MappingProxyType({
     "front": FrontConfig, "policy": PolicySection, "models": ModelsConfig,
     "jobs": JobsConfig, "limits": LimitsConfig, "runner": RunnerConfig,
     "supervisor": SupervisorConfig, "embed": EmbedConfig, "http": HttpConfig,
     "producers": ProducersConfig,
     "logging": LoggingConfig, "metrics": MetricsConfig, "trace": TraceConfig,
+    "device": DeviceConfig,
 })

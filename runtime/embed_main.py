@@ -21,6 +21,7 @@ from typing import Any
 from uniun.actors.embedding.pool import EmbedPool, PoolSettings
 from uniun.models.convert.embedding import MODEL_ID
 from uniun.models.store import ModelStore
+from uniun.protocol.device_state import device_endpoint
 from uniun.protocol.endpoints import EMBED, default_endpoint
 from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
@@ -42,6 +43,8 @@ def settings_from_config(config: RuntimeConfig) -> PoolSettings:
     return PoolSettings(endpoint=config.embed.endpoint, workers=config.embed.workers,
                         queue_bound=config.embed.queue_bound,
                         model_id=config.models.embed_model,
+                        threads=config.budget().embed_threads,
+                        device_state=device_endpoint() if config.device.yield_signal else "",
                         log_level=config.logging.level.upper(), **_places())
 
 

@@ -32,6 +32,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--model-dir", required=True, type=Path)
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--parent-pid", type=int, default=None)
+    parser.add_argument("--device-state", default="",
+                        help="the scheduler's device-state endpoint (yield to chat)")
     parser.add_argument("--log-file", type=Path, default=None)
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
@@ -46,7 +48,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     return serve(args.name, args.identity.encode(), args.backend, args.model_dir,
-                 threads=args.threads, parent_pid=args.parent_pid, stop=stop)
+                 threads=args.threads, parent_pid=args.parent_pid, stop=stop,
+                 device_state=args.device_state)
 
 
 if __name__ == "__main__":

@@ -172,6 +172,16 @@ def run(name: str, config: RuntimeConfig) -> int:
         beats.stop()
 
 
+def _lower_priority(name: str, config: RuntimeConfig) -> None:
+    """Background processes run below the runner and the scheduler (docs/device.md);
+    the embedding pool's workers inherit the pool's priority."""
+    from uniun.runtime.device import BACKGROUND, lower_priority
+
+    if base_name(name) in BACKGROUND:
+        got = lower_priority(config.device.background_priority, config.device.background_nice)
+        logger.info("CPU priority: {}", got)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m uniun.runtime.process",
                                      description="Run one runtime process (the supervisor "
@@ -199,6 +209,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         logger.error("cannot start: {}", err)
         return 2
     logger.info("starting (pid {})", os.getpid())
+    _lower_priority(args.name, config)
     try:
         rc = run(args.name, config)
     except Exception:

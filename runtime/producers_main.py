@@ -125,16 +125,20 @@ def background_gana_logic(config: RuntimeConfig) -> ProducerLogic:
     settings = BackgroundSettings(
         ganas_file=ganas_file(config), default_model=config.models.chat_model,
         lead_s=p.gana_lead_s, check_interval_s=p.check_interval_s,
-        lease_s=p.background_lease_s, threads=p.background_threads,
+        lease_s=p.background_lease_s, threads=config.budget().background_threads,
         max_new_tokens_cap=config.limits.max_new_tokens_cap)
     store = ResultsStore(config.results_path)
     # Short reconnect: an unreachable scheduler must not freeze background firing.
     client = _client(config, reconnect_timeout=STATUS_TIMEOUT_S)
     lifecycle = LifecycleWatch(lambda: client.status(timeout=STATUS_TIMEOUT_S),
                                p.lifecycle_poll_s)
-    sessions = SessionCache(ModelStore(models_dir()), p.background_threads)
+    from uniun.protocol.device_state import YieldGate, device_endpoint
+
+    sessions = SessionCache(ModelStore(models_dir()), config.budget().background_threads)
+    gate = YieldGate(device_endpoint() if config.device.yield_signal else None)
     return BackgroundGana(settings, store, lifecycle, sessions,
-                          stopping=process.STOPPING.is_set, now=time.time())
+                          stopping=process.STOPPING.is_set, now=time.time(),
+                          interactive=lambda: gate.interactive)
 
 
 def run_producer(make_logic: Callable[[], ProducerLogic], *, pump_s: float = 0.2) -> int:

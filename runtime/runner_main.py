@@ -51,10 +51,14 @@ def main(config: RuntimeConfig) -> int:
     lot = ParkingLot(config.runner.snapshot_cap_bytes,
                      max_disk_bytes=config.runner.spill_cap_bytes, spill_dir=spill)
     store = ModelStore(models_dir())
+    budget = config.budget()  # docs/device.md: chosen with the other sessions' threads
+    logger.info("ONNX Runtime threads: runner {} (spinning {}), each embed worker {}, "
+                "background-Gana {}", budget.runner_threads, budget.runner_spinning,
+                budget.embed_threads, budget.background_threads)
     worker = RunnerWorker.start(
         ctx=ctx, endpoint=rp.runner_endpoint(), liveness=config.supervisor.liveness,
-        store=store, threads=config.runner.intra_op_threads, parking=lot, spill_dir=spill,
-        preload=_preload_model(config, store))
+        store=store, threads=budget.runner_threads, parking=lot, spill_dir=spill,
+        preload=_preload_model(config, store), spinning=budget.runner_spinning)
     rc = 0
     try:
         while not stop.wait(0.5) and not process.STOPPING.is_set():

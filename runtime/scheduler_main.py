@@ -32,13 +32,16 @@ from loguru import logger
 from uniun.actors.metrics import MetricSink
 from uniun.actors.scheduler.core import SchedulerCore
 from uniun.actors.scheduler.front import FrontActor, ModelIds, OpenFront, Stopping
-from uniun.actors.scheduler.host import Drain, Quiet, Replay, SchedulerHost, Wire
+from uniun.actors.scheduler.device_signal import DevicePublisher
+from uniun.actors.scheduler.host import Drain, Quiet, Replay, RunnerLane, SchedulerHost, Wire
+from uniun.actors.scheduler.inbox_order import Interactive
 from uniun.actors.scheduler.journal import Journal
 from uniun.actors.scheduler.runner_link import OpenLink, RunnerLinkActor
 from uniun.models.constrain import check_format
 from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
 from uniun.protocol.codec import Limits
+from uniun.protocol.device_state import device_endpoint
 from uniun.protocol.endpoints import default_endpoint
 from uniun.protocol.requests import JobRules
 from uniun.runtime.config import RuntimeConfig
@@ -71,9 +74,14 @@ def _process_info(sampler: ProcessSampler) -> dict[str, dict]:
     """pid, CPU %, RSS and restarts of every process, for ``status.process_info``."""
     from uniun.runtime.state import read_state
 
+    from uniun.runtime.device import describe
+
     state = read_state(run_dir()) or {}
     restarts = {k: v for k, v in (state.get("restarts") or {}).items() if isinstance(v, int)}
-    return sampler.sample(_processes(state), restarts)
+    info = sampler.sample(_processes(state), restarts)
+    for entry in info.values():  # SCHED_IDLE / nice N / normal (docs/device.md)
+        entry["priority"] = describe(entry["pid"])
+    return info
 
 
 def main(config: RuntimeConfig) -> int:
@@ -97,12 +105,20 @@ def main(config: RuntimeConfig) -> int:
                          process_info=lambda: _process_info(sampler),
                          segments=config.trace.segments, metrics=config.metrics.enabled)
     sink = MetricSink() if config.metrics.enabled else None
+    publisher = None
+    if config.device.yield_signal:  # docs/device.md: the one-way yield signal
+        publisher = DevicePublisher(device_endpoint(), ctx)
+        publisher.start()
+    lane = RunnerLane()  # runner reports skip the queue of client batches
     host = SchedulerHost.start(core=core, journal=journal, clock=clock,
-                               observe=sink.apply if sink is not None else None)
+                               observe=sink.apply if sink is not None else None, lane=lane,
+                               device=publisher.set if publisher is not None else None)
+    pcfg = policy.config
     front = FrontActor.start(endpoint=config.front.endpoint or default_endpoint(), host=host,
                              rules=rules, limits=Limits(frame_bytes=config.limits.max_frame_bytes),
-                             linger_ms=config.front.linger_ms, ctx=ctx)
-    link = RunnerLinkActor.start(host=host, endpoint=rp.runner_endpoint(),
+                             linger_ms=config.front.linger_ms, ctx=ctx,
+                             interactive=Interactive(pcfg.chat_kind, None, pcfg.extract_kind))
+    link = RunnerLinkActor.start(host=lane, endpoint=rp.runner_endpoint(),  # type: ignore[arg-type]
                                  liveness=config.supervisor.liveness, ctx=ctx)
     actors = (front, link, host)
     rc = 0
@@ -126,6 +142,8 @@ def main(config: RuntimeConfig) -> int:
         rc = 1
     finally:
         pykka.ActorRegistry.stop_all(timeout=5)
+        if publisher is not None:
+            publisher.close()
         journal.close()
         ctx.destroy(linger=0)
     return rc

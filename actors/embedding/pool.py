@@ -80,6 +80,7 @@ class PoolSettings:
     queue_bound: int = 64  # requests waiting at most; more get queue_full
     model_id: str = MODEL_ID
     threads: int = 1  # ONNX Runtime threads per worker
+    device_state: str = ""  # the scheduler's device-state endpoint ("" = never yield)
     max_attempts: int = 3  # runs of one request (crashes included) before `internal`
     request_timeout_s: float = 300.0  # a worker busy longer than this is killed, s
     log_level: str = "INFO"
@@ -105,6 +106,9 @@ class _Counters:
     rejected_full: int = 0
     requeued: int = 0
     failed: int = 0
+    yielded: int = 0  # answered requests that waited for interactive work to end
+    yield_wait_s: float = 0.0  # their total wait, s
+    yield_wait_max_s: float = 0.0
 
 
 class EmbedPool:
@@ -282,7 +286,16 @@ class EmbedPool:
             else:
                 self._answer_result(req, int(msg["dim"]), msg["data"])
                 worker.served += 1
+                self._count_wait(msg.get("waited_s"))
         self._dispatch()
+
+    def _count_wait(self, waited: Any) -> None:
+        """A worker waited this long for interactive work before (or within) a request."""
+        if isinstance(waited, (int, float)) and waited > 0.001:
+            c = self.counters
+            c.yielded += 1
+            c.yield_wait_s += float(waited)
+            c.yield_wait_max_s = max(c.yield_wait_max_s, float(waited))
 
     def _answer_result(self, req: _Request, dim: int, data: bytes) -> None:
         width = 4 * dim
@@ -328,7 +341,7 @@ class EmbedPool:
             if worker.proc is None and self.model.folder is not None and now >= worker.next_start:
                 worker.spawn(self.s.worker_argv, backend=f"ipc://{self._back_path}",
                              model_dir=self.model.folder, threads=self.s.threads,
-                             log_level=self.s.log_level,
+                             log_level=self.s.log_level, device_state=self.s.device_state,
                              log_file=self.s.logs_dir / f"{worker.name}.log")
         pids = {w.name: w.pid for w in self.workers if w.pid is not None}
         if self.s.publish_endpoint and pids != self._published:

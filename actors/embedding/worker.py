@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,7 @@ from loguru import logger
 
 from uniun.models.embedding import EmbeddingSession
 from uniun.protocol.codec import Limits, encode, try_decode
+from uniun.protocol.device_state import YieldGate
 from uniun.protocol.errors import ProtocolError
 
 EXIT_MODEL = 3
@@ -41,11 +43,18 @@ POLL_MS = 500  # how often an idle worker checks its stop flag and its parent, m
 
 
 def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads: int = 1,
-          parent_pid: int | None = None, stop: threading.Event | None = None) -> int:
-    """Load the model, say ``ready``, then answer ``work`` until told to stop."""
+          parent_pid: int | None = None, stop: threading.Event | None = None,
+          device_state: str = "", session: Any = None) -> int:
+    """Load the model, say ``ready``, then answer ``work`` until told to stop.
+
+    ``device_state``: the scheduler's device-state endpoint; while it says interactive
+    work is in flight no new batch starts (the request waits; its wait is reported in
+    the result as ``waited_s``). ``session``: an already loaded session (tests).
+    """
     stop = stop or threading.Event()
+    gate = YieldGate(device_state or None)
     try:
-        session = EmbeddingSession(model_dir, threads=threads)
+        session = session or EmbeddingSession(model_dir, threads=threads)
     except Exception as exc:  # noqa: BLE001 - any load failure ends this worker the same way
         logger.error("cannot load the embedding model from {}: {}", model_dir, exc)
         return EXIT_MODEL
@@ -54,6 +63,7 @@ def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads:
     sock.setsockopt(zmq.IDENTITY, identity)
     sock.setsockopt(zmq.LINGER, 1000)
     sock.connect(backend)
+    gate.wait_heard()  # start with the scheduler's current state, not a guess
     sock.send(encode({"type": "ready", "name": name, "pid": os.getpid(), "dim": session.dim},
                      INTERNAL_LIMITS))
     logger.info("ready (dim {}, {} thread(s))", session.dim, threads)
@@ -68,22 +78,30 @@ def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads:
             if isinstance(msg, ProtocolError) or msg.get("type") != "work":
                 logger.error("ignoring a malformed message from the pool: {}", msg)
                 continue
-            sock.send(_answer(session, msg))
+            sock.send(_answer(session, msg, lambda: gate.wait_turn(stop)))
     finally:
+        gate.close()
         sock.close(linger=1000)
     return 0
 
 
-def _answer(session: EmbeddingSession, msg: dict[str, Any]) -> bytes:
+def _answer(session: EmbeddingSession, msg: dict[str, Any],
+            wait_turn: Callable[[], float] = lambda: 0.0) -> bytes:
     """Embed one ``work`` message; an exception becomes a ``failed`` reply, not a crash."""
     rid = msg.get("rid")
     texts = msg.get("texts")
+    waited = [0.0]
+
+    def before_batch() -> None:
+        waited[0] += wait_turn()
+
     try:
         if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
             raise ValueError("work.texts must be a list of strings")
-        vectors = session.embed(texts)
+        vectors = session.embed(texts, before_batch)
         return encode({"type": "result", "rid": rid, "dim": int(vectors.shape[1]),
-                       "data": vectors.astype("<f4", copy=False).tobytes()}, INTERNAL_LIMITS)
+                       "data": vectors.astype("<f4", copy=False).tobytes(),
+                       "waited_s": waited[0]}, INTERNAL_LIMITS)
     except Exception as exc:  # noqa: BLE001 - reported to the pool as a value, not a crash
         logger.exception("request {} failed", rid)
         return encode({"type": "failed", "rid": rid,

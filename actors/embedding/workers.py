@@ -50,7 +50,7 @@ class WorkerProcess:
         return self.proc.pid if self.proc is not None else None
 
     def spawn(self, argv: tuple[str, ...], *, backend: str, model_dir: Path, threads: int,
-              log_level: str, log_file: Path) -> None:
+              log_level: str, log_file: Path, device_state: str = "") -> None:
         """Start a new incarnation (``argv`` runs one worker process); it says ``ready`` on
         ``backend`` once loaded."""
         self.generation += 1
@@ -60,6 +60,8 @@ class WorkerProcess:
                "--model-dir", str(model_dir), "--threads", str(threads),
                "--parent-pid", str(os.getpid()), "--log-level", log_level,
                "--log-file", str(log_file)]
+        if device_state:
+            cmd += ["--device-state", device_state]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
         self.state = "starting"
         logger.info("started {} (pid {}, generation {})", self.name, self.proc.pid,

@@ -61,6 +61,8 @@ class PolicyBase(ABC):
         self.lifecycle = "foreground"
         self.swaps = 0
         self.preemptions = 0
+        # Live jobs per (kind, foreground_hint): interactive() in O(1) under any backlog.
+        self._kinds: dict[tuple[str, bool], int] = {}
 
     # --- the subclass's part ---------------------------------------------------------------
     @abstractmethod
@@ -131,6 +133,8 @@ class PolicyBase(ABC):
         job = PolicyJob(spec=spec, arrival=now if arrival is None else float(arrival),
                         deadline_at=deadline_at, key=0, waiting_since=now)
         self._jobs[spec.job_id] = job
+        key = (spec.kind, bool(spec.foreground_hint))
+        self._kinds[key] = self._kinds.get(key, 0) + 1
         self._arrived(job, now)
         self._enqueue(job, front=False)
         return self.tier(job, now)
@@ -269,6 +273,21 @@ class PolicyBase(ABC):
     def running(self) -> PolicyJob | None:
         return self._running
 
+    def interactive(self) -> bool:
+        """Is interactive work (a T0 chat or a T1 foreground job) running or waiting?
+
+        What the scheduler publishes to the processes that compute outside the runner
+        (docs/device.md): while it is true they start no new batch.
+        """
+        kinds, chat, fg = self._kinds, self.config.chat_kind, self.foreground
+        if kinds.get((chat, False)) or kinds.get((chat, True)):
+            return True
+        if fg is None:
+            return False
+        if fg == self.config.extract_kind:  # extract is T1 only with the hint
+            return bool(kinds.get((fg, True)))
+        return bool(kinds.get((fg, False)) or kinds.get((fg, True)))
+
     def live_count(self) -> int:
         return len(self._jobs)
 
@@ -313,6 +332,12 @@ class PolicyBase(ABC):
 
     def _end(self, job: PolicyJob, now: float) -> None:
         del self._jobs[job.job_id]
+        key = (job.kind, bool(job.spec.foreground_hint))
+        left = self._kinds.get(key, 0) - 1
+        if left > 0:
+            self._kinds[key] = left
+        else:
+            self._kinds.pop(key, None)
         self._ended(job, now)
 
 

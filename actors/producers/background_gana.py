@@ -19,6 +19,8 @@ Theory of operation:
 - A run in progress when the app returns to foreground finishes (bounded by its
   ``max_new_tokens``); no new fire starts. On SIGTERM the run stops at the next token and
   its lease is released at once, so the fire is re-run elsewhere, not lost.
+- While the scheduler says interactive work is in flight (``protocol/device_state.py``,
+  docs/device.md) no new token step starts: the run waits and goes on when it ends.
 - The model is loaded on the first background fire and unloaded once back in
   foreground, so the process costs no model memory while the scheduler's runner works.
 """
@@ -102,8 +104,10 @@ class BackgroundGana:
 
     def __init__(self, settings: BackgroundSettings, store: ResultsStore,
                  lifecycle: LifecycleWatch, sessions: SessionCache, *,
-                 stopping: Callable[[], bool] = lambda: False, now: float = 0.0) -> None:
+                 stopping: Callable[[], bool] = lambda: False, now: float = 0.0,
+                 interactive: Callable[[], bool] = lambda: False) -> None:
         self.settings = settings
+        self.interactive = interactive  # YieldGate.interactive of the device state
         self.store = store
         self.lifecycle = lifecycle
         self.sessions = sessions
@@ -157,11 +161,13 @@ class BackgroundGana:
         log.info("running Gana {} in the background on {}", gana.id, model_id)
         ttft: float | None = None
         renew_at = started + self.settings.lease_s / 3
+        waited = 0.0
         while not gen.finished:
             if self.stopping():
                 log.info("stopping mid-run; releasing the fire for adoption")
                 renew_lease(self.store, fire.job_id, -1.0)
                 return
+            waited += self._yield()
             session.step(gen)
             if ttft is None:
                 ttft = time.time() - started
@@ -174,8 +180,18 @@ class BackgroundGana:
             "finish_reason": gen.finish_reason, "completion_tokens": len(gen.generated_ids),
             "queued_s": max(0.0, started - fire.slot), "ttft_s": ttft, "total_s": total,
             "preemptions": 0, "started_at": started})
-        log.info("Gana {} done in the background: {} tokens in {:.2f}s ({})", gana.id,
-                 len(gen.generated_ids), total, gen.finish_reason)
+        log.info("Gana {} done in the background: {} tokens in {:.2f}s ({}; {:.2f}s of it "
+                 "yielding to interactive work)", gana.id, len(gen.generated_ids), total,
+                 gen.finish_reason, waited)
+
+    def _yield(self) -> float:
+        """Wait while interactive work is in flight (the step in progress was the last)."""
+        if not self.interactive():
+            return 0.0
+        t0 = time.monotonic()
+        while self.interactive() and not self.stopping():
+            time.sleep(0.02)
+        return time.monotonic() - t0
 
     def close(self) -> None:
         self.sessions.unload()

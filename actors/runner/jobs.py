@@ -66,9 +66,10 @@ class RunnerJobs:
 
     def __init__(self, *, store: ModelStore, threads: int, parking: ParkingLot,
                  preload: str | None, report: Callable[[rp.Report], None],
-                 step_again: Callable[[], None]) -> None:
+                 step_again: Callable[[], None], spinning: bool = True) -> None:
         self._store = store
         self._threads = threads
+        self._spinning = spinning  # docs/device.md: part of the thread budget
         self._lot = parking
         self._preload = preload
         self._report = report
@@ -85,8 +86,22 @@ class RunnerJobs:
 
     def preload_model(self) -> None:
         """Load the chat model named at start, if any (a failure is logged, not reported)."""
-        if self._preload:
-            self.load(self._preload, report=False)
+        if self._preload and self.load(self._preload, report=False):
+            self._warm()
+
+    def _warm(self) -> None:
+        """One short generation before the Hello: the first chat must not pay for ONNX
+        Runtime's first-run allocations (issue 9, point 3: ready means answering)."""
+        t0 = time.perf_counter()
+        try:
+            gen = self.session.start(prompt="Hello", max_new_tokens=2,  # type: ignore[union-attr]
+                                     job_id="warm-up", use_prefix_cache=False)
+            while not gen.finished:
+                self.session.step(gen)  # type: ignore[union-attr]
+        except Exception:  # a model that cannot warm up still serves (or fails) jobs
+            logger.exception("warming the model up failed")
+            return
+        logger.info("model warmed up in {:.2f} s", time.perf_counter() - t0)
 
     @property
     def model_id(self) -> str | None:
@@ -135,7 +150,8 @@ class RunnerJobs:
                 self.session.unload()
                 self.session = None
             path = ensure_model(model_id, self._store)
-            self.session = DecoderSession.load(path, threads=self._threads, model_id=model_id)
+            self.session = DecoderSession.load(path, threads=self._threads, model_id=model_id,
+                                               spinning=self._spinning)
         except Exception as err:
             logger.exception("loading model {} failed", model_id)
             if report:

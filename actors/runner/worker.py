@@ -68,7 +68,7 @@ class RunnerWorker(pykka.ThreadingActor):
 
     def __init__(self, *, ctx: zmq.Context, endpoint: str, liveness: Liveness,
                  store: ModelStore, threads: int, parking: ParkingLot, spill_dir: Path,
-                 preload: str | None = None) -> None:
+                 preload: str | None = None, spinning: bool = True) -> None:
         super().__init__()
         self._ctx = ctx
         self._endpoint = endpoint
@@ -76,7 +76,7 @@ class RunnerWorker(pykka.ThreadingActor):
         self._spill_dir = spill_dir
         self._boot = rp.new_boot()
         self._jobs = RunnerJobs(store=store, threads=threads, parking=parking, preload=preload,
-                                report=self._report,
+                                report=self._report, spinning=spinning,
                                 step_again=lambda: self.actor_ref.tell(_Step()))
         self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
         self._beat_seq = 0  # pump thread increments; the actor reads it

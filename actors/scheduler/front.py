@@ -9,6 +9,14 @@ stopping) and tells the policy host the rest as a :class:`ClientRequest`. Replie
 job events come back as :class:`Outgoing` tells; the actor encodes them and pushes them
 to the pump through its own outbox socket.
 
+Batches (issue 9, point 4). The pump thread only appends raw frames to a queue; the
+actor drains it whole, decodes every frame (cheap), and keeps the decoded requests
+pending. It hands the host one :class:`ClientBatch` at a time, and the next only after
+the host said :class:`BatchDone`, so what waits, waits here, where the next batch is
+picked by ``inbox_order.take_batch``: control (chat and foreground submits, cancels,
+status, ...) before at most ``BATCH_BULK`` bulk submits, never reordering two requests
+of the same (connection, job). Full validation runs when a request is taken.
+
 Malformed input is answered when the sender can be addressed and never raises out of a
 handler (an exception in a ``tell`` handler would stop the actor, and with it the
 process). Frames between the protocol limit and the socket's hard cap get a
@@ -18,6 +26,8 @@ the only way to refuse a frame that big without reading it.
 
 from __future__ import annotations
 
+import threading
+from collections import deque
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +35,7 @@ import pykka
 import zmq
 from loguru import logger
 
+from uniun.actors.scheduler.inbox_order import Interactive, Pending, classify, take_batch
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 from uniun.models.convert.recipes import can_run_jobs
 from uniun.models.store import ModelStore
@@ -34,9 +45,11 @@ from uniun.protocol.codec import EncodeError, Limits, decode, encode
 from uniun.protocol.endpoints import remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
-__all__ = ["FrontActor", "ClientRequest", "ClientGone", "Outgoing", "OpenFront", "Stopping", "ModelIds"]
+__all__ = ["FrontActor", "ClientRequest", "ClientBatch", "BatchDone", "ClientGone",
+           "Outgoing", "OpenFront", "Stopping", "ModelIds"]
 
 SNDHWM = 50_000  # messages queued per client before further ones are dropped (not blocked)
+BATCH_BULK = 128  # bulk submits per batch: the longest a chat waits behind bulk in the host
 
 
 @dataclass(frozen=True)
@@ -58,6 +71,18 @@ class ClientRequest:
 
 
 @dataclass(frozen=True)
+class ClientBatch:
+    """Requests for the host, in the order to handle them (see the module docstring)."""
+
+    requests: list[ClientRequest]
+
+
+@dataclass(frozen=True)
+class BatchDone:
+    """From the host: the last batch is handled; send the next."""
+
+
+@dataclass(frozen=True)
 class ClientGone:
     """A client's connection is gone (a send to it found no route): stop sending to it."""
 
@@ -73,8 +98,8 @@ class Outgoing:
 
 
 @dataclass(frozen=True)
-class _Inbound:
-    frames: Frames
+class _Kick:
+    """Raw frames are waiting in the front's queue."""
 
 
 class ModelIds:
@@ -99,7 +124,8 @@ class FrontActor(pykka.ThreadingActor):
     """See the module docstring."""
 
     def __init__(self, *, endpoint: str, host: pykka.ActorRef, rules: rq.JobRules,
-                 limits: Limits, linger_ms: int, ctx: zmq.Context) -> None:
+                 limits: Limits, linger_ms: int, ctx: zmq.Context,
+                 interactive: Interactive | None = None) -> None:
         super().__init__()
         self._endpoint = endpoint
         self._host = host
@@ -111,6 +137,12 @@ class FrontActor(pykka.ThreadingActor):
         self._outbox: Outbox | None = None
         self._stopping = False
         self.bound = ""
+        self._interactive = interactive or Interactive()
+        self._raw: deque[Frames] = deque()  # appended by the pump thread
+        self._kick_lock = threading.Lock()
+        self._kicked = False
+        self._pending: list[Pending] = []
+        self._in_host = False  # a batch is with the host
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -127,7 +159,7 @@ class FrontActor(pykka.ThreadingActor):
 
     def _open(self) -> None:
         self._pump = SocketPump("front", self._ctx, self._make_socket,
-                                lambda frames: self.actor_ref.tell(_Inbound(frames)),
+                                self._arrived,
                                 on_unroutable=self._unroutable)
         self._pump.start()
         self._outbox = self._pump.outbox()
@@ -142,6 +174,15 @@ class FrontActor(pykka.ThreadingActor):
             self._pump.stop()
             remove_endpoint(only_if=self.bound)
 
+    def _arrived(self, frames: Frames) -> None:
+        """Pump thread: queue the frames; wake the actor once per drain, not per frame."""
+        self._raw.append(frames)
+        with self._kick_lock:
+            if self._kicked:
+                return
+            self._kicked = True
+        self.actor_ref.tell(_Kick())
+
     def _unroutable(self, frames: Frames, why: str) -> None:
         """Pump thread: a message to a client could not be sent."""
         logger.debug("message to a client dropped ({})", why)
@@ -151,8 +192,12 @@ class FrontActor(pykka.ThreadingActor):
     # ---- messages -------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
-        if isinstance(message, _Inbound):
-            self._on_inbound(message.frames)
+        if isinstance(message, _Kick):
+            self._drain_raw()
+            self._flush()
+        elif isinstance(message, BatchDone):
+            self._in_host = False
+            self._flush()
         elif isinstance(message, Outgoing):
             self._send(message.conn, message.msg)
         elif isinstance(message, OpenFront):
@@ -164,34 +209,60 @@ class FrontActor(pykka.ThreadingActor):
             logger.warning("front: unexpected message {!r}", type(message).__name__)
         return None
 
-    def _on_inbound(self, frames: Frames) -> None:
-        conn = frames[0]
-        if len(frames) != 2:
-            self._send(conn, m.reply_error(None, ProtocolError(
-                ErrorCode.BAD_ENVELOPE, "one message must be exactly one frame")))
-            return
-        try:
-            raw = decode(frames[1], self._limits)
-        except ProtocolError as err:
-            self._send(conn, m.reply_error(None, err))
-            return
+    def _drain_raw(self) -> None:
+        """Decode every queued frame into ``_pending`` (malformed ones answered now)."""
+        with self._kick_lock:
+            self._kicked = False  # frames appended from now on kick again
+        raw_queue = self._raw
+        while raw_queue:
+            frames = raw_queue.popleft()
+            conn = frames[0]
+            if len(frames) != 2:
+                self._send(conn, m.reply_error(None, ProtocolError(
+                    ErrorCode.BAD_ENVELOPE, "one message must be exactly one frame")))
+                continue
+            try:
+                raw = decode(frames[1], self._limits)
+            except ProtocolError as err:
+                self._send(conn, m.reply_error(None, err))
+                continue
+            if isinstance(raw, dict) and raw.get("type") == "ping":
+                self._validate(conn, raw)  # answered here and now, whatever the host does
+                continue
+            self._pending.append(classify(conn, raw, self._interactive))
+
+    def _flush(self) -> None:
+        """Give the host the next batch, unless it still has one."""
+        while self._pending and not self._in_host:
+            batch, self._pending = take_batch(self._pending, BATCH_BULK)
+            requests = [r for r in (self._validate(p.conn, p.raw) for p in batch) if r]
+            if requests:
+                self._host.tell(ClientBatch(requests))
+                self._in_host = True
+
+    def _validate(self, conn: bytes, raw: Any) -> ClientRequest | None:
+        """The request for the host, or None when it was answered here."""
         re_id = rq.reply_to(raw)
         try:
             request = rq.parse_request(raw, self._rules)
         except ProtocolError as err:
             self._send(conn, m.reply_error(re_id, err))
-            return
+            return None
         except Exception as err:  # a validation bug must not take the front down
             logger.exception("front: validating a request failed")
             self._send(conn, m.reply_error(re_id, ProtocolError(ErrorCode.INTERNAL, str(err))))
-            return
+            return None
         if isinstance(request, rq.Ping):
             self._send(conn, m.reply_pong(request.id))
         elif self._stopping and not isinstance(request, rq.StatusRequest):
             self._send(conn, m.reply_error(request.id, ProtocolError(
                 ErrorCode.SHUTTING_DOWN, "the scheduler is stopping; retry after it restarts")))
         else:
-            self._host.tell(ClientRequest(conn, request))
+            if isinstance(request, rq.Foreground):  # foreground submits are control now
+                self._interactive = Interactive(self._interactive.chat_kind, request.kind,
+                                                self._interactive.extract_kind)
+            return ClientRequest(conn, request)
+        return None
 
     def _send(self, conn: bytes, msg: dict[str, Any]) -> None:
         if self._outbox is None:

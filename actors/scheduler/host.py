@@ -7,6 +7,17 @@ order — journal writes committed first, then client messages told to the front
 runner commands told to the link — and the core's ``wake_at`` arms the one timer. Nothing
 here decides anything, blocks, or asks another actor.
 
+Two lanes (issue 9, point 4). Client requests come from the front a
+:class:`~uniun.actors.scheduler.front.ClientBatch` at a time (control first); their
+journal writes are committed in one transaction per chunk of ``CHUNK`` requests, and
+the host answers :class:`BatchDone` when it is through. The runner link does not tell
+the host directly: it tells a :class:`RunnerLane`, a FIFO the host drains before every
+input and between chunks of a batch, so a runner report (a chat's first token, a
+``paused`` that frees the runner for a chat) never waits behind a backlog of submits.
+
+After every input the host hands the policy's pure ``interactive()`` answer to the
+device-state publisher (``device_signal.py``), if there is one.
+
 A journal write that fails means the scheduler can no longer keep its promise (persist
 before acknowledging). For a submit, that is one refused job: the core forgets it and the
 client gets an error. For anything else the actor raises, which stops the process; the
@@ -17,6 +28,7 @@ replayed.
 from __future__ import annotations
 
 import threading
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -27,7 +39,13 @@ from loguru import logger
 from uniun.actors.observe import Observation
 from uniun.actors.scheduler.core import SchedulerCore
 from uniun.actors.scheduler.effects import KEEP_TIMER, Effects
-from uniun.actors.scheduler.front import ClientGone, ClientRequest, Outgoing
+from uniun.actors.scheduler.front import (
+    BatchDone,
+    ClientBatch,
+    ClientGone,
+    ClientRequest,
+    Outgoing,
+)
 from uniun.actors.scheduler.journal import Journal, JournalEntry
 from uniun.actors.scheduler.runner_link import (
     FromRunner,
@@ -38,7 +56,39 @@ from uniun.actors.scheduler.runner_link import (
 )
 from uniun.protocol import requests as rq
 
-__all__ = ["SchedulerHost", "Wire", "Replay", "Drain", "Quiet"]
+__all__ = ["SchedulerHost", "Wire", "Replay", "Drain", "Quiet", "RunnerLane"]
+
+CHUNK = 64  # requests of a batch between two looks at the runner lane
+
+
+class RunnerLane:
+    """What the runner link tells the host, in its own FIFO (see the module docstring).
+
+    Has the one method of an actor ref the link uses, ``tell``; it wakes the host with
+    one message per drain, not one per report.
+    """
+
+    def __init__(self) -> None:
+        self._queue: deque[Any] = deque()
+        self._lock = threading.Lock()
+        self._kicked = False
+        self.host: pykka.ActorRef | None = None
+
+    def tell(self, message: Any) -> None:
+        self._queue.append(message)
+        with self._lock:
+            if self._kicked or self.host is None:
+                return
+            self._kicked = True
+        self.host.tell(_LaneKick())
+
+    def take(self) -> list[Any]:
+        with self._lock:
+            self._kicked = False
+        out = []
+        while self._queue:
+            out.append(self._queue.popleft())
+        return out
 
 
 @dataclass(frozen=True)
@@ -71,13 +121,24 @@ class _Wake:
     pass
 
 
+@dataclass(frozen=True)
+class _LaneKick:
+    pass
+
+
 class SchedulerHost(pykka.ThreadingActor):
     """See the module docstring."""
 
     def __init__(self, *, core: SchedulerCore, journal: Journal,
                  clock: Callable[[], float],
-                 observe: Callable[[list[Observation]], None] | None = None) -> None:
+                 observe: Callable[[list[Observation]], None] | None = None,
+                 lane: RunnerLane | None = None,
+                 device: Callable[[bool], None] | None = None) -> None:
         super().__init__()
+        self._lane = lane
+        self._device = device  # DevicePublisher.set, or None (the yield signal is off)
+        if lane is not None:
+            lane.host = self.actor_ref
         self._core = core
         self._journal = journal
         self._observe = observe  # MetricSink.apply, or None (metrics off)
@@ -94,8 +155,21 @@ class SchedulerHost(pykka.ThreadingActor):
     # ---- dispatch -------------------------------------------------------------------
 
     def on_receive(self, message: Any) -> Any:
+        out = self._dispatch(message)
+        if self._device is not None:
+            self._device(self._core.policy.interactive())
+        return out
+
+    def _dispatch(self, message: Any) -> Any:
         core = self._core
-        if isinstance(message, ClientRequest):
+        self._drain_lane()
+        if isinstance(message, _LaneKick):
+            return None  # drained above
+        if isinstance(message, ClientBatch):
+            self._on_batch(message.requests)
+            assert self._front is not None, "Wire must come before traffic"
+            self._front.tell(BatchDone())
+        elif isinstance(message, ClientRequest):
             self._on_client(message)
         elif isinstance(message, FromRunner):
             self._apply(core.report(message.report))
@@ -125,6 +199,57 @@ class SchedulerHost(pykka.ThreadingActor):
             return None
         self._apply(core.pump())
         return None
+
+    def _drain_lane(self) -> None:
+        """Handle every runner message waiting in the lane (then pump once)."""
+        if self._lane is None:
+            return
+        messages = self._lane.take()
+        for message in messages:
+            self._dispatch_runner(message)
+        if messages:
+            self._apply(self._core.pump())
+
+    def _dispatch_runner(self, message: Any) -> None:
+        core = self._core
+        if isinstance(message, FromRunner):
+            self._apply(core.report(message.report))
+        elif isinstance(message, RunnerUp):
+            self._apply(core.runner_up(message.hello))
+        elif isinstance(message, RunnerDown):
+            self._apply(core.runner_down(message.reason))
+        elif isinstance(message, RunnerStats):
+            self._apply(core.runner_stats(message.count, message.nbytes, message.trimmed,
+                                          message.spilled))
+        else:
+            logger.warning("runner lane: unexpected message {!r}", type(message).__name__)
+
+    def _on_batch(self, requests: list[ClientRequest]) -> None:
+        """A batch in chunks: one journal transaction per chunk, the lane between."""
+        for start in range(0, len(requests), CHUNK):
+            if start:
+                self._drain_lane()
+            chunk = requests[start:start + CHUNK]
+            results = [(msg, self._core.request(msg.conn, msg.request)) for msg in chunk]
+            try:
+                self._journal.write([w for _, fx in results for w in fx.journal])
+            except Exception:
+                # One bad write must not refuse the others: redo them one by one.
+                results = [(msg, self._committed(msg, fx)) for msg, fx in results]
+            for _, fx in results:
+                self._send(fx)
+            if start + CHUNK < len(requests):
+                self._apply(self._core.pump())  # a chat first in the batch starts now
+
+    def _committed(self, msg: ClientRequest, fx: Effects) -> Effects:
+        try:
+            self._journal.write(fx.journal)
+        except Exception as err:
+            if not isinstance(msg.request, rq.Submit):
+                raise
+            return self._core.accept_failed(msg.request.job.job_id, msg.conn, msg.request.id,
+                                            repr(err))
+        return fx
 
     def _on_client(self, msg: ClientRequest) -> None:
         fx = self._core.request(msg.conn, msg.request)

@@ -28,6 +28,10 @@ def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
         running=running.summary() if running is not None else None,
         snapshots={"count": snapshots[0], "bytes": snapshots[1]},
         processes=procs,
-        runner={"up": runner is not None, "pid": runner.pid if runner else None},
+        # Ready: a chat sent now would be answered (the runner's Hello comes after its
+        # model is loaded and warmed, so up with a model means a token is a pass away).
+        runner={"up": runner is not None, "pid": runner.pid if runner else None,
+                "ready": runner is not None and policy.loaded_model is not None},
+        ready=runner is not None and policy.loaded_model is not None,
         jobs=len(jobs), queue_cap=queue_cap)
     return body

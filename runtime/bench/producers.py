@@ -10,6 +10,16 @@ Two runtimes, each over a temporary home with the shared model store:
   sent once the runner is busy with producer work.
 - ``flood``: the same, plus a thread flooding the embedding pool with requests the whole
   time (on this 2-core machine the pool's two workers compete with the runner for CPU).
+- ``embed``: scheduler, runner and the embedding pool, no producer and no chat: the
+  pool's throughput inside the runtime (its priority, thread budget and yield listener
+  included), 48 requests of 8 texts at once, as ``bench/embedding.py`` sends them.
+
+For ``producers`` and ``flood`` the pool's own counters say how many embedding requests
+waited for a chat to end (``yielded``), how long (total, mean, max), and how many were
+refused (``rejected_full``; the flood's own count of refusals beside it).
+
+``device``: extra TOML appended to every mode's config, e.g. ``"[device]\nyield_signal =
+false\n"`` to measure what one mechanism buys (docs/device.md).
 
 Per mode: client-side TTFT (submit sent -> first ``token``) median and 90th percentile,
 and for the loaded modes what the producers got done meanwhile. Results go to
@@ -40,6 +50,7 @@ WAIT_S = 300.0
 QUIET = ("[producers]\nextract = false\nnataraj = false\ngana = false\nbackground_gana = false\n"
          "[embed]\nenabled = false\n[http]\nport = 0\n")
 LOADED = "[embed]\nenabled = true\n[producers]\ndeck_low = 6\ndeck_high = 12\n[http]\nport = 0\n"
+EMBED_ONLY = QUIET.replace("[embed]\nenabled = false", "[embed]\nenabled = true\nqueue_bound = 64")
 
 
 def _start(home: Path, config: str) -> subprocess.Popen[bytes]:
@@ -93,11 +104,44 @@ def _flood(endpoint: str, stop: threading.Event, counts: dict[str, int]) -> None
                 counts["ok" if not isinstance(result, Exception) else "refused"] += 1
 
 
-def run_mode(mode: str, model: str, chats: int, log: Any) -> dict[str, Any]:
+def _embed_throughput(endpoint: str, *, requests: int = 48, per_request: int = 8
+                      ) -> dict[str, Any]:
+    """Texts/s of ``requests`` requests of ``per_request`` texts sent at once."""
+    from uniun.protocol.embed_client import EmbedClient
+    from uniun.runtime.bench.embedding import corpus
+
+    texts = corpus(requests * per_request)
+    batches = [texts[i::requests] for i in range(requests)]
+    with EmbedClient(endpoint, timeout=300) as pool:
+        _wait("the embedding workers", lambda: sum(
+            w.get("state") == "idle" for w in pool.status(timeout=10)["workers"]) >= 2)
+        pool.wait([pool.submit(texts[i:i + 4]) for i in range(4)])  # warm every worker
+        start = time.perf_counter()
+        replies = pool.wait([pool.submit(batch) for batch in batches])
+        wall = time.perf_counter() - start
+    refused = sum(isinstance(r, Exception) for r in replies.values())
+    return {"texts_per_s": len(texts) / wall, "texts": len(texts), "refused": refused}
+
+
+def _pool_waits(endpoint: str) -> dict[str, Any]:
+    """The pool's own count of requests that waited for interactive work, and how long."""
+    from uniun.protocol.embed_client import EmbedClient
+
+    with EmbedClient(endpoint, timeout=30) as pool:
+        st = pool.status(timeout=30)
+    n = st.get("yielded", 0)
+    return {"answered": st.get("answered"), "rejected_full": st.get("rejected_full"),
+            "waited": n, "wait_total_s": round(st.get("yield_wait_s", 0.0), 3),
+            "wait_mean_s": round(st.get("yield_wait_s", 0.0) / n, 4) if n else 0.0,
+            "wait_max_s": round(st.get("yield_wait_max_s", 0.0), 4)}
+
+
+def run_mode(mode: str, model: str, chats: int, log: Any, device: str = "") -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix=f"uniun-bench-{mode}-") as tmp:
         home = Path(tmp)
-        config = f'[models]\nchat_model = "{model}"\n' + (QUIET if mode == "idle" else LOADED)
-        if mode != "idle":
+        config = f'[models]\nchat_model = "{model}"\n' + (
+            QUIET if mode == "idle" else EMBED_ONLY if mode == "embed" else LOADED) + device
+        if mode in ("producers", "flood"):
             notes = home / "notes"
             notes.mkdir()
             for i in range(40):
@@ -107,7 +151,14 @@ def run_mode(mode: str, model: str, chats: int, log: Any) -> dict[str, Any]:
         flood_stop, counts = threading.Event(), {"ok": 0, "refused": 0}
         try:
             client = Client(f"ipc://{home / 'run' / 'front.sock'}", timeout=60)
-            _wait("the runtime", lambda: client.status(timeout=5)["runner"]["up"])
+            _wait("the runtime", lambda: client.status(timeout=5).get("ready"))
+            embed_ep = f"ipc://{home / 'run' / 'embed.sock'}"
+            if mode == "embed":
+                _wait("the embedding pool", lambda: (home / "run" / "embed.sock").exists())
+                result = _embed_throughput(embed_ep)
+                log(f"embed: {result['texts_per_s']:.1f} texts/s, no chat in flight")
+                client.close()
+                return result
             flood = None
             if mode == "flood":
                 flood = threading.Thread(target=_flood, daemon=True, args=(
@@ -136,6 +187,7 @@ def run_mode(mode: str, model: str, chats: int, log: Any) -> dict[str, Any]:
                         "gana_runs": len(store.gana_runs()),
                         "embed_flood_answered": counts["ok"],
                         "embed_flood_refused": counts["refused"]}
+                result["embed_waits"] = _pool_waits(embed_ep)
             client.close()
             return result
         finally:
@@ -147,14 +199,18 @@ def run_mode(mode: str, model: str, chats: int, log: Any) -> dict[str, Any]:
                 proc.kill()
 
 
-def run(model: str, chats: int, log: Callable[[str], None]) -> dict[str, Any]:
-    """All three modes and the loaded / idle ratios (what ``bench --producers`` adds)."""
-    modes = ("idle", "producers", "flood")
-    results: dict[str, Any] = {mode: run_mode(mode, model, chats, log) for mode in modes}
-    for mode in modes[1:]:
-        results[f"ratio_p50_{mode}"] = (results[mode]["ttft_p50_s"]
-                                        / results["idle"]["ttft_p50_s"])
+def run(model: str, chats: int, log: Callable[[str], None], *, device: str = "",
+        modes: tuple[str, ...] = ("idle", "producers", "flood", "embed")) -> dict[str, Any]:
+    """The modes and the loaded / idle ratios (part of the default ``bench``)."""
+    results: dict[str, Any] = {mode: run_mode(mode, model, chats, log, device)
+                               for mode in modes}
+    for mode in ("producers", "flood"):
+        if mode in results and "idle" in results:
+            results[f"ratio_p50_{mode}"] = (results[mode]["ttft_p50_s"]
+                                            / results["idle"]["ttft_p50_s"])
     results["model"] = model
+    if device:
+        results["device"] = device
     return results
 
 
@@ -163,12 +219,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--chats", type=int, default=7)
     parser.add_argument("--out", type=Path, default=Path("bench-results/producers.json"))
+    parser.add_argument("--device", default="", help="extra TOML for every mode, e.g. "
+                        "'[device]\\nyield_signal = false'")
+    parser.add_argument("--modes", default="idle,producers,flood,embed")
     args = parser.parse_args(argv)
 
     def log(line: str) -> None:
         print(line, file=sys.stderr, flush=True)
 
-    results = run(args.model, args.chats, log)
+    results = run(args.model, args.chats, log, device=args.device.replace("\\n", "\n"),
+                  modes=tuple(m for m in args.modes.split(",") if m))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n")
     print(json.dumps(results, indent=1))

@@ -19,6 +19,13 @@ from rich.table import Table
 from uniun.runtime.config import DEFAULT_CHAT_MODEL
 
 DEFAULT_OUT = Path("bench-results") / "bench.json"
+ABLATIONS = {  # one mechanism of docs/device.md off at a time
+    "no_yield_signal": "[device]\nyield_signal = false\n",
+    "no_os_priority": "[device]\nbackground_priority = \"none\"\n",
+    "no_thread_budget": "[device]\nthread_budget = false\n",
+    "none": "[device]\nyield_signal = false\nbackground_priority = \"none\"\n"
+            "thread_budget = false\n",
+}
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -45,8 +52,17 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-model-bench", action="store_true",
                         help="skip the model session benchmark")
     parser.add_argument("--producers", action="store_true",
-                        help="also measure chat TTFT with every producer busy, and with an "
-                             "embedding flood on top (three more runtimes; a few minutes)")
+                        help="(the default now; kept for old scripts)")
+    parser.add_argument("--no-producers", action="store_true",
+                        help="skip chat TTFT with every producer busy / with an embedding "
+                             "flood on top, and the pool's throughput in the runtime (four "
+                             "more runtimes; a few minutes)")
+    parser.add_argument("--burst", type=int, default=10_000, metavar="N",
+                        help="chat TTFT during a burst of N small submits from a raw "
+                             "protocol client (default 10000; 0 skips)")
+    parser.add_argument("--ablations", action="store_true",
+                        help="also rerun the producer modes with each [device] mechanism "
+                             "off in turn (yield signal, OS priority, thread budget)")
     parser.add_argument("--home", type=Path, default=None,
                         help="home for the benchmark runtimes (default: a new temp dir)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
@@ -83,11 +99,20 @@ def run(args: argparse.Namespace) -> int:
             result["observability_overhead"] = run_overhead(
                 model=args.model, base=base, reps=args.overhead_reps,
                 log=lambda msg: print(msg, file=sys.stderr))
-        if args.producers:
+        log = lambda msg: print(msg, file=sys.stderr)  # noqa: E731
+        if not args.no_producers:
             from uniun.runtime.bench.producers import run as run_producers
 
-            result["producers"] = run_producers(args.model, args.reps,
-                                                lambda msg: print(msg, file=sys.stderr))
+            result["producers"] = run_producers(args.model, args.reps, log)
+            if args.ablations:
+                result["ablations"] = {
+                    name: run_producers(args.model, args.reps, log, device=toml,
+                                        modes=("idle", "producers", "flood"))
+                    for name, toml in ABLATIONS.items()}
+        if args.burst > 0:
+            from uniun.runtime.bench.burst import run as run_burst
+
+            result["burst"] = run_burst(args.model, args.burst, args.reps, log)
     except RuntimeError as err:
         print(f"uniun-runtime: bench failed: {err}", file=sys.stderr)
         return 1
@@ -142,6 +167,23 @@ def table(result: dict[str, Any]) -> Table:
             label = "all producers" if mode == "producers" else "producers + embed flood"
             out.add_row(f"chat TTFT, {label} busy", f"{producers[mode]['ttft_p50_s']:.3f} s "
                         f"({producers[f'ratio_p50_{mode}']:.2f}x idle)")
+    for mode in ("producers", "flood"):
+        waits = (producers.get(mode) or {}).get("embed_waits")
+        if waits:
+            out.add_row(f"embed requests waiting for a chat ({mode})",
+                        f"{waits['waited']} (mean {waits['wait_mean_s']:.3f} s, max "
+                        f"{waits['wait_max_s']:.3f} s), refused {waits['rejected_full']}")
+    if "embed" in producers:
+        out.add_row("embedding texts/s in the runtime, no chat",
+                    f"{producers['embed']['texts_per_s']:.1f}")
+    burst = result.get("burst") or {}
+    if burst:
+        out.add_row(f"chat TTFT during a burst of {burst['submits']} submits",
+                    f"p50 {burst['burst_ttft_p50_s']:.3f} s, max {burst['burst_ttft_max_s']:.3f} s"
+                    f" (idle {burst['idle_ttft_p50_s']:.3f} s)")
+    for name, abl in (result.get("ablations") or {}).items():
+        out.add_row(f"ablation {name}: producers / flood TTFT",
+                    f"{abl['ratio_p50_producers']:.2f}x / {abl['ratio_p50_flood']:.2f}x idle")
     embed = result.get("embed_bench") or {}
     if "pool_texts_per_s" in embed:
         out.add_row("embedding pool of 2: texts/s", f"{embed['pool_texts_per_s']:.1f}")

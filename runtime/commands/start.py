@@ -180,7 +180,8 @@ def _detach(args: argparse.Namespace, config: RuntimeConfig, children: list[str]
             return code or 1
         state = read_state(config.run_dir)
         if state and state.get("pid") == daemon.pid and state.get("state") == "running":
-            if "scheduler" not in children or _pings(config.front.endpoint):
+            if "scheduler" not in children or _ready(config.front.endpoint,
+                                                     "runner" in children):
                 print(f"uniun: runtime running (supervisor pid {daemon.pid}, policy "
                       f"{config.policy.name}, front {config.front.endpoint}); logs in "
                       f"{config.logs_dir}; stop it with: uniun-runtime stop")
@@ -192,6 +193,20 @@ def _detach(args: argparse.Namespace, config: RuntimeConfig, children: list[str]
           file=sys.stderr)
     daemon.returncode = 0
     return 1
+
+
+def _ready(endpoint: str, with_runner: bool) -> bool:
+    """The front answers, and (with a runner) ``status`` says a chat would be answered
+    now: the runner said Hello after loading and warming its model (issue 9)."""
+    if not with_runner:
+        return _pings(endpoint)
+    from uniun.protocol.client import Client
+    try:
+        with Client(endpoint, timeout=2.0, reconnect=False) as client:
+            return bool(client.status(timeout=2.0).get("ready"))
+    except Exception as err:  # not up yet: any failure means "try again"
+        logger.debug("runtime not ready yet: {}", err)
+        return False
 
 
 def _pings(endpoint: str) -> bool:

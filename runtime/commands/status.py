@@ -54,8 +54,10 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     shown = ("http", "policy", "lifecycle", "foreground", "loaded_model", "running", "queues",
-             "vruntime", "t2_share", "snapshots", "processes")
+             "vruntime", "t2_share", "snapshots", "processes", "ready", "process_info")
     table.add_row("front", endpoint)
+    table.add_row("ready", "yes: a chat is answered now" if status.get("ready")
+                  else "no: the runner is not up with a model yet")
     table.add_row("http", _text(status.get("http")) if status.get("http") else "off")
     table.add_row("policy", _text(status.get("policy")))
     table.add_row("lifecycle", _text(status.get("lifecycle")))
@@ -68,10 +70,22 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     share = status.get("t2_share")
     table.add_row("T2 share", f"{share:.0%}" if isinstance(share, (int, float)) else "-")
     table.add_row("snapshots", _snapshots(status.get("snapshots")))
-    table.add_row("processes", _mapping(status.get("processes"), fmt="pid {}"))
+    table.add_row("processes", _processes(status))
     for key in sorted(set(status) - set(shown)):
         table.add_row(key, _text(status[key]))
     return table
+
+
+def _processes(status: dict[str, Any]) -> str:
+    """``name pid N (priority)`` per process: the CPU priority is docs/device.md's."""
+    info = status.get("process_info") or {}
+    procs = status.get("processes") or {}
+    if not isinstance(procs, dict) or not procs:
+        return "-"
+    return ", ".join(f"{name} pid {pid}" + (f" ({info[name]['priority']})"
+                                             if isinstance(info.get(name), dict)
+                                             and info[name].get("priority") else "")
+                     for name, pid in sorted(procs.items()))
 
 
 def _http_endpoint() -> str | None:

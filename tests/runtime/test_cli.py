@@ -151,6 +151,7 @@ def test_bench_writes_its_results(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = cli("bench", "--model", "tiny-1", "--reps", "1", "--bg-tokens", "24",
                  "--policies", "uniun", "--restart-reps", "1", "--no-model-bench",
+                 "--no-producers", "--burst", "300",
                  "--home", str(tmp_path / "b"), "--out", str(out), home=tmp_path)
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
@@ -162,6 +163,7 @@ def test_bench_writes_its_results(tmp_path: Path) -> None:
     assert data["policy_decision"]["dispatch"]["n"] > 0
     assert data["http"]["ttft_http_s"] > 0 and data["ratios"]["http_over_zmq_idle"] > 0
     assert "chat TTFT idle" in result.stdout
+    assert data["burst"]["submits"] == 300 and data["burst"]["burst_ttft_p50_s"] > 0
 
 
 def stat_mode(path: Path) -> int:

@@ -81,6 +81,8 @@ def test_sigkilled_worker_is_restarted_and_its_request_rerun(pool, session) -> N
     _assert_same(replies[big_id], session.embed(big))
     for batch, msg_id in zip(small, small_ids):
         _assert_same(replies[msg_id], session.embed(batch))
+    # The other worker may have answered everything before the new one has loaded.
+    after = pool.wait_ready()
     slot = next(w for w in after["workers"] if w["name"] == victim["name"])
     assert slot["pid"] != victim["pid"] and slot["state"] in ("idle", "busy")
     old = next(w for w in before["workers"] if w["name"] == victim["name"])
