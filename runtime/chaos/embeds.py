@@ -49,7 +49,7 @@ class EmbedLoad(threading.Thread):
         self.every_s, self.give_up_s = every_s, give_up_s
         self.stats = EmbedStats()
         self._refs: dict[str, np.ndarray] = {}
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     def calibrate(self, timeout_s: float = 120.0) -> None:
         """The fault-free vectors of every text (waits for a pool to answer)."""
@@ -67,7 +67,7 @@ class EmbedLoad(threading.Thread):
 
     def run(self) -> None:
         client: EmbedClient | None = None
-        while not self._stop.wait(self.every_s):
+        while not self._halt.wait(self.every_s):
             texts = self.rng.sample(TEXTS, self.rng.randint(1, 3))
             self.stats.requests += 1
             deadline = time.monotonic() + self.give_up_s
@@ -83,7 +83,7 @@ class EmbedLoad(threading.Thread):
                     if client is not None:
                         client.close()
                         client = None
-                    if self._stop.is_set():  # the run ended meanwhile: not a verdict
+                    if self._halt.is_set():  # the run ended meanwhile: not a verdict
                         self.stats.requests -= 1
                         rows = None
                         break
@@ -103,6 +103,6 @@ class EmbedLoad(threading.Thread):
             client.close()
 
     def finish(self, timeout_s: float = 90.0) -> EmbedStats:
-        self._stop.set()
+        self._halt.set()
         self.join(timeout_s)
         return self.stats

@@ -84,8 +84,9 @@ class FaultInjector:
     (passed in as ``leave``: it returns a note, or raises)."""
 
     def __init__(self, run_dir: Path, rng: random.Random, leave: Callable[[], str], *,
-                 recover_timeout_s: float = 60.0) -> None:
+                 recover_timeout_s: float = 60.0, only: tuple[str, ...] = ()) -> None:
         self.run_dir, self.rng, self.leave = run_dir, rng, leave
+        self.only = only  # restrict the draw to these kinds (empty: all available)
         self.recover_timeout_s = recover_timeout_s
         self.faults: list[Fault] = []
         self.current: Fault | None = None
@@ -98,7 +99,10 @@ class FaultInjector:
         state = read_state(self.run_dir) or {}
         workers = read_pids(self.run_dir)
         kinds = available_kinds(state, workers)
-        names = sorted(kinds)
+        names = sorted(k for k in kinds if not self.only or k in self.only)
+        if not names:
+            raise RuntimeError(f"none of the fault kinds {self.only} is possible here "
+                               f"(possible: {', '.join(sorted(kinds))})")
         kind = self.rng.choices(names, weights=[kinds[n] for n in names])[0]
         children = state.get("children") or {}
         action, _, target = kind.partition(":")

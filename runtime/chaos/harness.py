@@ -51,6 +51,7 @@ class ChaosOptions:
     recover_timeout_s: float = 60.0
     fuzz_frames: int = 0  # hostile frames after the faults (runtime/chaos/fuzz.py)
     extra_config: str = ""  # more TOML for the own runtime (tests: fault hooks)
+    kinds: tuple[str, ...] = ()  # draw only these fault kinds (empty: every possible one)
 
 
 def run_chaos(opts: ChaosOptions, log: Log = lambda _: None) -> dict[str, Any]:
@@ -92,7 +93,7 @@ def _run(opts: ChaosOptions, run_dir: Path, own: OwnRuntime | None, log: Log) ->
     wire = ChaosWire(endpoint, ledger, clock)
     workload = Workload(wire, rng, opts.workload, f"{run_id}-w")
     injector = FaultInjector(run_dir, rng, workload.disconnecting_client,
-                             recover_timeout_s=opts.recover_timeout_s)
+                             recover_timeout_s=opts.recover_timeout_s, only=opts.kinds)
     interval = opts.duration_s / max(1, opts.kills)
     log(f"fault phase: {opts.kills} faults, about {interval:.1f} s apart (seed {opts.seed})")
     if embeds is not None:

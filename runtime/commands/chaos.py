@@ -45,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="background jobs kept in flight (default 3)")
     parser.add_argument("--bg-tokens", type=int, default=300,
                         help="max_new_tokens of a background job (default 300)")
+    parser.add_argument("--kinds", default="",
+                        help="comma-separated fault kinds to draw from, e.g. "
+                             "kill:runner,kill:scheduler,stop:runner,disconnect (default: "
+                             "every kind the runtime's processes allow)")
     parser.add_argument("--no-embeds", action="store_true",
                         help="no embedding requests (and no embedding reference)")
     parser.add_argument("--fuzz-frames", type=int, default=0, metavar="N",
@@ -65,7 +69,8 @@ def run(args: argparse.Namespace) -> int:
         kills=args.kills, seed=args.seed, home=args.home, model=args.model,
         duration_s=args.duration if args.duration is not None else 8.0 * args.kills,
         workload=WorkloadSettings(background=args.background, bg_tokens=args.bg_tokens),
-        embeds=not args.no_embeds, fuzz_frames=args.fuzz_frames)
+        embeds=not args.no_embeds, fuzz_frames=args.fuzz_frames,
+        kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
     log = (lambda line: print(line, file=sys.stderr, flush=True))
     try:
         verdict = run_chaos(opts, log)
