@@ -29,5 +29,6 @@ def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
         snapshots={"count": snapshots[0], "bytes": snapshots[1]},
         processes=procs,
         runner={"up": runner is not None, "pid": runner.pid if runner else None},
-        jobs=len(jobs), queue_cap=queue_cap)
+        jobs=len(jobs), queue_cap=queue_cap,
+        poisoned=jobs.poisoned())  # extension: dead-lettered jobs (docs/protocol.md)
     return body

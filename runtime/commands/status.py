@@ -54,7 +54,7 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     shown = ("http", "policy", "lifecycle", "foreground", "loaded_model", "running", "queues",
-             "vruntime", "t2_share", "snapshots", "processes")
+             "vruntime", "t2_share", "snapshots", "processes", "poisoned")
     table.add_row("front", endpoint)
     table.add_row("http", _text(status.get("http")) if status.get("http") else "off")
     table.add_row("policy", _text(status.get("policy")))
@@ -69,6 +69,7 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table.add_row("T2 share", f"{share:.0%}" if isinstance(share, (int, float)) else "-")
     table.add_row("snapshots", _snapshots(status.get("snapshots")))
     table.add_row("processes", _mapping(status.get("processes"), fmt="pid {}"))
+    table.add_row("poisoned", _poisoned(status.get("poisoned")))
     for key in sorted(set(status) - set(shown)):
         table.add_row(key, _text(status[key]))
     return table
@@ -128,6 +129,16 @@ def _mapping(value: Any, *, fmt: str) -> str:
         except (ValueError, TypeError):
             out.append(f"{key}: {item}")
     return "\n".join(out)
+
+
+def _poisoned(value: Any) -> str:
+    """Dead-lettered jobs (error ``poisoned``): each killed the runner 3 times in a row."""
+    if not isinstance(value, list):
+        return _text(value) if value is not None else "none"
+    if not value:
+        return "none"
+    return "\n".join(f"{p.get('job_id')} ({p.get('kind')})" if isinstance(p, dict)
+                     else _text(p) for p in value)
 
 
 def _snapshots(value: Any) -> str:
