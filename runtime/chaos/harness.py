@@ -52,6 +52,7 @@ class ChaosOptions:
     fuzz_frames: int = 0  # hostile frames after the faults (runtime/chaos/fuzz.py)
     extra_config: str = ""  # more TOML for the own runtime (tests: fault hooks)
     kinds: tuple[str, ...] = ()  # draw only these fault kinds (empty: every possible one)
+    children: tuple[str, ...] = ()  # the own runtime runs only these (empty: every one)
 
 
 def run_chaos(opts: ChaosOptions, log: Log = lambda _: None) -> dict[str, Any]:
@@ -60,7 +61,7 @@ def run_chaos(opts: ChaosOptions, log: Log = lambda _: None) -> dict[str, Any]:
         return _run(opts, opts.home / "run", None, log)
     with tempfile.TemporaryDirectory(prefix="uc-") as tmp:  # short: ipc paths are short
         log(f"starting a runtime of its own in {tmp} (model {opts.model})")
-        with OwnRuntime(Path(tmp), opts.model, opts.extra_config) as rt:
+        with OwnRuntime(Path(tmp), opts.model, opts.extra_config, opts.children) as rt:
             return _run(opts, rt.run_dir, rt, log)
 
 

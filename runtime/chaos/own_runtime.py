@@ -36,8 +36,10 @@ def own_config(model: str, extra: str = "") -> str:
 class OwnRuntime:
     """Start on ``__enter__`` (waits until running), SIGTERM on ``__exit__``."""
 
-    def __init__(self, home: Path, model: str, extra_config: str = "") -> None:
+    def __init__(self, home: Path, model: str, extra_config: str = "",
+                 children: tuple[str, ...] = ()) -> None:
         self.home, self.model = home, model
+        self.children = children  # only these processes (UNIUN_CHILDREN); empty: all
         self.config = home / "chaos.toml"
         self.extra = extra_config
         self.proc: subprocess.Popen[bytes] | None = None
@@ -52,6 +54,8 @@ class OwnRuntime:
         env = dict(os.environ, UNIUN_HOME=str(self.home))
         for key in ("UNIUN_CONFIG", "UNIUN_CHILDREN"):
             env.pop(key, None)
+        if self.children:
+            env["UNIUN_CHILDREN"] = ",".join(self.children)
         with open(self.home / "start.out", "ab") as out:
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "uniun.runtime", "start", "--config", str(self.config)],
