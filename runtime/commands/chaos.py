@@ -49,6 +49,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="comma-separated fault kinds to draw from, e.g. "
                              "kill:runner,kill:scheduler,stop:runner,disconnect (default: "
                              "every kind the runtime's processes allow)")
+    parser.add_argument("--processes", default="",
+                        help="its own runtime runs only these processes, e.g. "
+                             "scheduler,runner (default: every one)")
     parser.add_argument("--no-embeds", action="store_true",
                         help="no embedding requests (and no embedding reference)")
     parser.add_argument("--fuzz-frames", type=int, default=0, metavar="N",
@@ -70,7 +73,8 @@ def run(args: argparse.Namespace) -> int:
         duration_s=args.duration if args.duration is not None else 8.0 * args.kills,
         workload=WorkloadSettings(background=args.background, bg_tokens=args.bg_tokens),
         embeds=not args.no_embeds, fuzz_frames=args.fuzz_frames,
-        kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()))
+        kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
+        children=tuple(p.strip() for p in args.processes.split(",") if p.strip()))
     log = (lambda line: print(line, file=sys.stderr, flush=True))
     try:
         verdict = run_chaos(opts, log)
