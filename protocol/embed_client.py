@@ -12,8 +12,11 @@ Theory of operation:
   collects replies for several ids (routed by ``re``); :meth:`embed` is the two in one.
   Replies are ``np.ndarray`` rows, or a :class:`~uniun.protocol.client.ClientError`
   value (``queue_full`` is retryable) -- :meth:`embed` raises it instead.
-- No pool: a missing ipc socket file fails at once with :class:`EmbedUnavailable`; a
-  pool that does not complete the ZMTP handshake within ``connect_timeout`` likewise.
+- No pool: a missing ipc socket file fails at once with :class:`EmbedUnavailable`, and
+  so does a socket file nobody listens on (a SIGKILLed pool leaves its file behind; a
+  plain ``connect`` to it is refused at once, so the client need not wait out
+  ``connect_timeout`` to learn it); a pool that does not complete the ZMTP handshake
+  within ``connect_timeout`` likewise.
 - The pool restarted (a socket monitor saw the connection drop): requests still waiting
   are sent again on a fresh socket once a pool is back. Embedding is a pure function of
   the texts, so a repeat is harmless; a reply to the first send is simply unmatched.
@@ -21,6 +24,7 @@ Theory of operation:
 
 from __future__ import annotations
 
+import socket
 import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -125,8 +129,14 @@ class EmbedClient(DealerConnection):
             raise RuntimeError("client is closed")
         if self._connected:
             return
-        if self.endpoint.startswith("ipc://") and not Path(self.endpoint[6:]).exists():
-            raise EmbedUnavailable(_no_pool(self.endpoint))
+        if self.endpoint.startswith("ipc://"):
+            path = self.endpoint[6:]
+            if not path.startswith("@") and not Path(path).exists():
+                raise EmbedUnavailable(_no_pool(self.endpoint))
+            if not _listening(path):
+                raise EmbedUnavailable(f"the socket file {path} is stale: nothing listens on "
+                                       f"it (a pool that was killed leaves it behind); "
+                                       + _no_pool(self.endpoint))
         deadline = time.monotonic() + self.connect_timeout
         while not self._connected:
             left = deadline - time.monotonic()
@@ -178,6 +188,23 @@ def _result(reply: dict[str, Any]) -> np.ndarray | ClientError:
         return ClientError.from_msg(reply)
     dim, vectors = reply["dim"], reply["vectors"]
     return np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim).copy()
+
+
+def _listening(path: str) -> bool:
+    """Whether a process accepts connections on the unix socket ``path``: False for a
+    stale file (``ECONNREFUSED``), True otherwise (a full backlog, a permission problem:
+    let ZeroMQ find out)."""
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    probe.settimeout(1.0)
+    try:
+        probe.connect("\0" + path[1:] if path.startswith("@") else path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        return False
+    except OSError:
+        return True
+    finally:
+        probe.close()
+    return True
 
 
 def _no_pool(endpoint: str) -> str:

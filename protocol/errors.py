@@ -26,6 +26,9 @@ class ErrorCode(str, Enum):
     RUNNER_FAILED = "runner_failed"
     SHUTTING_DOWN = "shutting_down"
     INTERNAL = "internal"
+    # Extension of v1 (docs/protocol.md): a job that was running at three consecutive
+    # runner deaths is dead-lettered instead of crashing the next runner too.
+    POISONED = "poisoned"
 
 
 # Whether a client may sensibly send the same thing again later, by code.

@@ -133,6 +133,11 @@ class SupervisorConfig:
     # Seconds; default 60.
     restart_window_s: float = field(default=60.0, metadata=_doc(
         "window of max_restarts, seconds (default 60)"))
+    # Seconds; default 5.0. A child that beat this long before failing was healthy: its
+    # restart is immediate. Shorter lives are a crash loop and back off 0.25 s .. 2 s.
+    healthy_after_s: float = field(default=5.0, metadata=_doc(
+        "a child up this long before it failed is restarted at once; shorter lives are a "
+        "crash loop and back off 0.25, 0.5, 1, 2 s (default 5.0)"))
     # Seconds; default 5.
     stop_grace_s: float = field(default=5.0, metadata=_doc(
         "seconds a child gets to exit after SIGTERM before SIGKILL (default 5)"))

@@ -11,7 +11,10 @@ new runner what was in flight.
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import zmq
@@ -25,7 +28,12 @@ from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir
 
-__all__ = ["main", "spill_dir"]
+__all__ = ["main", "spill_dir", "crash_hook", "CRASH_MARKER_ENV"]
+
+# Test fault hook: a runner started with this variable set kills itself (SIGKILL, as a
+# segfault in native code would) when a job whose input contains the value starts. Only
+# test runtimes set it (tests/, `uniun-runtime chaos`); it is not a config key on purpose.
+CRASH_MARKER_ENV = "UNIUN_TEST_CRASH_MARKER"
 
 
 def spill_dir(config: RuntimeConfig) -> Path:
@@ -40,6 +48,16 @@ def _preload_model(config: RuntimeConfig, store: ModelStore) -> str | None:
         return model if store.has(model) else None
     except Exception:  # a broken store must not stop the runner; loads will report it
         return None
+
+
+def crash_hook(marker: str) -> Callable[[rp.Start], None]:
+    """The ``before_start`` hook of :data:`CRASH_MARKER_ENV`: die on a marked job."""
+    def check(cmd: rp.Start) -> None:
+        text = (cmd.prompt or "") + "".join(c for _, c in cmd.messages or ())
+        if marker in text:
+            logger.bind(job=cmd.job_id).error("test crash marker in the input; dying")
+            os.kill(os.getpid(), signal.SIGKILL)
+    return check
 
 
 def main(config: RuntimeConfig) -> int:
@@ -58,7 +76,9 @@ def main(config: RuntimeConfig) -> int:
     worker = RunnerWorker.start(
         ctx=ctx, endpoint=rp.runner_endpoint(), liveness=config.supervisor.liveness,
         store=store, threads=budget.runner_threads, parking=lot, spill_dir=spill,
-        preload=_preload_model(config, store), spinning=budget.runner_spinning)
+        preload=_preload_model(config, store), spinning=budget.runner_spinning,
+        before_start=crash_hook(marker) if (marker := os.environ.get(CRASH_MARKER_ENV))
+        else None)
     rc = 0
     try:
         while not stop.wait(0.5) and not process.STOPPING.is_set():

@@ -17,7 +17,9 @@ must not return it) but keeps its extracted knowledge (history).
 ``uniun-runtime open-note`` supersedes a queued extraction of the opened note with a
 ``foreground_hint`` job of its own (``runtime.commands.open_note``); the producer sees
 the superseded job's ``cancelled`` and leaves it alone. The command follows and stores
-its job itself; if it is killed, the producer adopts the job after ``ORPHAN_AFTER_S``. A job that failed is tried again
+its job itself, stamped with its pid (``owners.py``); if it is killed, the producer
+adopts the job at its next sweep (every 5 s or so), or, for a job without a stamp,
+after ``ORPHAN_AFTER_S``. A job that failed is tried again
 under a new attempt number, at most ``max_attempts`` times per note text.
 """
 
@@ -38,6 +40,7 @@ from uniun.actors.producers.extraction import (
     parse_extraction,
 )
 from uniun.actors.producers.jobs import JobTracker
+from uniun.actors.producers.owners import owner_gone
 from uniun.actors.producers.notes import (
     NoteFile,
     Pacer,
@@ -171,7 +174,8 @@ class ExtractProducer:
 
     def step(self, now: float) -> None:
         if self.tracker is not None and now >= self._next_sweep:
-            adopted = self.store.adopt_jobs(OPEN_NOTE, NAME, ORPHAN_AFTER_S)
+            adopted = self.store.adopt_jobs(OPEN_NOTE, NAME, ORPHAN_AFTER_S,
+                                            owner_gone=owner_gone)
             if adopted:
                 logger.info("adopted {} open-note job(s) whose command went away", adopted)
             self.tracker.sweep()

@@ -277,14 +277,21 @@ class ResultsStore:
                          (job["job_id"], producer, _dumps(job), _dumps(meta), now, now))
         return job, open_ids
 
-    def adopt_jobs(self, from_producer: str, to_producer: str, idle_s: float) -> int:
-        """Hand open jobs of a producer that went quiet (e.g. a killed CLI) to another."""
+    def adopt_jobs(self, from_producer: str, to_producer: str, idle_s: float, *,
+                   owner_gone: Callable[[dict[str, Any]], bool] | None = None) -> int:
+        """Hand open jobs of a producer that went quiet (e.g. a killed CLI) to another:
+        those untouched for ``idle_s``, and at once those whose meta names an owner that
+        ``owner_gone`` says has exited."""
         now = time.time()
         with self.transaction() as conn:
-            cur = conn.execute("UPDATE producer_jobs SET producer=?, updated=? WHERE producer=?"
-                               " AND state IN ('pending','submitted') AND updated < ?",
-                               (to_producer, now, from_producer, now - idle_s))
-            return cur.rowcount
+            rows = conn.execute("SELECT job_id, meta, updated FROM producer_jobs WHERE"
+                                " producer=? AND state IN ('pending','submitted')",
+                                (from_producer,)).fetchall()
+            ids = [r["job_id"] for r in rows if r["updated"] < now - idle_s or (
+                owner_gone is not None and owner_gone(json.loads(r["meta"] or "{}")))]
+            conn.executemany("UPDATE producer_jobs SET producer=?, updated=? WHERE job_id=?",
+                             [(to_producer, now, j) for j in ids])
+            return len(ids)
 
     # -- listing (``uniun-runtime results``) ----------------------------------------
 

@@ -66,8 +66,10 @@ class RunnerJobs:
 
     def __init__(self, *, store: ModelStore, threads: int, parking: ParkingLot,
                  preload: str | None, report: Callable[[rp.Report], None],
-                 step_again: Callable[[], None], spinning: bool = True) -> None:
+                 step_again: Callable[[], None], spinning: bool = True,
+                 before_start: Callable[[rp.Start], None] | None = None) -> None:
         self._store = store
+        self._before_start = before_start  # test fault hook (runner_main.crash_hook)
         self._threads = threads
         self._spinning = spinning  # docs/device.md: part of the thread budget
         self._lot = parking
@@ -165,6 +167,8 @@ class RunnerJobs:
 
     def _on_start(self, cmd: rp.Start) -> None:
         log = logger.bind(job=cmd.job_id)
+        if self._before_start is not None:
+            self._before_start(cmd)
         self.park_active(report=True)
         if not self.load(cmd.model_id, report=False):
             self._report(rp.Failed(job_id=cmd.job_id, message=f"model {cmd.model_id} failed to load"))

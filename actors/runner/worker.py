@@ -19,7 +19,7 @@ import os
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import pykka
 import zmq
@@ -68,7 +68,8 @@ class RunnerWorker(pykka.ThreadingActor):
 
     def __init__(self, *, ctx: zmq.Context, endpoint: str, liveness: Liveness,
                  store: ModelStore, threads: int, parking: ParkingLot, spill_dir: Path,
-                 preload: str | None = None, spinning: bool = True) -> None:
+                 preload: str | None = None, spinning: bool = True,
+                 before_start: Callable[[rp.Start], None] | None = None) -> None:
         super().__init__()
         self._ctx = ctx
         self._endpoint = endpoint
@@ -77,7 +78,8 @@ class RunnerWorker(pykka.ThreadingActor):
         self._boot = rp.new_boot()
         self._jobs = RunnerJobs(store=store, threads=threads, parking=parking, preload=preload,
                                 report=self._report, spinning=spinning,
-                                step_again=lambda: self.actor_ref.tell(_Step()))
+                                step_again=lambda: self.actor_ref.tell(_Step()),
+                                before_start=before_start)
         self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
         self._beat_seq = 0  # pump thread increments; the actor reads it
         self._heard_at = time.monotonic()  # pump thread only: last scheduler message

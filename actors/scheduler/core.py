@@ -22,6 +22,10 @@ The rules it keeps:
   ends with a retryable ``runner_failed`` (never silently re-run); any other job goes back
   to the front of its tier and continues on the next runner after the tokens it already
   streamed (from a spilled snapshot or by recompute).
+- **Poison.** A job that was running at ``POISON_AFTER_DEATHS`` (3) runner deaths in a
+  row, with no token streamed in between, is what kills the runner: it is dead-lettered
+  with the non-retryable ``poisoned`` error instead of being resumed on the next runner,
+  so one bad job cannot crash-loop the runner until the supervisor gives up.
 - **Refusals change nothing.** A request handler validates, then changes state, then
   replies; a :class:`ProtocolError` raised before the change is the reply.
 """
@@ -47,6 +51,7 @@ from uniun.protocol.errors import ErrorCode
 __all__ = ["SchedulerCore", "MAX_DECISIONS_PER_PUMP"]
 
 MAX_DECISIONS_PER_PUMP = 8  # a Run or Preempt changes state; a few rounds reach Idle
+POISON_AFTER_DEATHS = 3  # runner deaths in a row while one job ran (no token between)
 
 
 class SchedulerCore(ClientRequests):
@@ -120,9 +125,18 @@ class SchedulerCore(ClientRequests):
         self.rec.runner_lost(fx, record, reason)
         if job is None or record is None:
             return fx
-        outcome = self.policy.on_failed(job.job_id, 0.0, requeue=True)
+        record.deaths += 1
+        poisoned = record.deaths >= POISON_AFTER_DEATHS and record.state != "cancelling"
+        outcome = self.policy.on_failed(job.job_id, 0.0, requeue=not poisoned)
         log = logger.bind(job=job.job_id)
-        if outcome is ReportOutcome.REQUEUED:
+        if poisoned and outcome is ReportOutcome.FAILED:
+            log.warning("poisoned: the runner died {} times in a row running this job; "
+                      "dead-lettered", record.deaths)
+            self._end(fx, record, m.event_error(
+                job.job_id, ErrorCode.POISONED,
+                f"the runner died {record.deaths} times in a row while running this job "
+                f"(last: {reason}); it is not run again", retryable=False))
+        elif outcome is ReportOutcome.REQUEUED:
             record.state = "paused"
             self.rec.requeued(record)
             log.warning("runner lost ({}); resumes after its {} streamed tokens",
@@ -185,6 +199,7 @@ class SchedulerCore(ClientRequests):
         self.policy.on_tokens(record.job_id, 1, rep.seconds)
         now = self._wall()
         fx.journal.append(JToken(record.job_id, rep.seq, rep.token_id, rep.text, now))
+        record.deaths = 0  # progress: the deaths before were not this job's doing
         record.token_ids.append(rep.token_id)
         record.texts.append(rep.text)
         first_of_job = record.first_token_at is None

@@ -44,6 +44,7 @@ class JobRecord:
     started: bool = False  # a segment has started at least once (for chat: interrupted?)
     resumed: bool = False  # the current dispatch continues earlier work
     pause_reason: str | None = None  # why the host asked the runner to pause
+    deaths: int = 0  # runner deaths while it ran, in a row (no token between): poison
     final: dict[str, Any] | None = None  # the terminal event once ended
 
     @property
@@ -93,6 +94,12 @@ class JobTable:
     def forget(self, record: JobRecord) -> None:
         """Remove a live job as if it had never been accepted (its journal write failed)."""
         self.live.pop(record.job_id, None)
+
+    def poisoned(self) -> list[dict[str, Any]]:
+        """The recent jobs that were dead-lettered as ``poisoned`` (for ``status``)."""
+        return [{"job_id": r.job_id, "kind": r.spec.kind,
+                 "message": (r.final or {}).get("message", "")}
+                for r in self._ended.values() if (r.final or {}).get("code") == "poisoned"]
 
     def drop_subscriber(self, conn: bytes) -> None:
         for record in self.live.values():

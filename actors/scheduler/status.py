@@ -33,5 +33,6 @@ def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
         runner={"up": runner is not None, "pid": runner.pid if runner else None,
                 "ready": runner is not None and policy.loaded_model is not None},
         ready=runner is not None and policy.loaded_model is not None,
-        jobs=len(jobs), queue_cap=queue_cap)
+        jobs=len(jobs), queue_cap=queue_cap,
+        poisoned=jobs.poisoned())  # extension: dead-lettered jobs (docs/protocol.md)
     return body

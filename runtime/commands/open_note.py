@@ -23,6 +23,7 @@ from typing import Any
 from uniun.actors.producers.extract import NAME as EXTRACT
 from uniun.actors.producers.extract import OPEN_NOTE, ExtractSettings, note_job, store_extraction
 from uniun.actors.producers.notes import NOTE_SUFFIXES, extract_job_id, note_hash
+from uniun.actors.producers.owners import owner_stamp
 from uniun.protocol.client import ClientError
 from uniun.runtime.commands.common import (
     CommandError,
@@ -92,6 +93,14 @@ def show(row: dict[str, Any], *, as_json: bool) -> None:
         print(f"  {rel['source']} --{rel['relation']}--> {rel['target']}")
 
 
+def _stamped(made: tuple[dict[str, Any], dict[str, Any]]
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The job and its meta, the meta naming this process as the owner: if we are
+    killed, the extract producer adopts the job as soon as it sees we are gone."""
+    job, meta = made
+    return job, {**meta, **owner_stamp()}
+
+
 @client_command
 def run(args: argparse.Namespace) -> int:
     config = runtime_config()
@@ -114,7 +123,7 @@ def run(args: argparse.Namespace) -> int:
             with foreground_while(client, EXTRACT, timeout=args.timeout):
                 job, superseded = store.supersede_jobs(
                     extract_job_id(rel, sha, 0)[:-1], OPEN_NOTE,
-                    lambda n: note_job(rel, sha, text, n, settings, hint=True))
+                    lambda n: _stamped(note_job(rel, sha, text, n, settings, hint=True)))
                 for job_id in superseded:
                     try:
                         client.cancel(job_id, timeout=args.timeout)

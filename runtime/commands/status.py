@@ -54,7 +54,8 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table.add_column("what", style="bold")
     table.add_column("value")
     shown = ("http", "policy", "lifecycle", "foreground", "loaded_model", "running", "queues",
-             "vruntime", "t2_share", "snapshots", "processes", "ready", "process_info")
+             "vruntime", "t2_share", "snapshots", "processes", "ready", "process_info",
+             "poisoned")
     table.add_row("front", endpoint)
     table.add_row("ready", "yes: a chat is answered now" if status.get("ready")
                   else "no: the runner is not up with a model yet")
@@ -71,6 +72,7 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table.add_row("T2 share", f"{share:.0%}" if isinstance(share, (int, float)) else "-")
     table.add_row("snapshots", _snapshots(status.get("snapshots")))
     table.add_row("processes", _processes(status))
+    table.add_row("poisoned", _poisoned(status.get("poisoned")))
     for key in sorted(set(status) - set(shown)):
         table.add_row(key, _text(status[key]))
     return table
@@ -142,6 +144,16 @@ def _mapping(value: Any, *, fmt: str) -> str:
         except (ValueError, TypeError):
             out.append(f"{key}: {item}")
     return "\n".join(out)
+
+
+def _poisoned(value: Any) -> str:
+    """Dead-lettered jobs (error ``poisoned``): each killed the runner 3 times in a row."""
+    if not isinstance(value, list):
+        return _text(value) if value is not None else "none"
+    if not value:
+        return "none"
+    return "\n".join(f"{p.get('job_id')} ({p.get('kind')})" if isinstance(p, dict)
+                     else _text(p) for p in value)
 
 
 def _snapshots(value: Any) -> str:

@@ -16,11 +16,11 @@ COMMANDS = ["start", "stop", "status", "submit", "cancel", "chat", "foreground",
             "lifecycle", "config", "bench"]
 
 
-def cli(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
+def cli(*args: str, home: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, UNIUN_HOME=str(home))
     env.pop("UNIUN_CONFIG", None)
     return subprocess.run([sys.executable, "-m", "uniun.runtime", *args], env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.mark.parametrize("command", COMMANDS)
@@ -151,8 +151,9 @@ def test_bench_writes_its_results(tmp_path: Path) -> None:
     out = tmp_path / "bench.json"
     result = cli("bench", "--model", "tiny-1", "--reps", "1", "--bg-tokens", "24",
                  "--policies", "uniun", "--restart-reps", "1", "--no-model-bench",
-                 "--no-producers", "--burst", "300",
-                 "--home", str(tmp_path / "b"), "--out", str(out), home=tmp_path)
+                 "--no-producers", "--burst", "300", "--overhead-reps", "0",
+                 "--home", str(tmp_path / "b"), "--out", str(out), home=tmp_path,
+                 timeout=600)  # a whole (small) bench: several runtimes start and stop
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
     uniun = data["policies"]["uniun"]

@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from tests.wait import WAIT_S, wait_for
-from uniun.runtime.supervisor import Child, RestartLimiter, stop_order
+from uniun.runtime.supervisor import Child, RestartLimiter, restart_backoff, stop_order
 
 pytestmark = pytest.mark.integration
 
@@ -211,6 +211,18 @@ def test_restart_limiter_counts_a_sliding_window() -> None:
     assert limiter.allow(0.0) and limiter.allow(1.0)
     assert not limiter.allow(2.0)
     assert limiter.allow(11.5)  # the restart at 0.0 has left the window
+
+
+def test_restart_after_a_healthy_life_is_immediate_and_a_crash_loop_backs_off() -> None:
+    child = Child("runner", up_since=100.0)
+    assert restart_backoff(child, 200.0, healthy_after_s=5.0) == 0.0  # healthy: at once
+    delays = []
+    for start in (201.0, 203.0, 205.0, 207.0, 209.0):  # each dies 1 s after its first beat
+        child.up_since = start
+        delays.append(restart_backoff(child, start + 1.0, healthy_after_s=5.0))
+    assert delays == [0.25, 0.5, 1.0, 2.0, 2.0]
+    child.up_since = 300.0
+    assert restart_backoff(child, 310.0, healthy_after_s=5.0) == 0.0  # healthy again
 
 
 def test_runner_stops_after_the_scheduler_so_the_running_job_can_be_parked() -> None:

@@ -117,3 +117,23 @@ def test_two_connections_see_each_others_commits(tmp_path: Path) -> None:
     with ResultsStore(path) as a, ResultsStore(path) as b:
         a.add_card("n-1", None, "from a")
         assert b.deck_size() == 1
+
+
+def test_an_open_note_job_whose_command_was_killed_is_adopted_at_once(tmp_path) -> None:
+    import subprocess
+    import sys
+
+    from uniun.actors.producers.owners import owner_gone, owner_stamp
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # a command that has exited (reaped: its pid names nobody now)
+    dead = {"owner_pid": gone.pid, "owner_start": 1}
+    with ResultsStore(tmp_path / "r.db") as store:
+        for job_id, meta in (("killed", dead), ("running", owner_stamp()), ("old", {})):
+            store.supersede_jobs(job_id, "open-note",
+                                 lambda n, j=job_id, m=meta: ({"job_id": j, "kind": "extract"},
+                                                              m))
+        adopted = store.adopt_jobs("open-note", "extract", 600.0, owner_gone=owner_gone)
+        assert adopted == 1
+        assert [j["job_id"] for j in store.open_jobs("extract")] == ["killed"]
+        assert sorted(j["job_id"] for j in store.open_jobs("open-note")) == ["old", "running"]

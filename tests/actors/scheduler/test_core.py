@@ -317,3 +317,42 @@ def test_a_resume_the_runner_cannot_honour_becomes_a_start_and_the_runner_holds_
     assert commands(d.cancel(A, "n")) == [rp.Drop(job_id="n")]
     d.deliver()
     assert "n" not in d.runner.records
+
+
+# ---- poison ---------------------------------------------------------------------------
+
+
+def test_a_job_running_at_three_runner_deaths_in_a_row_is_dead_lettered_as_poisoned() -> None:
+    d = started_job("nataraj", "bad", 4, max_new_tokens=10)
+    d.down("killed")  # 1: it was running, 4 tokens streamed
+    for pid in (2, 3):  # each new runner is told to run it and dies before a token
+        assert isinstance(commands(d.up(FakeRunner(pid=pid)))[-1], rp.Start)
+        d.deliver()  # Started, and it dies before a token
+        down = d.down("killed")
+    [end] = terminal(d, A, "bad")
+    assert end["type"] == "error" and end["code"] == "poisoned" and end["retryable"] is False
+    assert [w.job_id for w in down.journal if isinstance(w, JFinish)] == ["bad"]
+    up = d.up(FakeRunner(pid=4))
+    assert not any(isinstance(c, rp.Start) for c in commands(up))  # not run again
+    assert [p["job_id"] for p in _status(d)["poisoned"]] == ["bad"]
+
+
+def test_runner_deaths_with_tokens_in_between_are_not_poison() -> None:
+    d = started_job("nataraj", "ok", 2, max_new_tokens=40)
+    for pid in (2, 3, 4):
+        d.down("killed")
+        d.up(FakeRunner(pid=pid))
+        d.deliver()
+        d.step(2)  # the job makes progress on every new runner
+    d.down("killed")
+    d.up(FakeRunner(pid=5))
+    d.run()
+    [done] = terminal(d, A, "ok")
+    assert done["type"] == "done" and done["text"] == texts(40)
+    assert _status(d)["poisoned"] == []
+
+
+def _status(d: Driver) -> dict:
+    fx = d.request(B, rq.StatusRequest("st"))
+    [reply] = msgs(fx, B, "status")
+    return reply
