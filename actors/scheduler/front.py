@@ -200,8 +200,19 @@ class FrontActor(pykka.ThreadingActor):
             frame = encode(msg, self._limits)
         except EncodeError as err:  # our bug; tell the client something instead of nothing
             logger.error("front: cannot encode {} message: {}", msg.get("type"), err)
-            if msg.get("type") == m.ERROR:
-                return
-            frame = encode(m.reply_error(msg.get("re"), ProtocolError(
-                ErrorCode.INTERNAL, "reply could not be encoded")), self._limits)
+            if msg.get("type") == m.ERROR:  # an error echoing too much: the same, shortened
+                frame = encode(_shortened_error(msg), self._limits)
+            else:
+                frame = encode(m.reply_error(msg.get("re"), ProtocolError(
+                    ErrorCode.INTERNAL, "reply could not be encoded")), self._limits)
         self._outbox.send([conn, frame])
+
+
+def _shortened_error(msg: dict[str, Any]) -> dict[str, Any]:
+    """An error message whose text fields are cut short: it keeps its code, ``re`` and
+    ``job_id``, so a client still learns why (a reply is owed even for a huge key)."""
+    out = dict(msg)
+    for key in ("message", "field"):
+        if isinstance(out.get(key), str) and len(out[key]) > 200:
+            out[key] = out[key][:200] + "..."
+    return out

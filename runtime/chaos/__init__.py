@@ -1,0 +1,1 @@
+"""Chaos tooling: faults injected into a running mesh, and hostile clients."""
