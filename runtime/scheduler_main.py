@@ -44,6 +44,7 @@ from uniun.protocol.requests import JobRules
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir, uniun_home
 from uniun.runtime.proc_stats import ProcessSampler
+from uniun.runtime.security import server_security
 
 __all__ = ["main", "journal_path"]
 
@@ -99,9 +100,11 @@ def main(config: RuntimeConfig) -> int:
     sink = MetricSink() if config.metrics.enabled else None
     host = SchedulerHost.start(core=core, journal=journal, clock=clock,
                                observe=sink.apply if sink is not None else None)
-    front = FrontActor.start(endpoint=config.front.endpoint or default_endpoint(), host=host,
+    endpoint = config.front.endpoint or default_endpoint()
+    security = server_security(endpoint, "front")  # CURVE on tcp; refuses an open tcp front
+    front = FrontActor.start(endpoint=endpoint, host=host,
                              rules=rules, limits=Limits(frame_bytes=config.limits.max_frame_bytes),
-                             linger_ms=config.front.linger_ms, ctx=ctx)
+                             linger_ms=config.front.linger_ms, ctx=ctx, socket_setup=security)
     link = RunnerLinkActor.start(host=host, endpoint=rp.runner_endpoint(),
                                  liveness=config.supervisor.liveness, ctx=ctx)
     actors = (front, link, host)
@@ -126,6 +129,8 @@ def main(config: RuntimeConfig) -> int:
         rc = 1
     finally:
         pykka.ActorRegistry.stop_all(timeout=5)
+        if security is not None:
+            security.stop()
         journal.close()
         ctx.destroy(linger=0)
     return rc

@@ -18,6 +18,7 @@ the only way to refuse a frame that big without reading it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -99,8 +100,10 @@ class FrontActor(pykka.ThreadingActor):
     """See the module docstring."""
 
     def __init__(self, *, endpoint: str, host: pykka.ActorRef, rules: rq.JobRules,
-                 limits: Limits, linger_ms: int, ctx: zmq.Context) -> None:
+                 limits: Limits, linger_ms: int, ctx: zmq.Context,
+                 socket_setup: Callable[[zmq.Socket], None] | None = None) -> None:
         super().__init__()
+        self._socket_setup = socket_setup  # e.g. CURVE for a tcp front (runtime/security.py)
         self._endpoint = endpoint
         self._host = host
         self._rules = rules
@@ -122,6 +125,8 @@ class FrontActor(pykka.ThreadingActor):
         # bad_envelope; bigger ones make ZeroMQ drop the peer without reading them.
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.frame_bytes * 4 + 4096)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        if self._socket_setup is not None:
+            self._socket_setup(sock)
         sock.bind(self._endpoint)
         return sock
 
