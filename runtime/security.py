@@ -16,16 +16,25 @@ refusal as one line before any process starts.
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 
 import zmq
 from loguru import logger
 
-from uniun.protocol.curve import AllowList, CurveError, KeyPaths, apply_server, is_loopback
+from uniun.protocol.curve import (
+    AllowList,
+    ClientCurve,
+    CurveError,
+    KeyPaths,
+    apply_server,
+    is_loopback,
+)
 from uniun.runtime.paths import uniun_home
 
-__all__ = ["InsecureEndpoint", "ServerSecurity", "check_bind", "keys_paths", "server_security"]
+__all__ = ["InsecureEndpoint", "ServerSecurity", "check_bind", "client_curve", "keys_paths",
+           "server_security"]
 
 
 class InsecureEndpoint(ValueError):
@@ -99,3 +108,36 @@ def server_security(endpoint: str, what: str, paths: KeyPaths | None = None
     if not paths.server_secret.is_file():
         raise CurveError(f"no server key in {paths.root}; run: uniun-runtime keys init")
     return ServerSecurity(paths, what)
+
+
+LOCAL_CLIENT = "local"  # the client key ``keys init`` makes for this home's own processes
+CLIENT_KEY_ENV = "UNIUN_CLIENT_KEY"  # a client's .key_secret file
+SERVER_KEY_ENV = "UNIUN_SERVER_KEY"  # the server's public .key file
+
+
+def client_curve(endpoint: str | None, *, client_key: Path | None = None,
+                 server_key: Path | None = None, paths: KeyPaths | None = None
+                 ) -> ClientCurve | None:
+    """The CURVE keys a client of this home uses for ``endpoint`` (None: no CURVE).
+
+    Only tcp endpoints use keys. The client key is ``client_key``, else
+    ``$UNIUN_CLIENT_KEY``, else this home's ``keys/clients/local.key_secret``; the
+    server's public key is ``server_key``, else ``$UNIUN_SERVER_KEY``, else this home's
+    ``keys/server.key``. With neither found the client connects without CURVE (a
+    loopback front without keys); a key given but its counterpart missing is an error.
+    """
+    if not endpoint or not endpoint.startswith("tcp://"):
+        return None
+    paths = paths or keys_paths()
+    env_client, env_server = os.environ.get(CLIENT_KEY_ENV), os.environ.get(SERVER_KEY_ENV)
+    given = client_key or (Path(env_client) if env_client else None)
+    client = given or paths.client_secret(LOCAL_CLIENT)
+    server = server_key or (Path(env_server) if env_server else None) or paths.server_public
+    if given is None and not client.is_file():
+        return None
+    if not server.is_file():
+        if given is None and server_key is None and not env_server:
+            return None
+        raise CurveError(f"no server public key at {server}: ask the server's owner for "
+                         "it (keys/server.key) and pass --server-key or $UNIUN_SERVER_KEY")
+    return ClientCurve.from_files(client, server)

@@ -101,7 +101,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _endpoints_secure(config: RuntimeConfig, children: list[str]) -> bool:
     """Refuse a tcp endpoint other machines can reach without CURVE; warn on loopback."""
-    from uniun.runtime.security import InsecureEndpoint, check_bind, keys_paths
+    from uniun.runtime.security import LOCAL_CLIENT, InsecureEndpoint, check_bind, keys_paths
 
     paths = keys_paths(config.home)
     servers = [("front", config.front.endpoint)]
@@ -112,6 +112,12 @@ def _endpoints_secure(config: RuntimeConfig, children: list[str]) -> bool:
             mode = check_bind(endpoint or "ipc://", what, paths)
         except InsecureEndpoint as err:
             print(f"uniun-runtime: {err}", file=sys.stderr)
+            return False
+        if mode == "curve" and not paths.client_secret(LOCAL_CLIENT).is_file():
+            print(f"uniun-runtime: {what} {endpoint} needs CURVE, and this runtime's own "
+                  f"processes (producers, gateway) connect with "
+                  f"{paths.client_secret(LOCAL_CLIENT)}, which is missing; run: "
+                  "uniun-runtime keys init", file=sys.stderr)
             return False
         if mode == "plain":
             print(f"uniun-runtime: warning: {what} {endpoint} is tcp without CURVE; any "
@@ -219,8 +225,10 @@ def _detach(args: argparse.Namespace, config: RuntimeConfig, children: list[str]
 
 def _pings(endpoint: str) -> bool:
     from uniun.protocol.client import Client
+    from uniun.runtime.security import client_curve
     try:
-        with Client(endpoint, timeout=1.0, reconnect=False) as client:
+        with Client(endpoint, timeout=1.0, reconnect=False,
+                    curve=client_curve(endpoint)) as client:
             client.ping(timeout=1.0)
         return True
     except Exception as err:  # not up yet: any failure means "try again"
