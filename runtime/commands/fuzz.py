@@ -12,8 +12,12 @@ import argparse
 import json
 from pathlib import Path
 
+import zmq
+
+from uniun.protocol.curve import CurveError
 from uniun.protocol.endpoints import EndpointError, front_endpoint
 from uniun.runtime.commands.common import fail
+from uniun.runtime.security import client_curve
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,6 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="Hypothesis seed (default 0; a run is repeatable by its seed)")
     parser.add_argument("--front", metavar="ENDPOINT", default=None,
                         help="scheduler endpoint (default: the running runtime's)")
+    parser.add_argument("--client-key", type=Path, default=None, metavar="FILE",
+                        help="CURVE client key for a tcp front (default: this home's)")
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--out", type=Path, default=None, metavar="FILE.json",
                         help="also write the JSON report there")
@@ -48,10 +54,14 @@ def run(args: argparse.Namespace) -> int:
         return 2
     try:
         endpoint = front_endpoint(args.front)
-    except EndpointError as err:
+        curve = client_curve(endpoint, client_key=args.client_key)
+    except (EndpointError, CurveError) as err:
         fail(str(err))
         return 2
-    report = run_wire_fuzz(endpoint, args.frames, args.seed)
+    options = {} if curve is None else {zmq.CURVE_SERVERKEY: curve.server_public,
+                                        zmq.CURVE_PUBLICKEY: curve.public,
+                                        zmq.CURVE_SECRETKEY: curve.secret}
+    report = run_wire_fuzz(endpoint, args.frames, args.seed, socket_options=options)
     body = report.to_json()
     if args.out is not None:
         args.out.write_text(json.dumps(body, indent=2) + "\n")
