@@ -27,7 +27,6 @@ import fcntl
 import hashlib
 import json
 import os
-import re
 import shutil
 import time
 import uuid
@@ -38,9 +37,11 @@ from typing import Any
 
 from loguru import logger
 
+from uniun.protocol.jobmap import MODEL_ID_RE
+
 MANIFEST_NAME = "uniun-manifest.json"
 MANIFEST_VERSION = 1
-_ID_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+_ID_RE = MODEL_ID_RE  # the wire refuses the same names (invalid_field model_id)
 
 
 # (path, size, mtime_ns) -> sha256 already verified in this process: hashing 200 MB
@@ -80,7 +81,7 @@ class ModelInfo:
 
 def check_model_id(model_id: str) -> str:
     """Return ``model_id`` if it is a valid store name (no paths, no dots first)."""
-    if not isinstance(model_id, str) or not _ID_RE.match(model_id):
+    if not isinstance(model_id, str) or not _ID_RE.fullmatch(model_id):
         raise ModelStoreError(
             f"invalid model id {model_id!r}: use 1-64 characters a-z 0-9 . _ - "
             "starting with a letter or digit")

@@ -40,6 +40,7 @@ from loguru import logger
 
 from uniun.protocol import messages as m
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
+from uniun.protocol.curve import ClientCurve
 from uniun.protocol.dealer import DealerConnection
 from uniun.protocol.endpoints import front_endpoint
 from uniun.protocol.errors import ProtocolError
@@ -78,9 +79,10 @@ class Client(DealerConnection):
     def __init__(self, endpoint: str | None = None, timeout: float = 10.0, *,
                  reconnect: bool = True, reconnect_timeout: float = 30.0,
                  heartbeat_s: float = 2.0, linger_s: float = 0.5,
-                 limits: Limits = DEFAULT_LIMITS, context: zmq.Context | None = None) -> None:
+                 limits: Limits = DEFAULT_LIMITS, context: zmq.Context | None = None,
+                 curve: ClientCurve | None = None) -> None:
         super().__init__(front_endpoint(endpoint), linger_ms=int(linger_s * 1000),
-                         limits=limits, context=context)
+                         limits=limits, context=context, curve=curve)
         self.timeout = timeout
         self.reconnect = reconnect
         self.reconnect_timeout = reconnect_timeout
@@ -215,6 +217,8 @@ class Client(DealerConnection):
                 continue
             now = time.monotonic()
             if deadline is not None and now >= deadline:
+                if not self._connected and self.refused:
+                    raise SchedulerUnavailable(f"{self.endpoint}: {self.refused}")
                 if not self._connected:
                     raise SchedulerUnavailable(
                         f"no scheduler at {self.endpoint} within {timeout:g}s "

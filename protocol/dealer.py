@@ -18,21 +18,28 @@ import zmq
 from zmq.utils.monitor import recv_monitor_message
 
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits
+from uniun.protocol.curve import ClientCurve
 
 __all__ = ["DealerConnection", "open_monitored_dealer", "close_monitored_dealer",
            "RECONNECT_IVL_MS", "RECONNECT_IVL_MAX_MS"]
 
 RECONNECT_IVL_MS = 100  # first reconnect attempt after 100 ms ...
 RECONNECT_IVL_MAX_MS = 2000  # ... doubling up to 2 s
-MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED
+# The handshake failures tell a client its key was refused (CURVE, docs/protocol.md)
+# instead of leaving it to time out as if no server ran.
+_AUTH_FAILED = zmq.EVENT_HANDSHAKE_FAILED_AUTH | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+MONITOR_EVENTS = zmq.EVENT_HANDSHAKE_SUCCEEDED | zmq.EVENT_DISCONNECTED | _AUTH_FAILED
 
 _C = TypeVar("_C", bound="DealerConnection")
 
 
 def open_monitored_dealer(ctx: zmq.Context, endpoint: str, *, linger_ms: int, events: int,
-                          send_timeout_ms: int | None = None) -> tuple[zmq.Socket, zmq.Socket]:
+                          send_timeout_ms: int | None = None,
+                          curve: ClientCurve | None = None) -> tuple[zmq.Socket, zmq.Socket]:
     """A connected DEALER and the PAIR socket that receives its monitor ``events``."""
     sock = ctx.socket(zmq.DEALER)
+    if curve is not None:
+        curve.apply(sock)
     sock.setsockopt(zmq.LINGER, linger_ms)
     sock.setsockopt(zmq.IMMEDIATE, 1)
     sock.setsockopt(zmq.RECONNECT_IVL, RECONNECT_IVL_MS)
@@ -67,8 +74,10 @@ class DealerConnection:
 
     def __init__(self, endpoint: str, *, linger_ms: int, limits: Limits = DEFAULT_LIMITS,
                  context: zmq.Context | None = None,
-                 send_timeout_ms: int | None = None) -> None:
+                 send_timeout_ms: int | None = None, curve: ClientCurve | None = None) -> None:
         self.endpoint = endpoint
+        self._curve = curve  # CURVE keys for a tcp server that requires them
+        self.refused: str | None = None  # why the last handshake failed, if it did
         self._linger_ms = linger_ms
         self._send_timeout_ms = send_timeout_ms
         self._limits = limits
@@ -97,7 +106,7 @@ class DealerConnection:
     def _open(self) -> None:
         self._sock, self._mon = open_monitored_dealer(
             self._ctx, self.endpoint, linger_ms=self._linger_ms, events=MONITOR_EVENTS,
-            send_timeout_ms=self._send_timeout_ms)
+            send_timeout_ms=self._send_timeout_ms, curve=self._curve)
         self._poller = zmq.Poller()
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._mon, zmq.POLLIN)
@@ -135,6 +144,11 @@ class DealerConnection:
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
                 self._connected = True
                 self._on_handshake()
+            elif event["event"] & _AUTH_FAILED:
+                self.refused = ("the server refused this client's key (not on its allow-list)"
+                                if event["event"] == zmq.EVENT_HANDSHAKE_FAILED_AUTH else
+                                "the handshake failed: the server requires CURVE keys (or "
+                                "this client sends keys the server does not expect)")
             elif event["event"] == zmq.EVENT_DISCONNECTED and self._connected:
                 self._connected = False
                 self._on_disconnect()

@@ -36,6 +36,7 @@ import zmq
 from uniun.protocol import messages as m
 from uniun.protocol.client import ClientError, Timeout
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
+from uniun.protocol.curve import ClientCurve
 from uniun.protocol.dealer import DealerConnection
 from uniun.protocol.endpoints import embed_endpoint
 
@@ -53,9 +54,9 @@ class EmbedClient(DealerConnection):
 
     def __init__(self, endpoint: str | None = None, timeout: float = 60.0, *,
                  connect_timeout: float = 5.0, limits: Limits = DEFAULT_LIMITS,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, curve: ClientCurve | None = None) -> None:
         super().__init__(embed_endpoint(endpoint), linger_ms=0, limits=limits, context=context,
-                         send_timeout_ms=int(connect_timeout * 1000))
+                         send_timeout_ms=int(connect_timeout * 1000), curve=curve)
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.resends = 0  # requests sent again after the pool was lost

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import asdict, dataclass, field
 from typing import Any, Mapping
 
@@ -29,6 +30,12 @@ MAX_STOP_STRINGS = 4  # as OpenAI's ``stop``
 MAX_STOP_CHARS = 256
 FORMAT_TYPES = ("json_object", "json_schema")
 MAX_SCHEMA_CHARS = 65_536  # a schema's JSON text
+# The model store's name format (models/store.py checks the same pattern): an id that
+# cannot be a folder name there is a malformed field, not an unknown model. fullmatch:
+# ``$`` would let a trailing newline through.
+MODEL_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
+MODEL_ID_RULE = "use 1-64 characters a-z 0-9 . _ - starting with a letter or digit"
+MAX_SHOWN_KEY = 64  # an unknown key named in an error, characters (the reply must fit)
 
 
 @dataclass(frozen=True)
@@ -105,6 +112,20 @@ def _is_number(value: Any) -> bool:
             and math.isfinite(value))
 
 
+def shown_key(key: Any) -> str:
+    """An unknown key as an error names it: bounded, since the key is the client's and
+    a reply that echoed a 1 MiB key whole would not fit in a frame."""
+    text = str(key)
+    return text if len(text) <= MAX_SHOWN_KEY else text[:MAX_SHOWN_KEY] + "..."
+
+
+def check_model_id_format(model_id: str) -> str:
+    """``model_id`` if it has the store's name format, else ``invalid_field model_id``."""
+    if not MODEL_ID_RE.fullmatch(model_id):
+        raise InvalidField("model_id", f"{model_id[:80]!r} is not a model name: {MODEL_ID_RULE}")
+    return model_id
+
+
 def _check_str(raw: Mapping[str, Any], key: str, *, max_chars: int) -> str:
     value = raw[key]
     if not isinstance(value, str) or not value:
@@ -139,7 +160,8 @@ def _parse_sampling(value: Any) -> Sampling:
         raise InvalidField("sampling", "must be a map")
     unknown = set(value) - _SAMPLING_KEYS
     if unknown:
-        raise InvalidField(f"sampling.{sorted(map(str, unknown))[0]}", "unknown sampling key")
+        raise InvalidField(f"sampling.{shown_key(sorted(map(str, unknown))[0])}",
+                           "unknown sampling key")
     temperature = value.get("temperature", 0.0)
     if not _is_number(temperature) or not 0.0 <= temperature <= 10.0:
         raise InvalidField("sampling.temperature", "must be a number in [0, 10]")
@@ -178,7 +200,8 @@ def _parse_format(value: Any) -> JobFormat | None:
         raise InvalidField("format", "must be a map with type json_object or json_schema")
     unknown = set(value) - {"type", "schema"}
     if unknown:
-        raise InvalidField(f"format.{sorted(map(str, unknown))[0]}", "unknown format key")
+        raise InvalidField(f"format.{shown_key(sorted(map(str, unknown))[0])}",
+                           "unknown format key")
     kind = value.get("type")
     if kind not in FORMAT_TYPES:
         raise InvalidField("format.type", f"must be one of {', '.join(FORMAT_TYPES)}")
@@ -209,7 +232,7 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
         raise InvalidField("job", "must be a map")
     unknown = [k for k in raw if k not in _KNOWN_KEYS]
     if unknown:
-        raise InvalidField(str(unknown[0]), "unknown job field")
+        raise InvalidField(shown_key(unknown[0]), "unknown job field")
     for key in ("job_id", "kind"):
         if key not in raw:
             raise InvalidField(key, "is required")
@@ -220,7 +243,7 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
             raise InvalidField("kind", f"must be one of {', '.join(kinds)}")
         model_id = default_model
         if raw.get("model_id") is not None:
-            model_id = _check_str(raw, "model_id", max_chars=128)
+            model_id = check_model_id_format(_check_str(raw, "model_id", max_chars=128))
         has_messages, has_prompt = raw.get("messages") is not None, raw.get("prompt") is not None
         if has_messages == has_prompt:
             raise InvalidField("messages" if has_messages else "prompt",
@@ -229,8 +252,8 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
         prompt = None
         if has_prompt:
             prompt = raw["prompt"]
-            if not isinstance(prompt, str):
-                raise InvalidField("prompt", "must be a string")
+            if not isinstance(prompt, str) or not prompt:  # the runner has nothing to
+                raise InvalidField("prompt", "must be a non-empty string")  # run on ""
         text_len = len(prompt or "") + sum(len(c) for _, c in messages or ())
         if text_len > max_prompt_chars:
             raise InvalidField("messages" if messages else "prompt",

@@ -179,7 +179,11 @@ def parse_request(msg: Any, rules: JobRules, *,
             try:
                 rules.check_format(job.format.to_map())
             except ValueError as err:
-                raise InvalidField("format.schema", str(err), job_id=job.job_id) from None
+                raise InvalidField("format.schema", str(err)[:300], job_id=job.job_id) from None
+            except Exception as err:  # noqa: BLE001 - a grammar engine's own failure on a
+                # hostile schema is still the schema's fault, not ours: invalid_field
+                raise InvalidField("format.schema", f"cannot be compiled "
+                                   f"({type(err).__name__})", job_id=job.job_id) from None
         return Submit(mid, job)
     if mtype == CANCEL:
         return Cancel(mid, _require_id(msg, "job_id"))

@@ -28,6 +28,7 @@ from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.embed_worker_main import ARGV as WORKER_ARGV
 from uniun.runtime.logging_setup import configure_logging
 from uniun.runtime.paths import logs_dir, models_dir, run_dir
+from uniun.runtime.security import server_security
 
 HUNG_AFTER_S = 10.0  # a loop that has not ticked for this long is hung, s
 
@@ -57,10 +58,16 @@ def main(config: RuntimeConfig) -> int:
         from uniun.actors.metrics import MetricSink
 
         settings = dataclasses.replace(settings, observe=MetricSink().apply)
+    security = server_security(settings.endpoint or default_endpoint(EMBED), "embedding pool")
+    settings = dataclasses.replace(settings, front_setup=security)
     pool = EmbedPool(settings)
     # Beat only while the loop turns (it ticks every 0.1 s): a hung pool gets restarted.
     process.set_health_check(lambda: time.monotonic() - pool.last_tick < HUNG_AFTER_S)
-    return pool.run(stop)
+    try:
+        return pool.run(stop)
+    finally:
+        if security is not None:
+            security.stop()
 
 
 def cli(argv: Sequence[str] | None = None) -> int:

@@ -33,6 +33,7 @@ from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.metrics_http import ENDPOINT_FILE as METRICS_ENDPOINT
 from uniun.runtime.metrics_http import metrics_route
 from uniun.runtime.paths import models_dir
+from uniun.runtime.security import client_curve
 
 ENDPOINT_FILE = "http.endpoint"
 DRAIN_S = 3.0  # seconds open requests get after SIGTERM
@@ -53,7 +54,9 @@ def settings_from_config(config: RuntimeConfig) -> GatewaySettings:
         embed=config.embed.endpoint if config.embed.enabled else None,
         embed_model=config.models.embed_model, models_root=models_dir(), api_key=h.api_key,
         default_max_tokens=min(h.default_max_tokens, config.limits.max_new_tokens_cap),
-        max_open_requests=h.max_open_requests, max_body_bytes=config.limits.max_frame_bytes)
+        max_open_requests=h.max_open_requests, max_body_bytes=config.limits.max_frame_bytes,
+        front_curve=client_curve(config.front.endpoint),
+        embed_curve=client_curve(config.embed.endpoint) if config.embed.enabled else None)
 
 
 def base_url(host: str, port: int) -> str:

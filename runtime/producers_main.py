@@ -28,6 +28,7 @@ from uniun.protocol.embed_client import EmbedClient
 from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.paths import models_dir
+from uniun.runtime.security import client_curve
 
 CLIENT_TIMEOUT_S = 10.0  # a reply from the scheduler
 STATUS_TIMEOUT_S = 3.0  # the lifecycle poll must not hold a producer up for long
@@ -44,7 +45,8 @@ def ganas_file(config: RuntimeConfig) -> Path:
 
 
 def _client(config: RuntimeConfig, **kwargs: Any) -> Client:
-    return Client(config.front.endpoint, timeout=CLIENT_TIMEOUT_S, **kwargs)
+    return Client(config.front.endpoint, timeout=CLIENT_TIMEOUT_S,
+                  curve=client_curve(config.front.endpoint), **kwargs)
 
 
 class PoolEmbedder:
@@ -61,7 +63,8 @@ class PoolEmbedder:
 
     def __call__(self, texts: list[str]) -> Any:
         if self._client is None:
-            self._client = EmbedClient(self.endpoint, timeout=self.timeout)
+            self._client = EmbedClient(self.endpoint, timeout=self.timeout,
+                                       curve=client_curve(self.endpoint))
         try:
             return self._client.embed(texts)
         except Exception:

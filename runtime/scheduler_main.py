@@ -47,6 +47,7 @@ from uniun.protocol.requests import JobRules
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir, uniun_home
 from uniun.runtime.proc_stats import ProcessSampler
+from uniun.runtime.security import server_security
 
 __all__ = ["main", "journal_path"]
 
@@ -114,10 +115,13 @@ def main(config: RuntimeConfig) -> int:
                                observe=sink.apply if sink is not None else None, lane=lane,
                                device=publisher.set if publisher is not None else None)
     pcfg = policy.config
-    front = FrontActor.start(endpoint=config.front.endpoint or default_endpoint(), host=host,
+    endpoint = config.front.endpoint or default_endpoint()
+    security = server_security(endpoint, "front")  # CURVE on tcp; refuses an open tcp front
+    front = FrontActor.start(endpoint=endpoint, host=host,
                              rules=rules, limits=Limits(frame_bytes=config.limits.max_frame_bytes),
                              linger_ms=config.front.linger_ms, ctx=ctx,
-                             interactive=Interactive(pcfg.chat_kind, None, pcfg.extract_kind))
+                             interactive=Interactive(pcfg.chat_kind, None, pcfg.extract_kind),
+                             socket_setup=security)
     link = RunnerLinkActor.start(host=lane, endpoint=rp.runner_endpoint(),  # type: ignore[arg-type]
                                  liveness=config.supervisor.liveness, ctx=ctx)
     actors = (front, link, host)
@@ -144,6 +148,8 @@ def main(config: RuntimeConfig) -> int:
         pykka.ActorRegistry.stop_all(timeout=5)
         if publisher is not None:
             publisher.close()
+        if security is not None:
+            security.stop()
         journal.close()
         ctx.destroy(linger=0)
     return rc

@@ -87,6 +87,7 @@ class PoolSettings:
     publish_endpoint: bool = True  # write run/embed.endpoint (false for private pools)
     limits: Limits = DEFAULT_LIMITS
     observe: Callable[[list[Observation]], None] | None = None  # MetricSink.apply
+    front_setup: Callable[[zmq.Socket], None] | None = None  # before bind (CURVE on tcp)
 
 
 @dataclass
@@ -142,6 +143,8 @@ class EmbedPool:
         # Frames between the protocol limit and this are read and answered bad_envelope;
         # only absurd ones make ZeroMQ drop the connection.
         self.front.setsockopt(zmq.MAXMSGSIZE, 16 * self.s.limits.frame_bytes)
+        if self.s.front_setup is not None:  # e.g. CURVE for a tcp endpoint
+            self.s.front_setup(self.front)
         self.front.bind(self.s.endpoint)
         self.endpoint = self.front.getsockopt_string(zmq.LAST_ENDPOINT)
         self.back.setsockopt(zmq.ROUTER_MANDATORY, 1)

@@ -15,6 +15,7 @@ from typing import Any
 from uniun.actors.gateway.errors import ApiError
 from uniun.actors.gateway.link import SchedulerLink
 from uniun.models.store import ModelStore
+from uniun.protocol.curve import ClientCurve
 
 __all__ = ["GatewaySettings", "Gateway"]
 
@@ -34,6 +35,8 @@ class GatewaySettings:
     default_completion_tokens: int = 16  # text completions without max_tokens (OpenAI's)
     max_open_requests: int = 256  # jobs open through the gateway at once; more get 429
     max_body_bytes: int = 1 << 20  # a request body, bytes
+    front_curve: ClientCurve | None = None  # CURVE keys for a tcp front / pool
+    embed_curve: ClientCurve | None = None
 
 
 class Gateway:
@@ -42,7 +45,9 @@ class Gateway:
     def __init__(self, settings: GatewaySettings) -> None:
         self.settings = settings
         self.link = SchedulerLink(settings.front, settings.embed,
-                                  max_workers=settings.max_open_requests)
+                                  max_workers=settings.max_open_requests,
+                                  front_curve=settings.front_curve,
+                                  embed_curve=settings.embed_curve)
         self.store = ModelStore(settings.models_root)
         self.stopping = False  # set on SIGTERM: new requests get 503
         self.last_tick = time.monotonic()  # the event loop's heartbeat (process health)

@@ -29,6 +29,7 @@ from typing import Any, Generic, TypeVar
 from loguru import logger
 
 from uniun.protocol.client import Client, ClientError, SchedulerUnavailable, Timeout
+from uniun.protocol.curve import ClientCurve
 from uniun.protocol.embed_client import EmbedClient
 
 __all__ = ["ClientPool", "JobRun", "Outcome", "SchedulerLink", "POLL_S"]
@@ -170,11 +171,14 @@ class SchedulerLink:
     """The scheduler and the embedding pool, as the gateway's handlers use them."""
 
     def __init__(self, front: str, embed: str | None, *, max_workers: int,
-                 timeout_s: float = 10.0) -> None:
+                 timeout_s: float = 10.0, front_curve: ClientCurve | None = None,
+                 embed_curve: ClientCurve | None = None) -> None:
         self.front = front
-        self.clients: ClientPool[Client] = ClientPool(lambda: Client(front, timeout=timeout_s))
+        self.clients: ClientPool[Client] = ClientPool(
+            lambda: Client(front, timeout=timeout_s, curve=front_curve))
         self.embed_clients: ClientPool[EmbedClient] | None = (
-            ClientPool(lambda: EmbedClient(embed, timeout=60.0)) if embed else None)
+            ClientPool(lambda: EmbedClient(embed, timeout=60.0, curve=embed_curve))
+            if embed else None)
         # Jobs hold a thread for their whole life; short calls (status, embed) get their
         # own threads so a full house of streams never starves /health.
         self._executor = ThreadPoolExecutor(max_workers=max_workers,

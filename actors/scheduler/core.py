@@ -72,6 +72,9 @@ class SchedulerCore(ClientRequests):
             if e.final is not None:
                 self.jobs.end(record, e.final)
                 continue
+            if e.cancel_asked:  # the client was told "cancelled": that is how it ends
+                self._end(fx, record, cancelled_event(e.spec.job_id))
+                continue
             if e.spec.kind == self.policy.config.chat_kind and e.started:
                 self._end(fx, record, m.event_error(
                     e.spec.job_id, ErrorCode.RUNNER_FAILED,

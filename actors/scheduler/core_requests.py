@@ -14,7 +14,7 @@ from loguru import logger
 
 from uniun.actors.policy.decision import CancelOutcome
 from uniun.actors.scheduler.core_state import CoreState, cancelled_event
-from uniun.actors.scheduler.effects import Effects, JAccept, Send
+from uniun.actors.scheduler.effects import Effects, JAccept, JCancelAsked, Send
 from uniun.actors.scheduler.jobs import JobRecord
 from uniun.actors.scheduler.status import status_body
 from uniun.protocol import messages as m
@@ -124,6 +124,7 @@ class ClientRequests(CoreState):
         elif outcome is CancelOutcome.STOP_RUNNING:
             if record.state != "cancelling":
                 record.state = "cancelling"
+                fx.journal.append(JCancelAsked(req.job_id))  # before the reply: see JCancelAsked
                 fx.commands.append(rp.Cancel(job_id=req.job_id))
             log.info("cancelling while running")
         else:  # live in our table but not in the policy's: a bug, said as not_found

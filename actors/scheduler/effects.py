@@ -25,7 +25,7 @@ from uniun.protocol import runner_records as rp
 from uniun.protocol.jobmap import JobSpec
 
 __all__ = ["Effects", "Send", "JournalWrite", "JAccept", "JStarted", "JToken", "JPaused",
-           "JFinish", "JSegment", "JMark", "KEEP_TIMER"]
+           "JFinish", "JCancelAsked", "JSegment", "JMark", "KEEP_TIMER"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -115,7 +115,19 @@ class JMark:
     detail: str = ""
 
 
-JournalWrite = Union[JAccept, JStarted, JToken, JPaused, JFinish, JSegment, JMark]
+@dataclass(frozen=True, slots=True)
+class JCancelAsked:
+    """A running job's cancel was acknowledged; it ends when the runner stops it.
+
+    Written before the ``cancelled`` reply goes out, so that a scheduler restarted in
+    between ends the job ``cancelled`` on replay instead of running it on to ``done``:
+    a client told "cancelled" never sees another ending.
+    """
+
+    job_id: str
+
+
+JournalWrite = Union[JAccept, JStarted, JToken, JPaused, JFinish, JCancelAsked, JSegment, JMark]
 
 
 class _KeepTimer:

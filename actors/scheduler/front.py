@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import threading
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,8 +126,10 @@ class FrontActor(pykka.ThreadingActor):
 
     def __init__(self, *, endpoint: str, host: pykka.ActorRef, rules: rq.JobRules,
                  limits: Limits, linger_ms: int, ctx: zmq.Context,
-                 interactive: Interactive | None = None) -> None:
+                 interactive: Interactive | None = None,
+                 socket_setup: Callable[[zmq.Socket], None] | None = None) -> None:
         super().__init__()
+        self._socket_setup = socket_setup  # e.g. CURVE for a tcp front (runtime/security.py)
         self._endpoint = endpoint
         self._host = host
         self._rules = rules
@@ -154,6 +157,8 @@ class FrontActor(pykka.ThreadingActor):
         # bad_envelope; bigger ones make ZeroMQ drop the peer without reading them.
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.frame_bytes * 4 + 4096)
         sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        if self._socket_setup is not None:
+            self._socket_setup(sock)
         sock.bind(self._endpoint)
         return sock
 
@@ -271,8 +276,19 @@ class FrontActor(pykka.ThreadingActor):
             frame = encode(msg, self._limits)
         except EncodeError as err:  # our bug; tell the client something instead of nothing
             logger.error("front: cannot encode {} message: {}", msg.get("type"), err)
-            if msg.get("type") == m.ERROR:
-                return
-            frame = encode(m.reply_error(msg.get("re"), ProtocolError(
-                ErrorCode.INTERNAL, "reply could not be encoded")), self._limits)
+            if msg.get("type") == m.ERROR:  # an error echoing too much: the same, shortened
+                frame = encode(_shortened_error(msg), self._limits)
+            else:
+                frame = encode(m.reply_error(msg.get("re"), ProtocolError(
+                    ErrorCode.INTERNAL, "reply could not be encoded")), self._limits)
         self._outbox.send([conn, frame])
+
+
+def _shortened_error(msg: dict[str, Any]) -> dict[str, Any]:
+    """An error message whose text fields are cut short: it keeps its code, ``re`` and
+    ``job_id``, so a client still learns why (a reply is owed even for a huge key)."""
+    out = dict(msg)
+    for key in ("message", "field"):
+        if isinstance(out.get(key), str) and len(out[key]) > 200:
+            out[key] = out[key][:200] + "..."
+    return out

@@ -90,6 +90,8 @@ class RunnerLane:
             out.append(self._queue.popleft())
         return out
 
+MAX_TIMER_S = 3600.0  # the longest one timer waits before the core is asked again
+
 
 @dataclass(frozen=True)
 class Wire:
@@ -292,7 +294,10 @@ class SchedulerHost(pykka.ThreadingActor):
             self._timer = None
         self._wake_at = wake_at
         if wake_at is not None:
-            self._timer = threading.Timer(max(0.0, wake_at - self._clock()), self._ring)
+            # Capped: a client's far deadline (1e308 is valid unix seconds) would make the
+            # wait overflow and the timer thread die; an early ring just re-arms.
+            delay = min(max(0.0, wake_at - self._clock()), MAX_TIMER_S)
+            self._timer = threading.Timer(delay, self._ring)
             self._timer.daemon = True
             self._timer.start()
 

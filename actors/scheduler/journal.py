@@ -29,6 +29,7 @@ from loguru import logger
 
 from uniun.actors.scheduler.effects import (
     JAccept,
+    JCancelAsked,
     JFinish,
     JMark,
     JournalWrite,
@@ -55,7 +56,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     first_token_at REAL,
     started_at  REAL,
     final       BLOB,               -- msgpack of the terminal event; NULL while active
-    finished_at REAL
+    finished_at REAL,
+    cancel_asked INTEGER NOT NULL DEFAULT 0  -- 1: a cancel was acknowledged while it ran
 );
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs (final, accepted_at);
 CREATE TABLE IF NOT EXISTS tokens (
@@ -104,6 +106,7 @@ class JournalEntry:
     token_ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
     final: dict[str, Any] | None = None
+    cancel_asked: bool = False  # a cancel was acknowledged: replay ends it cancelled
 
 
 class Journal:
@@ -121,6 +124,10 @@ class Journal:
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.executescript(_SCHEMA)
+        columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
+        if "cancel_asked" not in columns:  # a journal from before the column existed
+            self._db.execute("ALTER TABLE jobs ADD COLUMN cancel_asked INTEGER NOT NULL "
+                             "DEFAULT 0")
         self._finished_since_prune = 0
 
     def close(self) -> None:
@@ -177,6 +184,9 @@ class Journal:
                          (blob, w.at, w.job_id))
         self._db.execute("DELETE FROM tokens WHERE job_id = ?", (w.job_id,))
 
+    def _cancel_asked(self, w: JCancelAsked) -> None:
+        self._db.execute("UPDATE jobs SET cancel_asked = 1 WHERE job_id = ?", (w.job_id,))
+
     def _segment(self, w: JSegment) -> None:
         self._db.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                          (w.job_id, w.lane, w.kind, w.flow, w.tier, w.model_id, w.start,
@@ -188,7 +198,7 @@ class Journal:
 
     _APPLY: dict[type, Callable[[Journal, Any], None]] = {
         JAccept: _accept, JStarted: _started, JToken: _token, JPaused: _paused,
-        JFinish: _finish, JSegment: _segment, JMark: _mark,
+        JFinish: _finish, JCancelAsked: _cancel_asked, JSegment: _segment, JMark: _mark,
     }
 
     def prune(self) -> None:
@@ -212,9 +222,10 @@ class Journal:
         out: list[JournalEntry] = []
         rows = self._db.execute(
             "SELECT job_id, spec, accepted_at, seed, started, preemptions, started_at, "
-            "first_token_at, final FROM jobs ORDER BY accepted_at, rowid").fetchall()
+            "first_token_at, final, cancel_asked FROM jobs ORDER BY accepted_at, rowid"
+        ).fetchall()
         for (job_id, blob, accepted_at, seed, was_started, preemptions, started_at,
-             first_token_at, final) in rows:
+             first_token_at, final, cancel_asked) in rows:
             try:
                 raw = msgpack.unpackb(blob, raw=False)
                 spec = validate_job(raw, default_model=default_model, kinds=kinds,
@@ -226,7 +237,8 @@ class Journal:
                 continue
             entry = JournalEntry(spec=spec, accepted_at=accepted_at, seed=seed,
                                  started=bool(was_started), preemptions=preemptions,
-                                 started_at=started_at, first_token_at=first_token_at)
+                                 started_at=started_at, first_token_at=first_token_at,
+                                 cancel_asked=bool(cancel_asked))
             if final is not None:
                 entry.final = msgpack.unpackb(final, raw=False)
             else:

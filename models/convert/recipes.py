@@ -58,7 +58,7 @@ def _resolve(ref: str) -> object:
 
 def _recipe(model_id: str) -> Recipe | None:
     """How to build ``model_id`` from nothing, or None (imported models)."""
-    if _TINY_RE.match(model_id):
+    if _TINY_RE.fullmatch(model_id):
         return _resolve(_TINY_RECIPE)  # type: ignore[return-value]
     if model_id in RECIPES:
         return _resolve(RECIPES[model_id])  # type: ignore[return-value]
@@ -76,12 +76,12 @@ def can_run_jobs(model_id: str, store: ModelStore) -> bool:
         check_model_id(model_id)
     except ModelStoreError:
         return False
-    if _TINY_RE.match(model_id):
+    if _TINY_RE.fullmatch(model_id):
         return True
     if store.has(model_id):
         try:
             return store.manifest(model_id).get("kind", "decoder") == "decoder"
-        except (ModelStoreError, ValueError):
+        except (ModelStoreError, ValueError, OSError):  # unreadable: not one to run on
             return False
     return model_id in RECIPES and model_id not in NON_DECODER_RECIPES
 

@@ -1,4 +1,5 @@
-"""``uniun-runtime chaos``: a mixed workload, seeded faults, a Jepsen-style verdict.
+"""Chaos tooling: ``uniun-runtime chaos`` (a mixed workload, seeded faults, a Jepsen-style
+verdict) and ``uniun-runtime fuzz`` (hostile frames against a running scheduler).
 
 The modules, one job each:
 
@@ -11,5 +12,7 @@ The modules, one job each:
   recovered;
 - :mod:`.verdict` -- the verdict from the ledger and the faults, as a map and as text;
 - :mod:`.own_runtime` -- a runtime of the harness's own in a temporary home;
-- :mod:`.harness` -- the run: calibrate fault-free, then inject, then drain, then judge.
+- :mod:`.harness` -- the run: calibrate fault-free, then inject, then drain, then judge;
+- :mod:`.fuzz` -- the Hypothesis wire fuzzer: one reply per request, codes per the table,
+  never ``internal``, no scheduler restart.
 """

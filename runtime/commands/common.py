@@ -13,11 +13,14 @@ import argparse
 import functools
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from uniun.protocol.client import Client, ClientError, SchedulerUnavailable, Timeout
-from uniun.protocol.endpoints import EndpointError
+from uniun.protocol.curve import CurveError
+from uniun.protocol.endpoints import EndpointError, front_endpoint
 from uniun.runtime.paths import run_dir, uniun_home
+from uniun.runtime.security import client_curve
 from uniun.runtime.state import is_running
 
 START_HINT = "start it with: uniun-runtime start"
@@ -37,6 +40,12 @@ def add_connection_args(parser: argparse.ArgumentParser) -> None:
                              "$UNIUN_HOME/run/front.endpoint)")
     parser.add_argument("--timeout", type=float, default=10.0, metavar="S",
                         help="seconds to wait for each reply (default 10)")
+    parser.add_argument("--client-key", type=Path, default=None, metavar="FILE",
+                        help="CURVE client key (.key_secret) for a tcp front (default "
+                             "$UNIUN_CLIENT_KEY, else $UNIUN_HOME/keys/clients/local.key_secret)")
+    parser.add_argument("--server-key", type=Path, default=None, metavar="FILE",
+                        help="the server's CURVE public key (.key) (default "
+                             "$UNIUN_SERVER_KEY, else $UNIUN_HOME/keys/server.key)")
 
 
 def connect(args: argparse.Namespace) -> Client:
@@ -44,8 +53,11 @@ def connect(args: argparse.Namespace) -> Client:
     if not args.front and not is_running(run_dir()):
         raise CommandError(f"no runtime is running in {uniun_home()}; {START_HINT}")
     try:
-        return Client(args.front, timeout=args.timeout)
-    except EndpointError as err:
+        endpoint = front_endpoint(args.front)
+        curve = client_curve(endpoint, client_key=getattr(args, "client_key", None),
+                             server_key=getattr(args, "server_key", None))
+        return Client(endpoint, timeout=args.timeout, curve=curve)
+    except (EndpointError, CurveError) as err:
         raise CommandError(str(err), code=2) from None
 
 

@@ -85,10 +85,25 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _watch(args: argparse.Namespace, store: Any) -> int:
-    def stop(signum: int, _frame: object) -> None:
-        raise KeyboardInterrupt
+    """The watch loop. Ctrl-C and SIGTERM only set a flag, and the handlers go in before
+    the foreground is set, so that leaving always passes through the restore.
 
-    previous = signal.signal(signal.SIGTERM, stop)
+    Why not ``KeyboardInterrupt``: (1) a process started in the background of a
+    non-interactive shell (``bin/test &``, CI) inherits SIGINT *ignored*, and Python then
+    installs no Ctrl-C handler at all: the signal did nothing and the page stayed open;
+    (2) an interrupt raised between the ``foreground`` request reaching the scheduler and
+    its reply left ``foreground = nataraj`` behind with nothing to restore it. A second
+    Ctrl-C while leaving interrupts for real.
+    """
+    leave: list[int] = []  # the signals received; a plain list, as a handler can run
+    # while the main thread holds any lock (an Event's set() could deadlock there)
+
+    def stop(signum: int, _frame: object) -> None:
+        if leave and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        leave.append(signum)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
     shown: set[str] = set()
     try:
         with connect(args) as client, foreground_while(client, "nataraj",
@@ -96,19 +111,19 @@ def _watch(args: argparse.Namespace, store: Any) -> int:
             print("[deck page open: foreground nataraj; Ctrl-C to leave]", file=sys.stderr)
             end = None if args.duration is None else time.monotonic() + args.duration
             next_take = time.monotonic() + args.pace
-            try:
-                while end is None or time.monotonic() < end:
-                    fresh = [c for c in store.deck(1000) if c["job_id"] not in shown]
-                    _print_cards(fresh, args.json)
-                    shown.update(c["job_id"] for c in fresh)
-                    if args.pace and time.monotonic() >= next_take:
-                        store.take_cards(1)
-                        next_take = time.monotonic() + args.pace
-                    client.ping(timeout=args.timeout)  # fail fast if the runtime went away
-                    time.sleep(0.5)
-            except KeyboardInterrupt:
-                pass
+            while not leave and (end is None or time.monotonic() < end):
+                fresh = [c for c in store.deck(1000) if c["job_id"] not in shown]
+                _print_cards(fresh, args.json)
+                shown.update(c["job_id"] for c in fresh)
+                if args.pace and time.monotonic() >= next_take:
+                    store.take_cards(1)
+                    next_take = time.monotonic() + args.pace
+                client.ping(timeout=args.timeout)  # fail fast if the runtime went away
+                for _ in range(5):
+                    if not leave:
+                        time.sleep(0.1)
         print("[deck page closed: foreground restored]", file=sys.stderr)
         return 0
     finally:
-        signal.signal(signal.SIGTERM, previous)
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

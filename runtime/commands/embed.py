@@ -12,7 +12,9 @@ import json
 import sys
 from typing import Any
 
+from uniun.protocol.endpoints import embed_endpoint
 from uniun.runtime.commands.common import CommandError, client_command
+from uniun.runtime.security import client_curve
 
 PREVIEW = 6  # values shown per vector without --json
 
@@ -47,7 +49,9 @@ def run(args: argparse.Namespace) -> int:
     if not texts and not args.status:
         raise CommandError("give at least one TEXT (or '-' to read lines from stdin)", code=2)
     try:
-        with EmbedClient(args.endpoint, timeout=args.timeout) as client:
+        endpoint = embed_endpoint(args.endpoint)
+        with EmbedClient(endpoint, timeout=args.timeout,
+                         curve=client_curve(endpoint)) as client:
             if args.status:
                 _print_status(client.status(timeout=args.timeout), client.endpoint, args.json)
                 return 0

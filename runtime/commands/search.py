@@ -18,6 +18,7 @@ from uniun.protocol.client import ClientError, Timeout
 from uniun.runtime.commands.common import CommandError, client_command
 from uniun.runtime.commands.producer_common import add_json_flag, open_store, runtime_config
 from uniun.runtime.producers_main import notes_dir
+from uniun.runtime.security import client_curve
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,7 +67,8 @@ def run(args: argparse.Namespace) -> int:
     from uniun.protocol.embed_client import EmbedClient, EmbedUnavailable
 
     try:
-        with EmbedClient(args.endpoint or config.embed.endpoint, timeout=args.timeout) as pool:
+        endpoint = args.endpoint or config.embed.endpoint
+        with EmbedClient(endpoint, timeout=args.timeout, curve=client_curve(endpoint)) as pool:
             query = pool.embed([args.query])[0]
     except EmbedUnavailable as err:
         raise CommandError(str(err)) from None

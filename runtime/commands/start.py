@@ -82,6 +82,8 @@ def run(args: argparse.Namespace) -> int:
     os.environ["UNIUN_HOME"] = str(config.home)  # children and runtime.paths agree
     ensure_private_dir(config.run_dir)
     children = plan_children(config)
+    if not _endpoints_secure(config, children):
+        return 2
     unknown = [n for n in children if not process_registry.is_known(n)]
     if unknown:
         print(f"uniun-runtime: no such process: {', '.join(unknown)}", file=sys.stderr)
@@ -95,6 +97,33 @@ def run(args: argparse.Namespace) -> int:
     if args.detach:
         return _detach(args, config, children)
     return serve(config, children, daemon=args.daemon)
+
+
+def _endpoints_secure(config: RuntimeConfig, children: list[str]) -> bool:
+    """Refuse a tcp endpoint other machines can reach without CURVE; warn on loopback."""
+    from uniun.runtime.security import LOCAL_CLIENT, InsecureEndpoint, check_bind, keys_paths
+
+    paths = keys_paths(config.home)
+    servers = [("front", config.front.endpoint)]
+    if "embed" in children:
+        servers.append(("embedding pool", config.embed.endpoint))
+    for what, endpoint in servers:
+        try:
+            mode = check_bind(endpoint or "ipc://", what, paths)
+        except InsecureEndpoint as err:
+            print(f"uniun-runtime: {err}", file=sys.stderr)
+            return False
+        if mode == "curve" and not paths.client_secret(LOCAL_CLIENT).is_file():
+            print(f"uniun-runtime: {what} {endpoint} needs CURVE, and this runtime's own "
+                  f"processes (producers, gateway) connect with "
+                  f"{paths.client_secret(LOCAL_CLIENT)}, which is missing; run: "
+                  "uniun-runtime keys init", file=sys.stderr)
+            return False
+        if mode == "plain":
+            print(f"uniun-runtime: warning: {what} {endpoint} is tcp without CURVE; any "
+                  "local user can connect (uniun-runtime keys init turns it on)",
+                  file=sys.stderr)
+    return True
 
 
 def _ensure_model(config: RuntimeConfig, children: list[str]) -> bool:
@@ -211,8 +240,10 @@ def _ready(endpoint: str, with_runner: bool) -> bool:
 
 def _pings(endpoint: str) -> bool:
     from uniun.protocol.client import Client
+    from uniun.runtime.security import client_curve
     try:
-        with Client(endpoint, timeout=1.0, reconnect=False) as client:
+        with Client(endpoint, timeout=1.0, reconnect=False,
+                    curve=client_curve(endpoint)) as client:
             client.ping(timeout=1.0)
         return True
     except Exception as err:  # not up yet: any failure means "try again"

@@ -26,6 +26,7 @@ import msgpack
 import zmq
 
 from tests.wait import WAIT_S, wait_for
+from uniun.protocol.curve import ClientCurve
 
 BASE_CONFIG = """\
 [models]
@@ -69,10 +70,12 @@ class Wire:
 
     _ids = itertools.count(1)
 
-    def __init__(self, endpoint: str) -> None:
+    def __init__(self, endpoint: str, curve: ClientCurve | None = None) -> None:
         self._ctx = zmq.Context.instance()
         self.sock = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
+        if curve is not None:
+            curve.apply(self.sock)
         self.sock.connect(endpoint)
         self.log: list[dict[str, Any]] = []
 
@@ -158,6 +161,7 @@ class Runtime:
         self.env = dict(os.environ, UNIUN_HOME=str(home), UNIUN_CHILDREN="scheduler,runner")
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoint = f"ipc://{home / 'run' / 'front.sock'}"
+        self.curve: ClientCurve | None = None  # keys for a tcp front with CURVE
         self._wires: list[Wire] = []
 
     def start(self) -> Runtime:
@@ -177,12 +181,12 @@ class Runtime:
         return wait_for("the runtime to serve with a runner", up)
 
     def wire(self) -> Wire:
-        w = Wire(self.endpoint)
+        w = Wire(self.endpoint, self.curve)
         self._wires.append(w)
         return w
 
     def status(self, timeout: float = 10.0) -> dict[str, Any] | None:
-        w = Wire(self.endpoint)
+        w = Wire(self.endpoint, self.curve)
         try:
             return w.request("status", timeout=timeout)
         except AssertionError:

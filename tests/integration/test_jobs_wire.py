@@ -136,3 +136,35 @@ def test_status_carries_every_protocol_field(runtime: Runtime) -> None:
         for job_id in ("st-queued", "st-running"):
             w.request("cancel", job_id=job_id)
             w.end(job_id)
+
+
+def test_a_cancel_racing_the_finish_gives_exactly_one_terminal_event(runtime: Runtime) -> None:
+    """Cancels sent at every point of short jobs, the last token included: each job ends
+    once, with ``cancelled`` if the cancel was acknowledged, ``done`` if it came too late
+    (``not_found``), and nothing follows its end."""
+    w = runtime.wire()
+    outcomes: dict[str, str] = {}
+    for n in range(18):
+        job_id, length = f"race-{n}", 6
+        w.submit({"job_id": job_id, "kind": "extract", "prompt": f"race {n}",
+                  "max_new_tokens": length})
+        at = n % (length + 1) - 1  # -1: at once, before any token
+        if at >= 0:
+            w.wait(lambda m, j=job_id, s=at: m.get("job_id") == j and "re" not in m
+                   and (m["type"] in ("done", "error") or m.get("seq") == s))
+        reply = w.request("cancel", job_id=job_id)
+        assert reply["type"] == "cancelled" or reply.get("code") == "not_found", reply
+        outcomes[job_id] = reply["type"]
+        w.end(job_id)
+    w.submit({"job_id": "race-fence", "kind": "extract", "prompt": "fence", "max_new_tokens": 2})
+    w.end("race-fence")  # anything still owed for the racing jobs came before this
+    for job_id, acknowledged in outcomes.items():
+        events = w.events(job_id)
+        ends = [e for e in events if e["type"] in ("done", "error")]
+        assert len(ends) == 1, (job_id, ends)
+        assert events[-1] is ends[0], (job_id, events[-3:])
+        if acknowledged == "cancelled":
+            assert ends[0]["type"] == "error" and ends[0]["code"] == "cancelled", (job_id, ends)
+        else:
+            assert ends[0]["type"] == "done", (job_id, ends)
+    assert "cancelled" in outcomes.values()

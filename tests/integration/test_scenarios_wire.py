@@ -49,12 +49,19 @@ def test_scenario_1_chat_preempts_nataraj_which_resumes(runtime: Runtime, refere
 def test_scenario_3_gana_past_its_deadline_preempts_nataraj(runtime: Runtime,
                                                            reference: str) -> None:
     w = runtime.wire()
-    w.submit(long_job("s3-nataraj", "nataraj"))
+    # One flow for both. In the fair pool two flows take turns at slice boundaries (every
+    # 2 s of a segment, once the running flow's vruntime is granularity_s ahead: the
+    # session's earlier nataraj jobs leave flow "nataraj" far ahead of flow "gana"). On a
+    # slow machine the nataraj's segment could pass its 2 s boundary before the gana's
+    # 1 s deadline fell due (dispatch to third token is slow under load), so the gana ran
+    # at T4 after a "slice" pause: the ~1-in-9 flake. In one flow only the deadline can
+    # put the gana first, which is what this scenario is about.
+    w.submit(long_job("s3-nataraj", "nataraj", flow="s3"))
     wait_tokens(w, "s3-nataraj")
     # Due in one second: it enters the fair pool (T4) and is promoted to T3 by the
     # scheduler's timer, not by another arrival.
     accepted = w.submit({"job_id": "s3-gana", "kind": "gana", "prompt": "a gana tick",
-                         "max_new_tokens": 40, "deadline": time.time() + 1.0})
+                         "max_new_tokens": 40, "deadline": time.time() + 1.0, "flow": "s3"})
     assert accepted["tier"] == 4
     gana_done = w.end("s3-gana")
     assert gana_done["type"] == "done"

@@ -25,6 +25,16 @@ def _prompt(job_id: str, **extra: Any) -> dict[str, Any]:
     return {"job_id": job_id, "kind": "extract", "prompt": "hi", **extra}
 
 
+def assert_answers_ping(client: Client, fake: FakeScheduler) -> None:
+    """The client's ping went to this scheduler and its pong came back: a round trip,
+    which ``ping()`` returns, of a real request (a ping answered from a cache, or by
+    nobody, would not have reached ``fake``)."""
+    before = sum(r["type"] == "ping" for r in fake.received)
+    rtt = client.ping()
+    assert sum(r["type"] == "ping" for r in fake.received) == before + 1
+    assert 0.0 < rtt < WAIT
+
+
 def test_submit_streams_tokens_in_order_and_ends_with_done(ipc_endpoint: str,
                                                            fake_scheduler: Make) -> None:
     fake_scheduler(ipc_endpoint)
@@ -52,7 +62,7 @@ def test_submit_generates_a_job_id_and_result_returns_done(ipc_endpoint: str,
 def test_tcp_endpoint_works(fake_scheduler: Make) -> None:
     fake = fake_scheduler("tcp://127.0.0.1:*")
     with Client(fake.bound_endpoint, timeout=WAIT) as client:
-        assert client.ping() >= 0.0
+        assert_answers_ping(client, fake)
         assert "".join(client.submit(_prompt("t1")).tokens()) == "Hello, world"
 
 
@@ -77,7 +87,7 @@ def test_two_jobs_stream_at_once_and_events_are_routed_by_job_id(
 
 def test_error_reply_raises_client_error_with_code_field_and_retryable(
         ipc_endpoint: str, fake_scheduler: Make) -> None:
-    fake_scheduler(ipc_endpoint)
+    fake = fake_scheduler(ipc_endpoint)
     with Client(ipc_endpoint, timeout=WAIT) as client:
         with pytest.raises(ClientError) as info:
             client.submit({"job_id": "x", "kind": "chat", "prompt": "hi", "max_new_tokens": 0})
@@ -87,7 +97,7 @@ def test_error_reply_raises_client_error_with_code_field_and_retryable(
         with pytest.raises(ClientError) as info:
             client.attach("never-submitted")
         assert info.value.code == "not_found"
-        assert client.ping() >= 0.0  # still usable
+        assert_answers_ping(client, fake)  # still usable
 
 
 def test_cancel_ends_the_stream_and_unknown_job_is_not_found(ipc_endpoint: str,
@@ -130,7 +140,7 @@ def test_foreground_lifecycle_status_and_ping(ipc_endpoint: str, fake_scheduler:
         client.foreground(None)
         client.lifecycle("background")
         assert client.status() == {"policy": "uniun", "queues": {"T0": []}}
-        assert client.ping() >= 0.0
+        assert_answers_ping(client, fake)
         with pytest.raises(ValueError):
             client.lifecycle("sideways")  # refused locally, nothing sent
     sent = [(r["type"], r.get("kind", r.get("state"))) for r in fake.received]
@@ -147,11 +157,11 @@ def test_no_scheduler_raises_scheduler_unavailable(ipc_endpoint: str) -> None:
 
 def test_silent_scheduler_raises_timeout_and_client_stays_usable(ipc_endpoint: str,
                                                                 fake_scheduler: Make) -> None:
-    fake_scheduler(ipc_endpoint, answer=lambda msg: msg["type"] != "status")
+    fake = fake_scheduler(ipc_endpoint, answer=lambda msg: msg["type"] != "status")
     with Client(ipc_endpoint, timeout=WAIT) as client:
         with pytest.raises(Timeout):
             client.status(timeout=0.5)
-        assert client.ping() >= 0.0
+        assert_answers_ping(client, fake)
 
 
 def test_too_large_job_is_refused_locally_before_sending(ipc_endpoint: str,

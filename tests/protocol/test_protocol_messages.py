@@ -265,3 +265,25 @@ def test_protocol_room_imports_no_pykka_onnxruntime_and_its_core_no_zmq() -> Non
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120)
     assert out.stdout.strip() == "[] []"
+
+
+@pytest.mark.parametrize("model_id", [".", "..", "/tmp", "../../etc/passwd", "\U0001F600",
+                                      "tiny\x00", "tiny\n", "TINY", "-tiny", "a" * 65])
+def test_a_model_id_outside_the_store_name_format_is_invalid_field(model_id: str) -> None:
+    # Even with no model list to check against: the name can never be a store folder.
+    open_rules = rq.JobRules(default_model="smollm2-135m")
+    err = _refused(_req("submit", job={**JOB, "model_id": model_id}), open_rules)
+    assert (err.code, err.field, err.job_id) == (ErrorCode.INVALID_FIELD, "model_id", "j1")
+
+
+def test_a_huge_unknown_key_is_named_short_enough_to_fit_in_a_reply() -> None:
+    for job in ({**JOB, "k" * 500_000: 1}, {**JOB, "sampling": {"s" * 500_000: 1}},
+                {**JOB, "format": {"f" * 500_000: 1}}):
+        err = _refused(_req("submit", job=job))
+        assert err.code == ErrorCode.INVALID_FIELD and len(err.field) < 100
+        assert len(err.message) < 200
+
+
+def test_an_empty_prompt_is_refused_before_it_reaches_the_runner() -> None:
+    err = _refused(_req("submit", job={"job_id": "j1", "kind": "chat", "prompt": ""}))
+    assert (err.code, err.field) == (ErrorCode.INVALID_FIELD, "prompt")

@@ -121,10 +121,27 @@ def test_open_note_runs_a_hinted_extraction_and_restores_the_foreground(mesh: Me
     assert again.returncode == 0 and len(_knowledge_by_note(mesh)["ada-lovelace.md"]) == 2
 
 
-def test_deck_watch_holds_foreground_nataraj_until_ctrl_c(mesh: Mesh) -> None:
+@pytest.fixture
+def foreground_reset(mesh: Mesh) -> Iterator[None]:
+    """Whatever a test does to the foreground, the next test finds none set."""
+    yield
+    w = mesh.wire()
+    assert w.request("foreground", kind=None)["type"] == "ok"
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+@pytest.mark.parametrize("inherited", ["default", "ignored"])
+def test_deck_watch_holds_foreground_nataraj_until_ctrl_c(
+        mesh: Mesh, foreground_reset: None, inherited: str) -> None:
+    # "ignored": started as a background job of a non-interactive shell (bin/test &, CI)
+    # is, which inherits SIGINT ignored; Ctrl-C must still close the page.
     watch = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "deck", "--watch",
                               "--pace", "0"], env=mesh.env, stdout=subprocess.PIPE,
-                             stderr=subprocess.PIPE, text=True)
+                             stderr=subprocess.PIPE, text=True,
+                             preexec_fn=_ignore_sigint if inherited == "ignored" else None)
     try:
         wait_for("foreground nataraj", lambda: mesh.status()["foreground"] == "nataraj")
         watch.send_signal(signal.SIGINT)
@@ -132,6 +149,7 @@ def test_deck_watch_holds_foreground_nataraj_until_ctrl_c(mesh: Mesh) -> None:
     finally:
         if watch.poll() is None:
             watch.kill()
+            watch.wait()
     assert mesh.status()["foreground"] is None
     assert "foreground restored" in watch.stderr.read()
 

@@ -19,7 +19,7 @@ from tests.actors.scheduler.core_driver import (
     text_of,
     token_id,
 )
-from uniun.actors.scheduler.effects import JFinish, JPaused
+from uniun.actors.scheduler.effects import JCancelAsked, JFinish, JPaused
 from uniun.protocol import messages as m
 from uniun.protocol import requests as rq
 from uniun.protocol import runner_records as rp
@@ -356,3 +356,21 @@ def _status(d: Driver) -> dict:
     fx = d.request(B, rq.StatusRequest("st"))
     [reply] = msgs(fx, B, "status")
     return reply
+
+
+def test_a_cancel_acknowledged_before_a_scheduler_restart_ends_the_job_cancelled() -> None:
+    # The cancel reply went out, then the scheduler died before the runner stopped the job:
+    # the journal holds the cancel, so the replayed job ends cancelled and never runs on.
+    d = started_job("nataraj", "asked", 2, max_new_tokens=8)
+    fx = d.cancel(B, "asked")
+    assert JCancelAsked("asked") in fx.journal  # committed before the reply is sent
+    e = entry("asked", "nataraj", 2, max_new_tokens=8)
+    e.cancel_asked = True
+    again = Driver(entries=[e])
+    [finish] = again.history[0].journal
+    assert isinstance(finish, JFinish) and finish.final["code"] == "cancelled"
+    up = again.up(FakeRunner().hold("asked", 2))
+    assert commands(up) == [rp.Drop(job_id="asked")]
+    told = msgs(again.attach(A, "asked"), A)
+    assert told[0]["state"] == "ended" and told[-1] == finish.final
+    assert not any(t["type"] == "done" for t in told)

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from uniun.actors.scheduler.effects import JAccept, JFinish, JPaused, JStarted, JToken
+from uniun.actors.scheduler.effects import (
+    JAccept,
+    JCancelAsked,
+    JFinish,
+    JPaused,
+    JStarted,
+    JToken,
+)
 from uniun.actors.scheduler.journal import Journal
 from uniun.protocol.jobmap import validate_job
 
@@ -81,3 +88,23 @@ def test_a_batch_of_writes_is_all_or_nothing(tmp_path: Path) -> None:
     journal.close()
     entries = replay(path)
     assert list(entries) == ["a"] and entries["a"].final is None  # "b" was rolled back
+
+
+def test_an_acknowledged_cancel_survives_a_reopen_and_an_old_journal_gains_the_column(
+        tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "journal.db"
+    old = sqlite3.connect(str(path))  # the jobs table as journals before the column had it
+    old.execute("CREATE TABLE jobs (job_id TEXT PRIMARY KEY, spec BLOB NOT NULL, "
+                "accepted_at REAL NOT NULL, seed INTEGER, started INTEGER NOT NULL DEFAULT 0, "
+                "preemptions INTEGER NOT NULL DEFAULT 0, first_token_at REAL, started_at REAL, "
+                "final BLOB, finished_at REAL)")
+    old.commit()
+    old.close()
+    journal = Journal(path)
+    journal.write([JAccept(spec("a"), at=100.0), JAccept(spec("b"), at=101.0)])
+    journal.write([JCancelAsked("a")])
+    journal.close()
+    entries = replay(path)
+    assert entries["a"].cancel_asked is True and entries["b"].cancel_asked is False

@@ -1,0 +1,69 @@
+"""``uniun-runtime fuzz``: hostile frames against a running scheduler, with a verdict.
+
+The same fuzzer the test suite runs for a bounded number of frames
+(``runtime/chaos/fuzz.py``), for as many as one asks: every request answered exactly
+once, every error code in PROTOCOL.md's table, never ``internal``, the scheduler never
+restarted. Exit status 0 only if all of that held. Needs Hypothesis (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import zmq
+
+from uniun.protocol.curve import CurveError
+from uniun.protocol.endpoints import EndpointError, front_endpoint
+from uniun.runtime.commands.common import fail
+from uniun.runtime.security import client_curve
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "fuzz", help="send hostile frames to the scheduler and check every answer",
+        description="Send N Hypothesis-generated hostile frames (every request type, every "
+                    "job-map field, garbage) to a running scheduler, one at a time, and "
+                    "check: exactly one reply per request, every error code in the "
+                    "protocol's table, never 'internal', the scheduler not restarted. "
+                    "Valid submits in the mix run tiny jobs (1-4 tokens) on the runtime.")
+    parser.add_argument("--frames", type=int, default=1000, metavar="N",
+                        help="frames to send (default 1000)")
+    parser.add_argument("--seed", type=int, default=0, metavar="K",
+                        help="Hypothesis seed (default 0; a run is repeatable by its seed)")
+    parser.add_argument("--front", metavar="ENDPOINT", default=None,
+                        help="scheduler endpoint (default: the running runtime's)")
+    parser.add_argument("--client-key", type=Path, default=None, metavar="FILE",
+                        help="CURVE client key for a tcp front (default: this home's)")
+    parser.add_argument("--json", action="store_true", help="print the report as JSON")
+    parser.add_argument("--out", type=Path, default=None, metavar="FILE.json",
+                        help="also write the JSON report there")
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        from uniun.runtime.chaos.fuzz import run_wire_fuzz
+    except ImportError as err:
+        fail(f"the fuzzer needs Hypothesis ({err}); install the test extra: "
+             "pip install 'uniun-runtime[test]'")
+        return 2
+    if args.frames < 1:
+        fail("--frames must be at least 1")
+        return 2
+    try:
+        endpoint = front_endpoint(args.front)
+        curve = client_curve(endpoint, client_key=args.client_key)
+    except (EndpointError, CurveError) as err:
+        fail(str(err))
+        return 2
+    options = {} if curve is None else {zmq.CURVE_SERVERKEY: curve.server_public,
+                                        zmq.CURVE_PUBLICKEY: curve.public,
+                                        zmq.CURVE_SECRETKEY: curve.secret}
+    report = run_wire_fuzz(endpoint, args.frames, args.seed, socket_options=options)
+    body = report.to_json()
+    if args.out is not None:
+        args.out.write_text(json.dumps(body, indent=2) + "\n")
+    print(json.dumps(body, indent=2) if args.json else report.text())
+    return 0 if report.ok else 1

@@ -1,0 +1,75 @@
+"""A tcp front with CURVE, end to end: keys made by ``uniun-runtime keys``, the runtime's
+own CLI served with this home's key, an allowed client served, an unknown key and a
+client without keys refused, a revoked key refused from its next connection; and a front
+other machines could reach, without keys, refused at start with the fix."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from uniun.protocol.client import Client, SchedulerUnavailable
+from uniun.protocol.curve import ClientCurve, KeyPaths, create_pair
+
+from .harness import BASE_CONFIG, Runtime
+
+pytestmark = pytest.mark.integration
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "uniun.runtime", *args], env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+def test_a_front_other_machines_can_reach_needs_keys_to_start(tmp_path: Path) -> None:
+    rt = Runtime(tmp_path / "open")
+    out = _cli(rt.env, "start", "--config", str(rt.config_path),
+               "--front", f"tcp://0.0.0.0:{_free_port()}")
+    assert out.returncode == 2, out.stderr
+    assert "uniun-runtime keys init" in out.stderr and "127.0.0.1" in out.stderr
+    assert not (rt.home / "run" / "front.endpoint").exists()
+
+
+def test_curve_front_serves_allowed_keys_only(tmp_path: Path, tiny_model: str) -> None:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    rt = Runtime(tmp_path / "curve", BASE_CONFIG + f'\n[front]\nendpoint = "{endpoint}"\n')
+    assert _cli(rt.env, "keys", "init").returncode == 0
+    made = _cli(rt.env, "keys", "create", "alice")
+    assert made.returncode == 0, made.stderr
+    keys = KeyPaths(rt.home / "keys")
+    rt.endpoint = endpoint
+    rt.curve = ClientCurve.from_files(keys.client_secret("local"), keys.server_public)
+    rt.start()
+    try:
+        status = _cli(rt.env, "status")  # this home's CLI finds its own key
+        assert status.returncode == 0, status.stderr
+        alice = ClientCurve.from_files(keys.client_secret("alice"), keys.server_public)
+        with Client(endpoint, timeout=30, curve=alice) as client:
+            done = client.submit({"kind": "extract", "prompt": "hi", "max_new_tokens": 3}
+                                 ).result(timeout=60)
+            assert done["type"] == "done"
+        _, stranger_secret = create_pair(tmp_path / "elsewhere", "stranger")
+        stranger = ClientCurve.from_files(stranger_secret, keys.server_public)
+        for curve in (stranger, None):
+            with Client(endpoint, timeout=3, reconnect=False, curve=curve) as client:
+                with pytest.raises(SchedulerUnavailable):
+                    client.ping()
+        with Client(endpoint, timeout=3, reconnect=False, curve=stranger) as client:
+            with pytest.raises(SchedulerUnavailable, match="refused this client's key"):
+                client.status()
+        assert _cli(rt.env, "keys", "revoke", "alice").returncode == 0
+        with Client(endpoint, timeout=3, reconnect=False, curve=alice) as client:
+            with pytest.raises(SchedulerUnavailable, match="refused"):
+                client.ping()
+    finally:
+        assert rt.stop() == 0, rt.logs()
