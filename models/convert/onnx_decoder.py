@@ -64,7 +64,7 @@ EXTERNAL_DATA_NAME = "model.onnx.data"
 
 def _io(config: DecoderConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
     kv_shape = ["batch", config.num_key_value_heads, "past_seq", config.head_dim]
-    present_shape = ["batch", config.num_key_value_heads, "present_seq", config.head_dim]
+    present_shape = ["batch", config.num_key_value_heads, "total_seq", config.head_dim]
     int64, f32 = TensorProto.INT64, TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("input_ids", int64, ["batch", "seq"]),
               helper.make_tensor_value_info("attention_mask", int64, ["batch", "total_seq"]),
