@@ -254,14 +254,7 @@ class DecoderModel:
         n = len(ids)
         past = kv.length if kv is not None else 0
         buf = self._buffer_for(kv, n)
-        if self._bound is not buf:
-            binding = self._sess.io_binding()
-            binding.bind_output("logits", "cpu")  # first: get_outputs()[0] below
-            for name, out, value in zip(self._past_names, self._output_names[1:], buf.ort_values):
-                binding.bind_ortvalue_input(name, value)
-                binding.bind_ortvalue_output(out, value)
-            self._binding, self._bound = binding, buf
-        binding = self._binding
+        binding = self._bind(buf)
         binding.bind_cpu_input("input_ids", np.asarray(ids, dtype=np.int64).reshape(1, n))
         binding.bind_cpu_input("attention_mask", np.ones((1, past + n), np.int64))
         binding.bind_cpu_input("position_ids",
@@ -280,6 +273,21 @@ class DecoderModel:
         buf.written = past + n
         logits = binding.get_outputs()[0].numpy()[0, -1].copy()  # 196 KB, ~10 us
         return logits, buf.view(past + n)
+
+    def _bind(self, buf: KVBuffer) -> Any:
+        if self._bound is not buf:
+            binding = self._sess.io_binding()
+            binding.bind_output("logits", "cpu")  # first: get_outputs()[0] below
+            for name, out, value in zip(self._past_names, self._output_names[1:], buf.ort_values):
+                binding.bind_ortvalue_input(name, value)
+                binding.bind_ortvalue_output(out, value)
+            self._binding, self._bound = binding, buf
+        return self._binding
+
+    def bind_kv(self, kv: KVCache) -> None:
+        """Bind ``kv``'s buffer now (what the next pass on it would do first)."""
+        if kv.buffer is not None:
+            self._bind(kv.buffer)
 
     def release_kv_binding(self) -> None:
         """Forget the bound KV buffer (it stays valid as data; the next pass rebinds)."""

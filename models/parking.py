@@ -22,6 +22,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from loguru import logger
 
 from uniun.models.kv import ParkedState
@@ -48,7 +49,14 @@ class ParkingLot:
     """Many parked jobs, keyed by job id, whose in-memory KV stays under ``max_bytes``."""
 
     def __init__(self, max_bytes: int = DEFAULT_PARKING_BYTES, *,
-                 max_disk_bytes: int = DEFAULT_SPILL_BYTES, spill_dir: Path) -> None:
+                 max_disk_bytes: int = DEFAULT_SPILL_BYTES, spill_dir: Path,
+                 kv_dtype: str = "float32") -> None:
+        if kv_dtype not in ("float32", "float16"):
+            raise ValueError(f"kv_dtype must be float32 or float16, not {kv_dtype!r}")
+        # float16: parked KV is stored at half the bytes (twice the jobs under the cap),
+        # at the price of a conversion copy on park and on resume and a rounding of
+        # every key and value (docs/kv-cache.md measures what that does to the output).
+        self.kv_dtype = kv_dtype
         self.max_bytes = int(max_bytes)
         self.max_disk_bytes = int(max_disk_bytes)  # 0 disables spilling
         self._spill_dir = spill_dir
@@ -90,6 +98,9 @@ class ParkingLot:
         if old is not None and old is not state:
             old.discard_spill()
             self._disk.pop(job_id, None)
+        if self.kv_dtype == "float16" and state.kv is not None \
+                and state.kv.dtype != np.float16:
+            state.kv = state.kv.compact(np.float16)
         self._states[job_id] = state
         self.enforce()
 
