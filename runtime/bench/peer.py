@@ -30,7 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROMPTS", "run", "agreement", "PeerUnavailable"]
+__all__ = ["PROMPTS", "run", "agreement", "peer_python", "PeerUnavailable"]
 
 PROMPTS = (
     "What is the capital of France?",
@@ -52,7 +52,7 @@ class PeerUnavailable(RuntimeError):
     """The peer engine is not installed for the given interpreter."""
 
 
-def _peer_python(explicit: str | None) -> str:
+def peer_python(explicit: str | None) -> str:
     python = explicit or sys.executable
     probe = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True, text=True)
     if probe.returncode != 0:
@@ -107,10 +107,10 @@ def _ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float]:
 
 
 def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx: int = 2048,
-        peer_python: str | None = None,
+        peer: str | None = None,
         log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
     """Interleaved rounds of both engines; the result map ``bench --peer`` writes."""
-    python = _peer_python(peer_python)
+    python = peer_python(peer)
     spec = _spec(model_dir, gguf, threads, n_ctx)
     per_round = []
     with tempfile.TemporaryDirectory(prefix="uniun-peer-") as tmp:

@@ -40,7 +40,7 @@ def _model_and_gguf(args: argparse.Namespace) -> tuple[Path, Path]:
 
 
 def run_peer(args: argparse.Namespace) -> int:
-    from uniun.runtime.bench.peer import PeerUnavailable, run
+    from uniun.runtime.bench.peer import PeerUnavailable, peer_python, run
 
     if args.rounds < 1 or args.threads < 1:
         print("uniun-runtime: bench --peer needs --rounds >= 1 and --threads >= 1",
@@ -48,9 +48,10 @@ def run_peer(args: argparse.Namespace) -> int:
         return 2
     out = args.out or Path("bench-results") / "bench-peer.json"
     try:
+        python = peer_python(args.peer_python)  # first: the cheapest thing to be missing
         model_dir, gguf = _model_and_gguf(args)
         result = run(model_dir, gguf, threads=args.threads, rounds=args.rounds,
-                     peer_python=args.peer_python, log=lambda m: print(m, file=sys.stderr))
+                     peer=python, log=lambda m: print(m, file=sys.stderr))
     except PeerUnavailable as err:
         print(f"uniun-runtime: {err}", file=sys.stderr)
         return 2
