@@ -149,3 +149,18 @@ def test_the_light_tokenizer_renders_and_encodes_like_transformers() -> None:
         messages = [{"role": "system", "content": "Be brief."},
                     {"role": "user", "content": "Hi?"}]
         assert encode_chat(light, messages) == encode_chat(hf, messages)
+
+
+def test_over_the_cap_a_parked_buffer_is_compacted_before_anything_is_trimmed(
+        session: DecoderSession, tmp_path: Path) -> None:
+    gen = session.start(prompt_ids=[9, 8, 7, 6, 5, 4, 3, 2], max_new_tokens=N,
+                        ignore_eos=True, static_prefix=4, job_id="c")
+    for _ in range(3):
+        session.step(gen)
+    used = gen.kv.compact().nbytes
+    assert gen.kv.nbytes > used  # the buffer has spare capacity
+    lot = ParkingLot(used, spill_dir=tmp_path)
+    lot.park("c", session.park(gen))
+    state = lot.get("c")
+    assert state.kv.buffer is None and state.nbytes == used
+    assert state.kv_length == 10 and lot.stats().trimmed == 0
