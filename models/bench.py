@@ -25,7 +25,8 @@ exactly these):
   from its snapshot, against the same generation uninterrupted: the work the resume adds,
   counted and timed piece by piece (see :func:`resume_overhead`), with
   ``resume_overhead_noise_pct`` (its spread over the repetitions) and the counts
-  ``resume_extra_passes``, ``resume_extra_kv_buffers``, ``resume_copied_bytes``.
+  ``resume_extra_passes``, ``resume_extra_kv_buffers``, ``resume_copied_bytes``, and
+  ``resume_added_ms`` (park + resume + rebind) against ``resume_step_ms`` (a step).
 * ``partial_evict_saving_pct`` — resume of that paused job after trimming it to its
   192-token system prompt, against a full recompute of its 256 positions.
 * ``prefix_cache_ttft_saving_pct`` — time to first token of a job with a 192-token system
@@ -51,7 +52,8 @@ __all__ = ["BENCH_KEYS", "run_bench"]
 BENCH_KEYS = ("load_s", "prefill_tokens_per_s", "decode_ms_per_token", "kv_bytes_per_token",
               "snapshot_ms", "restore_ms", "snapshot_resume_ms", "recompute_resume_ms",
               "resume_overhead_pct", "resume_overhead_noise_pct", "resume_extra_passes",
-              "resume_extra_kv_buffers", "resume_copied_bytes", "partial_evict_saving_pct", "prefix_cache_ttft_saving_pct",
+              "resume_extra_kv_buffers", "resume_copied_bytes", "resume_added_ms",
+              "resume_step_ms", "partial_evict_saving_pct", "prefix_cache_ttft_saving_pct",
               "peak_rss_mb")
 
 CONTEXT = 256  # positions of the paused job
@@ -233,7 +235,7 @@ def resume_overhead(session: DecoderSession, prompt: list[int], reps: int,
         after = (session.passes, session.kv_buffers_made, session.kv_copied_bytes)
         return sum(extra), steps, tuple(a - b for a, b in zip(after, before))  # type: ignore[return-value]
 
-    figures, extra_work = [], []
+    figures, extra_work, added_ms, step_ms = [], [], [], []
     for _ in range(reps + 2):
         _, plain_steps, plain_work = generation(None)
         added, steps, work = generation(GEN // 2)
@@ -241,11 +243,15 @@ def resume_overhead(session: DecoderSession, prompt: list[int], reps: int,
         step = statistics.median(plain_steps + steps)
         # An extra pass costs a step; extra copies are inside the timed resume already.
         figures.append((added + extra_work[-1][0] * step) / (GEN * step) * 100)
+        added_ms.append(added * 1e3)
+        step_ms.append(step * 1e3)
     passes, buffers, copied = max(extra_work)
     out = {"resume_overhead_pct": statistics.median(figures),
            "resume_overhead_noise_pct": max(figures) - min(figures),
            "resume_extra_passes": float(passes), "resume_extra_kv_buffers": float(buffers),
-           "resume_copied_bytes": float(copied)}
+           "resume_copied_bytes": float(copied),
+           "resume_added_ms": statistics.median(added_ms),
+           "resume_step_ms": statistics.median(step_ms)}
     log(f"resume overhead {out['resume_overhead_pct']:.3f}% (noise "
         f"{out['resume_overhead_noise_pct']:.3f}%): {passes} extra passes, {buffers} extra "
         f"KV buffers, {copied} KV bytes copied")
