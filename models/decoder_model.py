@@ -31,9 +31,14 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
-from uniun.models.kv import KVCache
+from uniun.models.kv import KVBuffer, KVCache
+from uniun.models.tokenizer import load_tokenizer
 
-__all__ = ["DecoderModel", "Interrupted", "rss_bytes"]
+__all__ = ["DecoderModel", "Interrupted", "rss_bytes", "KV_CHUNK"]
+
+# In-place KV buffers grow in steps of this many positions (SmolLM2: 11.8 MB), so a
+# generation reallocates (and copies its KV once) every KV_CHUNK tokens at most.
+KV_CHUNK = 256
 
 
 class Interrupted(Exception):
@@ -54,11 +59,8 @@ def rss_bytes() -> int:
 
 
 def _load_tokenizer(model_dir: Path) -> Any:
-    # transformers advises installing torch on import; we never want torch here.
-    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(model_dir))
+    # Without transformers where the folder allows it (~50 MB less resident memory).
+    return load_tokenizer(model_dir)
 
 
 def _eos_ids(model_dir: Path, config: Mapping[str, Any], tokenizer: Any) -> tuple[int, ...]:
@@ -79,7 +81,9 @@ class DecoderModel:
     """A loaded decoder plus tokenizer: the forward pass, nothing about jobs."""
 
     def __init__(self, model_dir: Path | str, *, threads: int = 2, model_id: str | None = None,
-                 spinning: bool = True, replay: str = "auto") -> None:
+                 spinning: bool = True, replay: str = "auto",
+                 session_config: Mapping[str, str] | None = None,
+                 profile_prefix: str | None = None) -> None:
         import onnxruntime as ort
 
         self.model_dir = Path(model_dir)
@@ -98,6 +102,11 @@ class DecoderModel:
             # The runner decodes while the rest of the runtime mostly waits, so spin by
             # default; turn it off where other heavy work shares the cores.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        for key, value in (session_config or {}).items():
+            options.add_session_config_entry(key, value)
+        if profile_prefix:  # onnxruntime's per-node profile (runtime/bench/step_profile.py)
+            options.enable_profiling = True
+            options.profile_file_prefix = profile_prefix
         self._ort = ort
         self._inflight: Any = None  # RunOptions of the pass running now (see interrupt)
         self._sess = ort.InferenceSession(str(self.model_dir / "model.onnx"), options,
@@ -110,6 +119,9 @@ class DecoderModel:
             raise ValueError(f"replay must be auto, exact or batched, not {replay!r}")
         # None until probed (lazily, at the first resume that has tokens to re-feed).
         self._exact_replay: bool | None = {"auto": None, "exact": True, "batched": False}[replay]
+        # Counters of work a resume could add (runtime/bench: resume overhead): passes run,
+        # KV buffers allocated, KV bytes copied into them.
+        self.passes = self.kv_buffers_made = self.kv_copied_bytes = 0
         self.load_s = time.perf_counter() - t0
         self.resident_bytes = max(0, rss_bytes() - rss0)
         self.threads = options.intra_op_num_threads
@@ -142,10 +154,28 @@ class DecoderModel:
         if missing:
             raise ValueError(f"{self.model_dir}: model.onnx lacks outputs {missing}")
         self._empty = np.zeros((1, self.kv_heads, 0, self.head_dim), np.float32)
+        self.kv_in_place = self._shares_kv_buffers()
+        self._binding: Any = None  # the IOBinding of the buffer bound last (see _run_in_place)
+        self._bound: KVBuffer | None = None
+
+    def _shares_kv_buffers(self) -> bool:
+        """Whether the graph can write ``present`` into the ``past`` buffer it was fed.
+
+        True for graphs whose attention is ``com.microsoft.GroupQueryAttention`` (ours from
+        builder 6 on, onnxruntime-genai exports): the op detects that past and present are
+        one buffer and appends in place. Spelled-out attention concatenates instead.
+        """
+        import onnx
+
+        model = onnx.load(str(self.model_dir / "model.onnx"), load_external_data=False)
+        found = any(n.op_type == "GroupQueryAttention" for n in model.graph.node)
+        del model
+        return found
 
     def unload(self) -> None:
         """Free the model (the caller's parked states stay valid as data)."""
         self._sess = None  # type: ignore[assignment]
+        self.release_kv_binding()
         gc.collect()
 
     # -- the forward pass ------------------------------------------------------------------
@@ -153,6 +183,8 @@ class DecoderModel:
         """Feed ``ids`` after ``kv``; return the last position's logits and the longer KV."""
         if getattr(self, "_sess", None) is None:
             raise RuntimeError(f"model {self.model_id} is unloaded")
+        if self.kv_in_place:
+            return self._run_in_place(ids, kv)
         past = kv.length if kv is not None else 0
         n = len(ids)
         ort_value = self._ort.OrtValue.ortvalue_from_numpy
@@ -167,8 +199,8 @@ class DecoderModel:
         else:
             for i in range(self.num_layers):
                 k, v = kv.layers[i] if kv is not None else (self._empty, self._empty)
-                feeds[f"past_key_values.{i}.key"] = ort_value(k)
-                feeds[f"past_key_values.{i}.value"] = ort_value(v)
+                feeds[f"past_key_values.{i}.key"] = ort_value(np.asarray(k, np.float32))
+                feeds[f"past_key_values.{i}.value"] = ort_value(np.asarray(v, np.float32))
         run_options = self._inflight = self._ort.RunOptions()
         try:
             outs = self._sess.run_with_ort_values(self._output_names, feeds, run_options)
@@ -178,6 +210,7 @@ class DecoderModel:
             raise
         finally:
             self._inflight = None
+        self.passes += 1
         logits = outs[0].numpy()[0, -1]
         if n > 1:
             logits = logits.copy()  # don't keep a [seq, vocab] prefill buffer alive for one row
@@ -185,6 +218,80 @@ class DecoderModel:
         layers = [(present[2 * i].numpy(), present[2 * i + 1].numpy())
                   for i in range(self.num_layers)]
         return logits, KVCache(layers, present)
+
+    # -- in-place KV (GroupQueryAttention graphs) ---------------------------------------------
+    def _buffer_for(self, kv: KVCache | None, n: int) -> KVBuffer:
+        """The buffer this pass writes into: ``kv``'s own when it may append in place,
+        else a new one holding a copy of ``kv`` (a snapshot that others moved past, a
+        shared prefix, a compact or float16 state, or a full buffer)."""
+        past = kv.length if kv is not None else 0
+        if kv is not None and kv.buffer is not None and kv.buffer.appendable(past, n):
+            return kv.buffer
+        need = past + n
+        capacity = -(-max(need, past + KV_CHUNK) // KV_CHUNK) * KV_CHUNK
+        if self.max_positions:
+            capacity = max(need, min(capacity, self.max_positions))
+        buf = KVBuffer(self.num_layers, self.kv_heads, self.head_dim, capacity,
+                       wrap=self._ort.OrtValue.ortvalue_from_numpy)
+        if kv is not None:
+            for i, (k, v) in enumerate(kv.layers):
+                buf.arrays[2 * i][:, :, :past, :] = k
+                buf.arrays[2 * i + 1][:, :, :past, :] = v
+            self.kv_copied_bytes += 2 * self.num_layers * self.kv_heads * past * self.head_dim * 4
+        buf.written = past
+        self.kv_buffers_made += 1
+        return buf
+
+    def _run_in_place(self, ids: Sequence[int], kv: KVCache | None
+                      ) -> tuple[np.ndarray, KVCache]:
+        """One pass that writes the new positions into a preallocated KV buffer.
+
+        The binding of the KV buffer's 2 x layers OrtValues (the same value as ``past``
+        input and ``present`` output) is kept while the same buffer is fed, so a decode
+        step rebinds only ``input_ids``, ``attention_mask``, ``position_ids`` and
+        ``logits``: no KV is allocated, copied or wrapped per step.
+        """
+        n = len(ids)
+        past = kv.length if kv is not None else 0
+        buf = self._buffer_for(kv, n)
+        binding = self._bind(buf)
+        binding.bind_cpu_input("input_ids", np.asarray(ids, dtype=np.int64).reshape(1, n))
+        binding.bind_cpu_input("attention_mask", np.ones((1, past + n), np.int64))
+        binding.bind_cpu_input("position_ids",
+                               np.arange(past, past + n, dtype=np.int64).reshape(1, n))
+        binding.bind_output("logits", "cpu")
+        run_options = self._inflight = self._ort.RunOptions()
+        try:
+            self._sess.run_with_iobinding(binding, run_options)
+        except Exception as err:
+            if run_options.terminate:
+                raise Interrupted(f"{self.model_id}: pass interrupted") from err
+            raise
+        finally:
+            self._inflight = None
+        self.passes += 1
+        buf.written = past + n
+        logits = binding.get_outputs()[0].numpy()[0, -1].copy()  # 196 KB, ~10 us
+        return logits, buf.view(past + n)
+
+    def _bind(self, buf: KVBuffer) -> Any:
+        if self._bound is not buf:
+            binding = self._sess.io_binding()
+            binding.bind_output("logits", "cpu")  # first: get_outputs()[0] below
+            for name, out, value in zip(self._past_names, self._output_names[1:], buf.ort_values):
+                binding.bind_ortvalue_input(name, value)
+                binding.bind_ortvalue_output(out, value)
+            self._binding, self._bound = binding, buf
+        return self._binding
+
+    def bind_kv(self, kv: KVCache) -> None:
+        """Bind ``kv``'s buffer now (what the next pass on it would do first)."""
+        if kv.buffer is not None:
+            self._bind(kv.buffer)
+
+    def release_kv_binding(self) -> None:
+        """Forget the bound KV buffer (it stays valid as data; the next pass rebinds)."""
+        self._binding = self._bound = None
 
     def interrupt(self) -> None:
         """Cut the pass running now short (safe to call from any thread).

@@ -48,7 +48,7 @@ import numpy as np
 
 from uniun.models.sampling import SamplingParams
 
-__all__ = ["JobProgress", "KVCache", "ParkedState", "SnapshotCorrupt"]
+__all__ = ["JobProgress", "KVBuffer", "KVCache", "ParkedState", "SnapshotCorrupt"]
 
 _MAGIC = b"UNIUNKV1"
 _VERSION = 1
@@ -122,6 +122,42 @@ class JobProgress:
             raise ValueError(f"not a job progress record: {exc}") from exc
 
 
+class KVBuffer:
+    """Preallocated keys/values [1, kv_heads, capacity, head_dim] per layer, written in place.
+
+    Why: with ``GroupQueryAttention`` the session binds ``present`` to the very buffer it
+    feeds as ``past``, so a step writes its one new position and copies nothing. Many
+    :class:`KVCache` objects may view one buffer (a snapshot is a view of the first
+    ``length`` positions); positions below ``written`` are never written again, so
+    every view stays valid. Only a cache whose length equals ``written`` may append in
+    place; any other (an older snapshot, a shared prefix) is copied into a new buffer
+    first (see :meth:`appendable`), so two jobs never write the same positions.
+    """
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int,
+                 wrap: Any = None, dtype: Any = np.float32) -> None:
+        self.capacity = int(capacity)
+        self.arrays = [np.zeros((1, kv_heads, self.capacity, head_dim), dtype)
+                       for _ in range(2 * layers)]  # [k0, v0, k1, v1, ...]
+        # OrtValues over the same memory (no copy), when the session gives a wrapper.
+        self.ort_values = [wrap(a) for a in self.arrays] if wrap is not None else None
+        self.written = 0  # positions [0, written) hold data; the rest is free
+
+    @property
+    def nbytes(self) -> int:
+        return sum(a.nbytes for a in self.arrays)
+
+    def appendable(self, length: int, new: int) -> bool:
+        """Whether a cache of ``length`` positions may write ``new`` more here in place."""
+        return length == self.written and length + new <= self.capacity
+
+    def view(self, length: int) -> KVCache:
+        """A cache of the first ``length`` positions (views, no copy)."""
+        a = self.arrays
+        return KVCache([(a[2 * i][:, :, :length, :], a[2 * i + 1][:, :, :length, :])
+                        for i in range(len(a) // 2)], buffer=self)
+
+
 @dataclass
 class KVCache:
     """Keys/values for positions ``[0, length)``: per layer ``(key, value)`` float32 arrays."""
@@ -131,6 +167,9 @@ class KVCache:
     # from the session: fed back as they are, they save re-wrapping 2 x layers arrays
     # per step. Purely a cache; everything else uses ``layers``.
     ort_values: list[Any] | None = field(default=None, repr=False, compare=False)
+    # The preallocated buffer ``layers`` are views of, when the session updates KV in
+    # place (see :class:`KVBuffer`); None for compact arrays.
+    buffer: KVBuffer | None = field(default=None, repr=False, compare=False)
 
     @property
     def length(self) -> int:
@@ -138,7 +177,22 @@ class KVCache:
 
     @property
     def nbytes(self) -> int:
+        """Memory this cache keeps alive: its whole buffer when it views one."""
+        if self.buffer is not None:
+            return self.buffer.nbytes
         return sum(k.nbytes + v.nbytes for k, v in self.layers)
+
+    @property
+    def dtype(self) -> np.dtype:
+        return self.layers[0][0].dtype if self.layers else np.dtype(np.float32)
+
+    def compact(self, dtype: Any = None) -> KVCache:
+        """Contiguous copies of exactly ``length`` positions (optionally in ``dtype``,
+        e.g. float16 for parking): what a parked or cached state should hold, rather
+        than a view that keeps a whole preallocated buffer alive."""
+        dtype = dtype or self.dtype
+        return KVCache([(np.ascontiguousarray(k, dtype=dtype), np.ascontiguousarray(v, dtype=dtype))
+                        for k, v in self.layers])
 
     @property
     def shape(self) -> tuple[int, int, int]:

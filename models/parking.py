@@ -1,4 +1,4 @@
-"""The runner's store of parked jobs, under a memory cap: trim, then spill, then drop.
+"""The runner's store of parked jobs, under a memory cap: compact, trim, spill, drop.
 
 DESIGN.md §3 rule 3: under snapshot-memory pressure the runner first drops the dynamic
 part of parked snapshots and keeps the static prefix (the system prompt), then spills
@@ -9,7 +9,10 @@ prefix, or by recompute — with every token it already streamed.
 Victims are taken least-recently-parked first inside each stage, so the job parked last
 (which the scheduler put at the *front* of its tier, and will likely resume first) keeps
 its full snapshot longest. All three stages run to completion for one state before the
-next stage starts on any: trimming many jobs is cheaper than spilling one.
+next stage starts on any: trimming many jobs is cheaper than spilling one. Before all
+three, a state that still views its in-place KV buffer (docs/kv-cache.md) is compacted
+to the positions it holds: nothing is lost but the buffer's spare capacity, and the
+resume pays one copy.
 
 Mechanism only: the caps are given by the runner's config; the order of stages is the
 policy of the design and is fixed here.
@@ -22,6 +25,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from loguru import logger
 
 from uniun.models.kv import ParkedState
@@ -48,7 +52,14 @@ class ParkingLot:
     """Many parked jobs, keyed by job id, whose in-memory KV stays under ``max_bytes``."""
 
     def __init__(self, max_bytes: int = DEFAULT_PARKING_BYTES, *,
-                 max_disk_bytes: int = DEFAULT_SPILL_BYTES, spill_dir: Path) -> None:
+                 max_disk_bytes: int = DEFAULT_SPILL_BYTES, spill_dir: Path,
+                 kv_dtype: str = "float32") -> None:
+        if kv_dtype not in ("float32", "float16"):
+            raise ValueError(f"kv_dtype must be float32 or float16, not {kv_dtype!r}")
+        # float16: parked KV is stored at half the bytes (twice the jobs under the cap),
+        # at the price of a conversion copy on park and on resume and a rounding of
+        # every key and value (docs/kv-cache.md measures what that does to the output).
+        self.kv_dtype = kv_dtype
         self.max_bytes = int(max_bytes)
         self.max_disk_bytes = int(max_disk_bytes)  # 0 disables spilling
         self._spill_dir = spill_dir
@@ -90,6 +101,9 @@ class ParkingLot:
         if old is not None and old is not state:
             old.discard_spill()
             self._disk.pop(job_id, None)
+        if self.kv_dtype == "float16" and state.kv is not None \
+                and state.kv.dtype != np.float16:
+            state.kv = state.kv.compact(np.float16)
         self._states[job_id] = state
         self.enforce()
 
@@ -119,7 +133,7 @@ class ParkingLot:
         used = self.nbytes
         if used <= self.max_bytes:
             return actions
-        for stage in ("trim", "spill", "drop"):
+        for stage in ("compact", "trim", "spill", "drop"):
             for job_id, state in list(self._states.items()):
                 if used <= self.max_bytes:
                     return actions
@@ -133,6 +147,12 @@ class ParkingLot:
 
     def _shed(self, stage: str, job_id: str, state: ParkedState) -> int:
         log = logger.bind(job=job_id)
+        if stage == "compact":  # loses nothing: the spare capacity of an in-place buffer
+            if state.kv is None or state.kv.buffer is None:
+                return 0
+            before = state.nbytes
+            state.kv = state.kv.compact()
+            return before - state.nbytes
         if stage == "trim":
             if state.progress.static_prefix <= 0:
                 return 0  # trimming to nothing would be a drop, the last resort

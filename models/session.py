@@ -60,9 +60,9 @@ class DecoderSession(DecoderModel):
 
     def __init__(self, model_dir: Path | str, *, threads: int = 2, model_id: str | None = None,
                  prefix_cache_bytes: int | None = None, spinning: bool = True,
-                 replay: str = "auto") -> None:
+                 replay: str = "auto", **model_options: Any) -> None:
         super().__init__(model_dir, threads=threads, model_id=model_id, spinning=spinning,
-                         replay=replay)
+                         replay=replay, **model_options)
         # None: the default cap; 0: no prefix cache at all.
         self.prefix_cache: PrefixCache | None = (
             PrefixCache() if prefix_cache_bytes is None
@@ -211,7 +211,10 @@ class DecoderSession(DecoderModel):
         if (self._should_cache_prefix(gen) and gen.kv is not None
                 and gen.kv.length == p.static_prefix
                 and p.prompt_ids[: p.static_prefix] not in self.prefix_cache):  # type: ignore[operator]
-            self.prefix_cache.put(p.prompt_ids[: p.static_prefix], gen.kv)  # type: ignore[union-attr]
+            # A view of an in-place buffer would keep the whole buffer alive (and the cache
+            # would under-count it): cache a compact copy of the prefix instead.
+            kv = gen.kv.compact() if gen.kv.buffer is not None else gen.kv
+            self.prefix_cache.put(p.prompt_ids[: p.static_prefix], kv)  # type: ignore[union-attr]
 
     def generate(self, gen: Generation) -> Iterable[TokenEvent]:
         """Step until finished (for callers that never pause, e.g. ``models run``)."""

@@ -95,6 +95,10 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
         if key in values and values[key] < 0:
             raise ConfigError(f"must be >= 0 (got {values[key]!r})",
                               key=f"{section}.{key}", source=source)
+    if section == "runner" and values.get("parked_kv_dtype", "float32") not in ("float32",
+                                                                                "float16"):
+        raise ConfigError("must be float32 or float16", key="runner.parked_kv_dtype",
+                          source=source)
     if section == "logging" and "level" in values and values["level"].upper() not in _LEVELS:
         raise ConfigError(f"must be one of {', '.join(_LEVELS)}", key="logging.level",
                           source=source)

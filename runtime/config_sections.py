@@ -115,6 +115,10 @@ class RunnerConfig:
     spill_cap_bytes: int = field(default=1024 * MIB, metadata=_doc(
         "disk for spilled snapshots, bytes; beyond it snapshots are dropped "
         "(default 1073741824 = 1 GiB)"))
+    # "float32" or "float16"; default float32 (see docs/kv-cache.md, "Parked KV in fp16").
+    parked_kv_dtype: str = field(default="float32", metadata=_doc(
+        "element type of parked KV in memory: float32 (resume is free) or float16 (twice "
+        "the jobs under snapshot_cap_bytes; a copy each way) (default float32)"))
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,8 @@ def main(config: RuntimeConfig) -> int:
     process.on_stop(stop.set)
     ctx = zmq.Context()
     lot = ParkingLot(config.runner.snapshot_cap_bytes,
-                     max_disk_bytes=config.runner.spill_cap_bytes, spill_dir=spill)
+                     max_disk_bytes=config.runner.spill_cap_bytes, spill_dir=spill,
+                     kv_dtype=config.runner.parked_kv_dtype)
     store = ModelStore(models_dir())
     budget = config.budget()  # docs/device.md: chosen with the other sessions' threads
     logger.info("ONNX Runtime threads: runner {} (spinning {}), each embed worker {}, "

@@ -21,7 +21,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Weight
 
-__all__ = ["GraphBuilder", "rope_tables", "attention_bias", "scaled", "attention", "MS_DOMAIN"]
+__all__ = ["GraphBuilder", "rope_tables", "attention_bias", "scaled", "attention", "kv_lengths",
+           "gqa_attention", "MS_DOMAIN"]
 
 MS_DOMAIN = "com.microsoft"
 
@@ -59,16 +60,21 @@ class GraphBuilder:
                                            domain=domain or None, **attrs))
         return names
 
-    def linear(self, x: str, weights: list[Weight], name: str) -> list[str]:
+    def linear(self, x: str, weights: list[Weight], name: str, *,
+               split: bool = True) -> list[str]:
         """x @ w.T for each w, as one fused matmul split afterwards when possible.
 
         Fusing the projections that read the same input (Q/K/V, gate/up) halves the
         number of kernel launches per layer, which is most of the cost at batch 1.
+        ``split=False``: return the one fused output (GroupQueryAttention takes packed QKV).
         """
         quant = [w for w in weights if isinstance(w, BlockQuantized)]
         fusable = len(quant) in (0, len(weights)) and len(
             {(w.bits, w.block_size) for w in quant}) <= 1
         if len(weights) > 1 and not fusable:
+            if not split:
+                parts = [self.linear(x, [w], f"{name}.{j}")[0] for j, w in enumerate(weights)]
+                return self.op("Concat", parts, f"{name}.packed", axis=-1)
             return [self.linear(x, [w], f"{name}.{j}")[0] for j, w in enumerate(weights)]
         if quant:
             fused = BlockQuantized.concat(quant) if len(quant) > 1 else quant[0]
@@ -77,7 +83,7 @@ class GraphBuilder:
             w = np.concatenate(weights) if len(weights) > 1 else weights[0]
             w_t = self.const(f"{name}.weight_t", np.ascontiguousarray(w.T, dtype=np.float32))
             y = self.op("MatMul", [x, w_t], name)[0]
-        if len(weights) == 1:
+        if len(weights) == 1 or not split:
             return [y]
         sizes = self.const(f"{name}.split", np.array([w.shape[0] for w in weights], np.int64))
         return self.op("Split", [y, sizes], f"{name}.part", outputs=len(weights), axis=-1)
@@ -190,3 +196,47 @@ def attention(g: GraphBuilder, q: str, k: str, v: str, bias: str, layer: int,
     return g.op("Reshape", [out, g.const(f"{t}.out_shape", np.array([0, 0, heads * dim],
                                                                    np.int64))], t)[0]
 
+
+
+def kv_lengths(g: GraphBuilder) -> tuple[str, str]:
+    """``seqlens_k`` (int32 [batch], valid keys - 1) and ``total_sequence_length`` (int32
+    scalar) for ``GroupQueryAttention``, from ``attention_mask`` [batch, total_seq].
+
+    Why from the mask and not from ``past_key``'s shape: the session feeds KV buffers
+    longer than what they hold (preallocated, updated in place, see ``models/kv.py``);
+    the mask's width is what is valid.
+    """
+    axes = g.const("axes_1_sum", np.array([1], np.int64))
+    valid = g.op("ReduceSum", ["attention_mask", axes], "valid_keys", keepdims=0)[0]
+    seqlens = g.op("Sub", [valid, g.const("int64_1", np.array([1], np.int64))], "seqlens")[0]
+    seqlens = g.op("Cast", [seqlens], "seqlens_k", to=TensorProto.INT32)[0]
+    total = g.op("Shape", ["attention_mask"], "total_1d", start=1, end=2)[0]
+    total = g.op("Squeeze", [total, g.const("axes_0_total", np.array([0], np.int64))],
+                 "total_seq")[0]
+    return seqlens, g.op("Cast", [total], "total_seq_i32", to=TensorProto.INT32)[0]
+
+
+def gqa_attention(g: GraphBuilder, qkv: str, lengths: tuple[str, str], layer: int,
+                  cfg: DecoderConfig) -> str:
+    """Attention as one ``com.microsoft.GroupQueryAttention`` node over the fused QKV
+    projection (RoPE inside the node, ``do_rotary``), past/present KV in BNSH.
+
+    Why this op: one kernel per layer instead of ~16 nodes (split, two RoPEs, reshapes,
+    transposes, a concat that copies the whole past every step, two matmuls, the bias),
+    and, when the session binds ``present`` to the very buffer it feeds as ``past``
+    (``past_present_share_buffer``), the new positions are written in place: no per-step
+    allocation or copy of the KV. ``q`` arrives scaled by 1/sqrt(head_dim) (see
+    :func:`scaled`), so ``scale`` is 1. Its one-position passes are not bit-equal to its
+    many-position ones; ``DecoderModel.exact_replay`` probes that and resumes replay
+    token by token (docs/kv-cache.md).
+    """
+    seqlens, total = lengths
+    out = g.op("GroupQueryAttention",
+               [qkv, "", "", f"past_key_values.{layer}.key", f"past_key_values.{layer}.value",
+                seqlens, total, "rope.cos", "rope.sin"], f"l{layer}_gqa",
+               out_names=[g.name(f"l{layer}_gqa_out"), f"present.{layer}.key",
+                          f"present.{layer}.value"],
+               domain=MS_DOMAIN, num_heads=cfg.num_attention_heads,
+               kv_num_heads=cfg.num_key_value_heads, scale=1.0, do_rotary=1,
+               rotary_interleaved=0)
+    return out[0]

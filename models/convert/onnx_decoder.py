@@ -7,8 +7,10 @@ optimum and onnxruntime-genai exports use (so imported folders look the same too
 - inputs: ``input_ids`` int64 [batch, seq]; ``attention_mask`` int64
   [batch, past_seq + seq]; ``position_ids`` int64 [batch, seq];
   ``past_key_values.{i}.key`` / ``.value`` float32 [batch, kv_heads, past_seq, head_dim]
-- outputs: ``logits`` float32 [batch, seq, vocab]; ``present.{i}.key`` / ``.value``
-  float32 [batch, kv_heads, past_seq + seq, head_dim]
+- outputs: ``logits`` float32 [batch, 1, vocab] (the last position: nothing reads the
+  others); ``present.{i}.key`` / ``.value`` float32 [batch, kv_heads, total, head_dim],
+  where total is past_seq + seq, or past_seq itself when the caller feeds a preallocated
+  buffer longer than what it holds (GroupQueryAttention's shared past/present buffer)
 
 Theory of operation: the graph uses the opset-23 ``RMSNormalization`` and
 ``RotaryEmbedding`` (HF "rotate half" layout, position-id indexed cos/sin tables);
@@ -44,6 +46,8 @@ from uniun.models.convert.decoder_blocks import (
     GraphBuilder,
     attention,
     attention_bias,
+    gqa_attention,
+    kv_lengths,
     rope_tables,
     scaled,
 )
@@ -54,7 +58,7 @@ __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNA
 OPSET = 23
 # Bumped whenever the graph this module writes changes; the store rebuilds models it
 # made with an older builder (see ``store.ensure_model``).
-BUILDER_VERSION = 5
+BUILDER_VERSION = 6  # 6: GroupQueryAttention, last-position logits
 EXTERNAL_DATA_NAME = "model.onnx.data"
 
 
@@ -66,7 +70,7 @@ def _io(config: DecoderConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Val
               helper.make_tensor_value_info("attention_mask", int64, ["batch", "total_seq"]),
               helper.make_tensor_value_info("position_ids", int64, ["batch", "seq"])]
     outputs = [helper.make_tensor_value_info("logits", f32,
-                                             ["batch", "seq", config.vocab_size])]
+                                             ["batch", 1, config.vocab_size])]
     for i in range(config.num_hidden_layers):
         for kind in ("key", "value"):
             inputs.append(helper.make_tensor_value_info(f"past_key_values.{i}.{kind}", f32,
@@ -77,11 +81,19 @@ def _io(config: DecoderConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Val
 
 
 def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
-                  progress: Progress | None = None) -> onnx.ModelProto:
+                  progress: Progress | None = None, *,
+                  attention_op: str = "gqa") -> onnx.ModelProto:
     """The decoder graph for ``config`` with ``weights`` (HF names) as initializers.
 
     ``progress(n)`` is called after each layer so long conversions can show a bar.
+    ``attention_op``: ``"gqa"`` (default: ``com.microsoft.GroupQueryAttention``, KV
+    updated in place when the session shares past/present buffers) or ``"matmul"`` (the
+    spelled-out attention, bit-exact between one- and many-position passes).
+    ``logits`` holds the last position only: nothing reads the others, and the head
+    over every prompt position was a fifth of a prefill's work.
     """
+    if attention_op not in ("gqa", "matmul"):
+        raise ValueError(f"attention_op must be gqa or matmul, not {attention_op!r}")
     g = GraphBuilder()
     cfg = config
     eps = float(cfg.rms_norm_eps)
@@ -104,7 +116,11 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
             embed = embed.dequantize()
         hidden = g.op("Gather", [g.const("model.embed_tokens.weight", embed), "input_ids"],
                       "embed", axis=0)[0]
-    bias = attention_bias(g, cfg.num_attention_heads // cfg.num_key_value_heads)
+    gqa = attention_op == "gqa"
+    if gqa:
+        lengths = kv_lengths(g)
+    else:
+        bias = attention_bias(g, cfg.num_attention_heads // cfg.num_key_value_heads)
 
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
@@ -113,15 +129,19 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                                        np.asarray(weights[f"{p}.input_layernorm.weight"],
                                                   np.float32))],
                       f"l{i}_ln1", epsilon=eps, axis=-1)[0]
-        q, k, v = g.linear(normed, [scaled(weights[f"{p}.self_attn.q_proj.weight"],
-                                            cfg.head_dim ** -0.5)]
-                           + [weights[f"{p}.self_attn.{x}_proj.weight"] for x in ("k", "v")],
-                           f"{p}.self_attn.qkv_proj")
-        q = g.op("RotaryEmbedding", [q, "rope.cos", "rope.sin", "position_ids"], f"l{i}_qrot",
-                 num_heads=cfg.num_attention_heads, interleaved=0)[0]
-        k = g.op("RotaryEmbedding", [k, "rope.cos", "rope.sin", "position_ids"], f"l{i}_krot",
-                 num_heads=cfg.num_key_value_heads, interleaved=0)[0]
-        attn = attention(g, q, k, v, bias, i, cfg)
+        qkv = g.linear(normed, [scaled(weights[f"{p}.self_attn.q_proj.weight"],
+                                       cfg.head_dim ** -0.5)]
+                       + [weights[f"{p}.self_attn.{x}_proj.weight"] for x in ("k", "v")],
+                       f"{p}.self_attn.qkv_proj", split=not gqa)
+        if gqa:
+            attn = gqa_attention(g, qkv[0], lengths, i, cfg)
+        else:
+            q, k, v = qkv
+            q = g.op("RotaryEmbedding", [q, "rope.cos", "rope.sin", "position_ids"],
+                     f"l{i}_qrot", num_heads=cfg.num_attention_heads, interleaved=0)[0]
+            k = g.op("RotaryEmbedding", [k, "rope.cos", "rope.sin", "position_ids"],
+                     f"l{i}_krot", num_heads=cfg.num_key_value_heads, interleaved=0)[0]
+            attn = attention(g, q, k, v, bias, i, cfg)
         attn = g.linear(attn, [weights[f"{p}.self_attn.o_proj.weight"]],
                         f"{p}.self_attn.o_proj")[0]
         hidden = g.op("Add", [hidden, attn], f"l{i}_res1")[0]
@@ -139,8 +159,11 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
         if progress:
             progress(1)
 
+    last = g.op("Slice", [hidden, g.const("last_start", np.array([-1], np.int64)),
+                          g.const("last_end", np.array([2 ** 62], np.int64)),
+                          g.const("last_axis", np.array([1], np.int64))], "last_pos")[0]
     normed = g.op("RMSNormalization",
-                  [hidden, g.const("model.norm.weight",
+                  [last, g.const("model.norm.weight",
                                    np.asarray(weights["model.norm.weight"], np.float32))],
                   "final_norm", epsilon=eps, axis=-1)[0]
     head = weights.get("lm_head.weight")

@@ -26,6 +26,7 @@ ABLATIONS = {  # one mechanism of docs/device.md off at a time
     "none": "[device]\nyield_signal = false\nbackground_priority = \"none\"\n"
             "thread_budget = false\n",
 }
+DEFAULT_PEER_OUT = Path("bench-results") / "bench-peer.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -65,12 +66,29 @@ def register(sub: argparse._SubParsersAction) -> None:
                              "off in turn (yield signal, OS priority, thread budget)")
     parser.add_argument("--home", type=Path, default=None,
                         help="home for the benchmark runtimes (default: a new temp dir)")
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                        help=f"result file (default {DEFAULT_OUT})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help=f"result file (default {DEFAULT_OUT}, or {DEFAULT_PEER_OUT} "
+                             "with --peer)")
+    peer = parser.add_argument_group("side by side with another engine (--peer)")
+    peer.add_argument("--peer", choices=["llama.cpp"], default=None,
+                      help="instead of the end-to-end bench: our engine and the peer on the "
+                           "same GGUF, threads and prompts, interleaved (needs the [peer] "
+                           "development extra, llama-cpp-python)")
+    peer.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
+    peer.add_argument("--threads", type=int, default=2, help="threads of both (default 2)")
+    peer.add_argument("--gguf", type=Path, default=None,
+                      help="the GGUF (default: the file --model was converted from)")
+    peer.add_argument("--peer-python", default=None,
+                      help="interpreter that has llama_cpp (default: this one)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.peer:
+        from uniun.runtime.commands.bench_peer import run_peer
+
+        return run_peer(args)
+    args.out = args.out or DEFAULT_OUT
     from loguru import logger
 
     from uniun.runtime.bench.e2e import run as run_bench

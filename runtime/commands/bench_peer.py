@@ -1,0 +1,96 @@
+"""``uniun-runtime bench --peer llama.cpp``: the side-by-side run and its goals table.
+
+Why a module apart from ``bench``: the end-to-end bench starts runtimes; this one starts
+two engine processes per round and nothing else (``uniun.runtime.bench.peer``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["run_peer", "goals_table"]
+
+
+def _model_and_gguf(args: argparse.Namespace) -> tuple[Path, Path]:
+    from uniun.models.convert.pull import PULLABLE
+    from uniun.models.store import ModelStore
+    from uniun.runtime.paths import models_dir
+
+    store = ModelStore(models_dir())
+    if not store.has(args.model):
+        raise RuntimeError(f"model {args.model!r} is not in {store.root}: "
+                           f"uniun-runtime models pull {args.model}")
+    gguf = args.gguf
+    if gguf is None:
+        wheel = PULLABLE.get(args.model)
+        if wheel is None:
+            raise RuntimeError(f"give --gguf: {args.model!r} was not pulled from a GGUF")
+        gguf = store.root / ".sources" / f"{wheel.package}-{wheel.version}" / wheel.member
+    if not Path(gguf).is_file():
+        raise RuntimeError(f"GGUF not found: {gguf}")
+    return store.path(args.model), Path(gguf)
+
+
+def run_peer(args: argparse.Namespace) -> int:
+    from uniun.runtime.bench.peer import PeerUnavailable, peer_python, run
+
+    if args.rounds < 1 or args.threads < 1:
+        print("uniun-runtime: bench --peer needs --rounds >= 1 and --threads >= 1",
+              file=sys.stderr)
+        return 2
+    out = args.out or Path("bench-results") / "bench-peer.json"
+    try:
+        python = peer_python(args.peer_python)  # first: the cheapest thing to be missing
+        model_dir, gguf = _model_and_gguf(args)
+        result = run(model_dir, gguf, threads=args.threads, rounds=args.rounds,
+                     peer=python, log=lambda m: print(m, file=sys.stderr))
+    except PeerUnavailable as err:
+        print(f"uniun-runtime: {err}", file=sys.stderr)
+        return 2
+    except RuntimeError as err:
+        print(f"uniun-runtime: bench --peer failed: {err}", file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    Console().print(goals_table(result))
+    print(f"(written to {out})", file=sys.stderr)
+    return 0
+
+
+def _span(values: list[float], fmt: str = "{:.2f}") -> str:
+    lo, hi = min(values), max(values)
+    return fmt.format(lo) if lo == hi else f"{fmt.format(lo)}-{fmt.format(hi)}"
+
+
+def goals_table(result: dict[str, Any]) -> Table:
+    """Every round's figures against the issue's goals."""
+    s = result["summary"]
+    n = len(result["rounds"])
+    t = Table(title=f"ours vs llama.cpp, {result['threads']} threads, {n} interleaved rounds "
+                    f"({Path(result['gguf']).name})", title_justify="left")
+    for col in ("measure", "ours", "llama.cpp", "ours / llama.cpp (each round)", "goal"):
+        t.add_column(col, justify="left" if col == "measure" else "right")
+    rows = (
+        ("decode ms/token", "ours_decode_ms", "peer_decode_ms", "decode_ratio", "<= 0.80"),
+        ("prefill tokens/s", "ours_prefill_tps", "peer_prefill_tps", "prefill_ratio", ">= 2.0"),
+        ("load s", "ours_load_s", "peer_load_s", "load_ratio", ""),
+        ("peak RSS MB", "ours_peak_rss_mb", "peer_peak_rss_mb", "peak_rss_ratio", "<= 1.0"),
+    )
+    for label, ours, peer, ratio, goal in rows:
+        fmt = "{:.0f}" if "prefill" in ours or "rss" in ours else "{:.2f}" if "ms" in ours \
+            else "{:.3f}"
+        t.add_row(label, _span(s[ours], fmt), _span(s[peer], fmt),
+                  ", ".join(f"{x:.2f}" for x in s[ratio]), goal)
+    prompts = result["rounds"][0]["greedy_agreement"]["prompts"]
+    t.add_row("greedy agreement, first 20 tokens", "", "",
+              ", ".join(f"{x}/{prompts}" for x in s["greedy_same"]), f">= 6/{prompts}")
+    t.add_row("median decode ratio", "", "", f"{statistics.median(s['decode_ratio']):.2f}", "")
+    return t

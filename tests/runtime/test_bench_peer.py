@@ -1,0 +1,67 @@
+"""``bench --peer llama.cpp``: what it compares and how it refuses when the peer is missing.
+
+The side-by-side run itself needs llama-cpp-python (a development extra) and minutes of
+quiet CPU, so it is not run here; the pieces a wrong result would come from are.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from uniun.runtime.bench.peer import ENGINES, agreement
+from uniun.runtime.cli import main
+
+
+def test_greedy_agreement_counts_identical_prompts_and_agreeing_prefixes() -> None:
+    ours = [[1, 2, 3], [4, 5, 6], [7, 8, 9]]
+    peer = [[1, 2, 3], [4, 0, 6], [0, 8, 9]]
+    assert agreement(ours, peer) == {"same": 1, "prompts": 3, "agreeing_prefix": [3, 1, 0]}
+
+
+def test_without_the_peer_installed_the_bench_says_how_to_get_it(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    python = shutil.which("python3")
+    probe = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True)
+    if probe.returncode == 0:
+        pytest.skip("the system python has llama_cpp")
+    out = tmp_path / "peer.json"
+    code = main(["bench", "--peer", "llama.cpp", "--peer-python", python, "--out", str(out),
+                 "--model", "tiny-1"])
+    assert code == 2 and not out.exists()
+    assert "llama-cpp-python" in capsys.readouterr().err
+
+
+def test_bad_rounds_are_refused(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["bench", "--peer", "llama.cpp", "--rounds", "0"]) == 2
+    assert "--rounds" in capsys.readouterr().err
+
+
+def test_the_engine_script_runs_with_only_the_standard_library(tmp_path: Path) -> None:
+    """The peer's interpreter may lack uniun: the script must start and check its args."""
+    proc = subprocess.run([sys.executable, "-S", str(ENGINES), "nonsense"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 2 and "usage" in proc.stderr
+
+
+def test_our_engine_measures_the_tiny_model(tiny_model: str, tmp_path: Path) -> None:
+    from tests.models_cache import shared_store
+    from uniun.models.convert.recipes import ensure_model
+
+    folder = ensure_model(tiny_model, shared_store())
+    spec = {"model_dir": str(folder), "gguf": "", "threads": 1, "n_ctx": 256,
+            "context": list(range(3, 67)), "prompts": [[5, 6, 7], [8, 9]],
+            "greedy_tokens": 5, "decode_steps": 8}
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    proc = subprocess.run([sys.executable, str(ENGINES), "ours", str(path)],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert [len(g) for g in got["greedy"]] == [5, 5]
+    assert got["decode_ms_per_token"] > 0 and got["peak_rss_mb"] > 0
