@@ -11,11 +11,12 @@ type   GGUF value                              MatMulNBits form (bits / block)
 Q4_0   d * (q - 8), q 4-bit, blocks of 32      4 / 32, code q, scale d
 Q4_1   d * q + m                               4 / 32, code q, scale d, offset m + 8d
 Q5_0   d * (q - 16), q 5-bit                   8 / 32, code q + 112, scale d
-Q5_1   d * q + m                               8 / 32, code q, scale d, offset m + 128d
+Q5_1   d * q + m                               8 / 32, code q + 112, scale d, offset m + 16d
 Q8_0   d * q, q int8                           8 / 32, code q + 128, scale d
 Q4_K   d*sc_j * q - dmin*m_j, 6-bit sc/m per   4 / 32, code q, scale d*sc_j,
        32-value sub-block of a 256 super-block      offset 8*d*sc_j - dmin*m_j
-Q5_K   as Q4_K with a 5-bit q                  8 / 32, code q + 128, offset -dmin*m_j
+Q5_K   as Q4_K with a 5-bit q                  8 / 32, code q + 112,
+                                                    offset 16*d*sc_j - dmin*m_j
 Q6_K   d*sc_j * (q - 32), int8 sc per 16       8 / 16, code q + 96, scale d*sc_j
 F16    half floats                             float32 matrix (exact)
 BF16   bfloat16                                float32 matrix (exact)
@@ -23,7 +24,10 @@ F32    floats                                  float32 matrix
 =====  ======================================  =========================================
 
 5-bit codes ride in 8-bit ``MatMulNBits`` because onnxruntime has no 5-bit kernel:
-exact, at 8 bits of storage per weight. The products d*sc (f16 x 6 bit) are exact in
+exact, at 8 bits of storage per weight. Codes are centred on the kernel's zero point
+(128 for 8 bits, 8 for 4) so the offsets stay small: with ``code = q`` the kernel's
+``(q - 128) * d`` and an offset of ``+128 d`` would cancel, and the int8 activations'
+rounding error would come back multiplied by 128 (measured: 17 % of the logit range). The products d*sc (f16 x 6 bit) are exact in
 float32; Q4_K's offset ``8*d*sc - dmin*m`` is one float32 rounding of an exact value.
 
 How codes are found: rather than re-deriving each bit layout, :func:`_codes` runs the
@@ -106,12 +110,16 @@ def _map_rows(name: str, raw: np.ndarray, rows: int, cols: int) -> BlockQuantize
         codes = _codes(kind, blocks, {0: 1.0, 2: 0.0}, None, b"")
         d, m = _f16(blocks, 0)[:, None], _f16(blocks, 2)[:, None]
         bits, block, scales = (4, 32, d) if name == "Q4_1" else (8, 32, d)
-        offsets = m + np.float32(2 ** (bits - 1)) * d
+        shift = 8 if name == "Q4_1" else 16  # centre of q's range; code = q - shift + zero
+        codes = codes + (2 ** (bits - 1) - shift)
+        offsets = m + np.float32(shift) * d
     elif name in ("Q4_K", "Q5_K"):
         codes = _codes(kind, blocks, {0: 1.0, 2: 0.0}, slice(4, 16), _K_UNIT)
         scales, mins = _k_scales(blocks)
         bits, block = (4, 32) if name == "Q4_K" else (8, 32)
-        offsets = (np.float64(2 ** (bits - 1)) * scales - mins).astype(np.float32)
+        shift = 8 if name == "Q4_K" else 16
+        codes = codes + (2 ** (bits - 1) - shift)
+        offsets = (np.float64(shift) * scales - mins).astype(np.float32)
     elif name == "Q6_K":
         probe_scales = slice(_QK_K // 2 + _QK_K // 4, _QK_K // 2 + _QK_K // 4 + 16)
         codes = _codes(kind, blocks, {208: 1.0}, probe_scales, bytes([1] * 16)) + 128
