@@ -107,11 +107,16 @@ def read_weights(reader: Any, config: DecoderConfig, arch: str,
     return weights, "+".join(sorted(kinds))
 
 
-def read_gguf(path: Path, progress: Callable[[int], None] | None = None) -> GgufModel:
-    """Everything the store needs from one GGUF file (weights kept in their blocks)."""
+def read_gguf(path: Path, progress: Callable[[int], None] | None = None, *,
+              reader: Any = None) -> GgufModel:
+    """Everything the store needs from one GGUF file (weights kept in their blocks).
+
+    ``reader``: an open ``GGUFReader`` of ``path`` (opening one parses every metadata
+    array, 262,144 token strings for Gemma: seconds, so it is opened once per import).
+    """
     from uniun.models.convert.gguf_tokenizer import read_tokenizer
 
-    reader = _reader(path)
+    reader = reader if reader is not None else _reader(path)
     arch = check_gguf(reader)
     config = read_config(reader)
     tokenizer_json, tok_cfg = read_tokenizer(reader, arch)
@@ -122,7 +127,8 @@ def read_gguf(path: Path, progress: Callable[[int], None] | None = None) -> Gguf
                      tokenizer_config=tok_cfg, weight_format=fmt, metadata=meta)
 
 
-def convert_gguf(gguf_path: Path, folder: Path, *, progress: bool = True) -> str:
+def convert_gguf(gguf_path: Path, folder: Path, *, progress: bool = True,
+                 reader: Any = None) -> str:
     """Convert a GGUF into a model folder (graph + HF side files); its weight format.
 
     Two bars: reading/repacking tensors, then building layers; saving is one write of
@@ -133,11 +139,12 @@ def convert_gguf(gguf_path: Path, folder: Path, *, progress: bool = True) -> str
     from uniun.models.convert.hf_folder import write_hf_files
     from uniun.models.convert.onnx_decoder import build_decoder, save_decoder
 
-    reader = _reader(gguf_path)
+    reader = reader if reader is not None else _reader(gguf_path)
     check_gguf(reader)
     with tqdm(total=len(reader.tensors), desc="read GGUF tensors", unit="tensor",
               disable=not progress) as bar:
-        model = read_gguf(gguf_path, progress=bar.update)
+        model = read_gguf(gguf_path, progress=bar.update, reader=reader)
+    del reader
     with tqdm(total=model.config.num_hidden_layers, desc="build ONNX layers", unit="layer",
               disable=not progress) as bar:
         graph = build_decoder(model.config, model.weights, progress=bar.update)
@@ -162,7 +169,6 @@ def import_gguf(path: Path | str, store: Any, model_id: str | None = None, *,
     model_id = check_model_id(model_id or path.stem.lower().replace("_", "-"))
     reader = _reader(path)
     arch = check_gguf(reader)
-    del reader
     started = time.monotonic()
     with store.lock(model_id):
         if store.folder(model_id).exists() and not force:
@@ -173,7 +179,8 @@ def import_gguf(path: Path | str, store: Any, model_id: str | None = None, *,
         source = {"type": "gguf", "from": str(path), "sha256": sha256_file(path)}
         with store.install(model_id, kind="decoder", builder_version=BUILDER_VERSION,
                            source=source, weight_format="?", meta=meta) as staging:
-            meta["weight_format"] = convert_gguf(path, staging, progress=progress)
+            meta["weight_format"] = convert_gguf(path, staging, progress=progress,
+                                                 reader=reader)
     logger.info("imported {} ({}) as {} in {:.1f} s", path, arch, model_id,
                 time.monotonic() - started)
     return store.path(model_id)
