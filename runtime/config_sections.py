@@ -242,6 +242,10 @@ class ProducersConfig:
         "max_new_tokens of a card job (default 64)"))
     nataraj_model: str = field(default="", metadata=_doc(
         "model of card jobs (default \"\" = models.chat_model)"))
+    nataraj_prompt: str = field(default="auto", metadata=_doc(
+        "card prompt style: \"chat\" (messages, for instruct models), \"completion\" "
+        "(few-shot raw text, for base models such as gemma3-270m), or \"auto\": completion "
+        "when the card model has no chat template (default auto)"))
     check_interval_s: float = field(default=1.0, metadata=_doc(
         "seconds between a producer's checks for due Ganas and deck refills (default 1.0)"))
     gana_lead_s: float = field(default=60.0, metadata=_doc(

@@ -97,9 +97,25 @@ def nataraj_logic(config: RuntimeConfig) -> ProducerLogic:
     settings = NatarajSettings(
         marks=WaterMarks(p.deck_low, p.deck_high), check_interval_s=p.check_interval_s,
         max_new_tokens=min(p.card_max_new_tokens, config.limits.max_new_tokens_cap),
-        model_id=p.nataraj_model or None)
+        model_id=p.nataraj_model or None,
+        prompt_style=_prompt_style(p.nataraj_prompt, p.nataraj_model or config.models.chat_model,
+                                   config))
     store = ResultsStore(config.results_path)
     return NatarajProducer.with_tracker(settings, store, _client(config), now=time.time())
+
+
+def _prompt_style(setting: str, model_id: str, config: RuntimeConfig) -> str:
+    """``chat`` or ``completion``; ``auto`` asks the model store whether ``model_id`` is a
+    base model (no chat template; docs/models.md)."""
+    if setting in ("chat", "completion"):
+        return setting
+    if setting != "auto":
+        raise ValueError(f"producers.nataraj_prompt must be auto, chat or completion "
+                         f"(got {setting!r})")
+    from uniun.models.convert.recipes import is_base_model
+    from uniun.models.store import ModelStore
+
+    return "completion" if is_base_model(model_id, ModelStore(models_dir())) else "chat"
 
 
 def gana_logic(config: RuntimeConfig) -> ProducerLogic:

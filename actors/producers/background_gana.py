@@ -36,7 +36,13 @@ from typing import Any
 from loguru import logger
 
 from uniun.actors.producers.gana_cron import GanaFile
-from uniun.actors.producers.gana_schedule import GanaDef, due_slot, fire_job_id, gana_messages
+from uniun.actors.producers.gana_schedule import (
+    GanaDef,
+    due_slot,
+    fire_job_id,
+    gana_completion_prompt,
+    gana_messages,
+)
 from uniun.actors.producers.lifecycle import BACKGROUND, LifecycleWatch
 from uniun.actors.producers.results import ResultsStore
 from uniun.actors.producers.results_fires import (
@@ -152,8 +158,9 @@ class BackgroundGana:
         started = time.time()
         try:
             session = self.sessions.get(model_id)
-            gen = session.start(messages=gana_messages(gana), max_new_tokens=max_new,
-                                job_id=fire.job_id)
+            text_in = ({"prompt": gana_completion_prompt(gana)} if gana.style == "completion"
+                       else {"messages": gana_messages(gana)})
+            gen = session.start(**text_in, max_new_tokens=max_new, job_id=fire.job_id)
         except Exception as err:  # unknown model, prompt too long: a recorded failure
             log.error("cannot run Gana {} on {}: {}", gana.id, model_id, err)
             finish_fire(self.store, fire, None, failed=f"{type(err).__name__}: {err}")

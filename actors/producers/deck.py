@@ -52,6 +52,29 @@ def card_messages(topic: str) -> list[dict[str, str]]:
     ]
 
 
+# A base model (no chat template, e.g. Gemma 3 270M) continues text instead of answering:
+# two worked cards, then the topic and "Q:", and the model writes the third card. The job
+# stops at the blank line that would start a fourth; :func:`completion_card` puts the
+# "Q:" back.
+CARD_FEW_SHOT = (
+    "Flashcards. Each has a question line and an answer line.\n\n"
+    "Topic: the Moon\nQ: How long does the Moon take to orbit the Earth?\n"
+    "A: About 27 days.\n\n"
+    "Topic: photosynthesis\nQ: Which gas do plants take in for photosynthesis?\n"
+    "A: Carbon dioxide.\n\n")
+CARD_STOP = ("\n\n", "\nTopic:")
+
+
+def card_prompt(topic: str) -> str:
+    """The completion-style card prompt (few-shot) for base models."""
+    return f"{CARD_FEW_SHOT}Topic: {topic}\nQ:"
+
+
+def completion_card(text: str) -> str:
+    """A base model's continuation of :func:`card_prompt` as the card's two lines."""
+    return "Q:" + text.split("\n\n", 1)[0].split("\nTopic:", 1)[0]
+
+
 def tidy_card(text: str) -> str | None:
     """The card text as shown, or None when the model produced nothing usable."""
     cleaned = "\n".join(line.rstrip() for line in text.strip().splitlines() if line.strip())

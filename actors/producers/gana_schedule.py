@@ -30,7 +30,9 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 
 GANA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_MAX_NEW_TOKENS = 128
-_KEYS = frozenset({"id", "prompt", "every_minutes", "model_id", "max_new_tokens", "system"})
+_KEYS = frozenset({"id", "prompt", "every_minutes", "model_id", "max_new_tokens", "system",
+                   "style"})
+STYLES = ("chat", "completion")
 
 
 class GanaConfigError(ValueError):
@@ -47,6 +49,9 @@ class GanaDef:
     model_id: str | None = None  # None: the runtime's configured chat model
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     system: str | None = None  # optional system message
+    # "completion": ``prompt`` is sent as raw text (few-shot text for a base model such as
+    # Gemma 3 270M, which has no chat template); "chat" (default): as a user message.
+    style: str = "chat"
 
     @property
     def every_s(self) -> float:
@@ -94,7 +99,10 @@ def parse_ganas(data: dict[str, Any], *, source: str = "ganas.toml") -> list[Gan
         system = item.get("system")
         if system is not None and not isinstance(system, str):
             raise GanaConfigError(f"{where}: system must be a string")
-        out.append(GanaDef(gid, prompt, float(every), model_id, max_new, system))
+        style = item.get("style", "chat")
+        if style not in STYLES:
+            raise GanaConfigError(f"{where}: style must be one of {', '.join(STYLES)}")
+        out.append(GanaDef(gid, prompt, float(every), model_id, max_new, system, style))
     return out
 
 
@@ -146,6 +154,11 @@ def gana_messages(gana: GanaDef) -> list[dict[str, str]]:
     return messages
 
 
+def gana_completion_prompt(gana: GanaDef) -> str:
+    """A completion-style Gana's raw prompt: its system text (if any), then the prompt."""
+    return gana.prompt if gana.system is None else f"{gana.system}\n\n{gana.prompt}"
+
+
 def gana_job(gana: GanaDef, *, job_id: str, deadline: float | None,
              max_new_tokens_cap: int | None = None) -> dict[str, Any]:
     """The wire job map of one Gana run (``flow`` = its id, so Ganas share fairly)."""
@@ -153,9 +166,13 @@ def gana_job(gana: GanaDef, *, job_id: str, deadline: float | None,
     if max_new_tokens_cap is not None:
         max_new = min(max_new, max_new_tokens_cap)
     job: dict[str, Any] = {
-        "job_id": job_id, "kind": "gana", "messages": gana_messages(gana),
-        "max_new_tokens": max_new, "deadline": deadline, "flow": gana.id,
+        "job_id": job_id, "kind": "gana", "max_new_tokens": max_new, "deadline": deadline,
+        "flow": gana.id,
     }
+    if gana.style == "completion":
+        job["prompt"] = gana_completion_prompt(gana)
+    else:
+        job["messages"] = gana_messages(gana)
     if gana.model_id is not None:
         job["model_id"] = gana.model_id
     return job

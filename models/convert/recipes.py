@@ -38,6 +38,7 @@ _TINY_RECIPE = "uniun.models.convert.tiny:install_tiny_id"
 # id -> "module:function(store, model_id)"; each installs the model under its lock.
 RECIPES: dict[str, str] = {
     "smollm2-135m-instruct": "uniun.models.convert.pull:install_pulled",
+    "gemma3-270m": "uniun.models.convert.pull:install_pulled",
     "all-minilm-l6-v2": "uniun.models.convert.embedding:install_pulled",
 }
 
@@ -84,6 +85,28 @@ def can_run_jobs(model_id: str, store: ModelStore) -> bool:
         except (ModelStoreError, ValueError, OSError):  # unreadable: not one to run on
             return False
     return model_id in RECIPES and model_id not in NON_DECODER_RECIPES
+
+
+# Pullable base models: no chat template, so producers give them completion prompts.
+BASE_MODELS = frozenset({"gemma3-270m"})
+
+
+def is_base_model(model_id: str, store: ModelStore) -> bool:
+    """Whether ``model_id`` is a base model (no chat template): a known one, or an
+    installed folder whose tokenizer config has none (e.g. an imported base GGUF)."""
+    if model_id in BASE_MODELS:
+        return True
+    try:
+        folder = store.path(model_id)
+    except ModelStoreError:
+        return False
+    import json
+
+    try:
+        cfg = json.loads((folder / "tokenizer_config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    return not cfg.get("chat_template") and not (folder / "chat_template.jinja").is_file()
 
 
 def known_model_ids() -> list[str]:

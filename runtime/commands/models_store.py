@@ -47,10 +47,33 @@ def _pull(args: argparse.Namespace) -> int:
 
 
 def _import(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    if Path(args.folder).suffix.lower() == ".gguf":
+        return _import_gguf(args)
     from uniun.models.convert.hf_import import import_folder
 
     path = import_folder(args.folder, _store(), model_id=args.id, force=args.force)
     print(f"{path.name}: {path}")
+    return 0
+
+
+def _import_gguf(args: argparse.Namespace) -> int:
+    """Convert a GGUF file (llama, qwen2, gemma3) into the store; print what it became."""
+    import time
+
+    from uniun.models.convert.gguf_import import import_gguf
+
+    started = time.monotonic()
+    store = _store()
+    path = import_gguf(args.folder, store, model_id=args.id, force=args.force,
+                       progress=sys.stderr.isatty())
+    manifest = store.manifest(path.name)
+    size = sum(f["size"] for f in manifest.get("files", {}).values())
+    print(f"{path.name}: {path}\n  {manifest.get('architecture')}, weights "
+          f"{manifest.get('weight_format')} (mapped exactly onto MatMulNBits / float32; "
+          f"5-bit codes stored in 8 bits), {size / 1e6:.1f} MB, "
+          f"{time.monotonic() - started:.1f} s")
     return 0
 
 
@@ -92,9 +115,12 @@ def register_models(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--force", action="store_true", help="convert again even if installed")
     p.set_defaults(func=_guarded(_pull))
 
-    p = sub.add_parser("import", help="validate and register an HF-style ONNX decoder folder")
-    p.add_argument("folder", help="folder with model.onnx, config.json, tokenizer.json, ...")
-    p.add_argument("--id", help="model id to register it as (default: the folder's name)")
+    p = sub.add_parser("import", help="convert a GGUF file, or validate and register an "
+                                      "HF-style ONNX decoder folder")
+    p.add_argument("folder", help="FILE.gguf (llama, qwen2, gemma3), or a folder with "
+                                  "model.onnx, config.json, tokenizer.json, ...")
+    p.add_argument("--id", help="model id to register it as (default: the file's or "
+                                "folder's name)")
     p.add_argument("--force", action="store_true", help="replace an installed model")
     p.set_defaults(func=_guarded(_import))
 

@@ -157,3 +157,16 @@ def test_a_dead_background_owners_claim_is_adopted_after_its_lease(tmp_path: Pat
         cron_fire = _claim(store, OWNER_CRON, now=100.0 + E)
         assert cron_fire is not None
         assert adopt_expired(store, OWNER_BACKGROUND, now=10_000.0) == []  # cron's: never
+
+
+def test_a_completion_style_gana_sends_its_prompt_as_raw_text() -> None:
+    from uniun.actors.producers.gana_schedule import GanaConfigError, gana_job, parse_ganas
+
+    [gana] = parse_ganas({"gana": [{"id": "fewshot", "every_minutes": 5, "style": "completion",
+                                    "model_id": "gemma3-270m", "system": "Haiku, three lines.",
+                                    "prompt": "Topic: rain\nHaiku:"}]})
+    job = gana_job(gana, job_id="g-1", deadline=None)
+    assert "messages" not in job
+    assert job["prompt"] == "Haiku, three lines.\n\nTopic: rain\nHaiku:"
+    with pytest.raises(GanaConfigError, match="style must be one of chat, completion"):
+        parse_ganas({"gana": [{"id": "x", "every_minutes": 5, "prompt": "p", "style": "poem"}]})

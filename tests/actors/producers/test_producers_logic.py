@@ -186,6 +186,22 @@ def test_nataraj_fills_to_high_and_refills_below_low(store: ResultsStore) -> Non
     assert len(topics) == 7  # topics rotate
 
 
+def test_nataraj_gives_a_base_model_a_few_shot_completion_prompt(store: ResultsStore) -> None:
+    client = FakeClient()
+    settings = NatarajSettings(marks=WaterMarks(1, 1), check_interval_s=1.0,
+                               model_id="gemma3-270m", prompt_style="completion")
+    prod = NatarajProducer.with_tracker(settings, store, client)
+    prod.step(0.0)
+    [job_id] = client.submits
+    job = client.jobs[job_id]
+    assert "messages" not in job and job["model_id"] == "gemma3-270m"
+    assert job["prompt"].startswith("Flashcards.") and job["prompt"].endswith("\nQ:")
+    assert "\n\n" in job["stop"]
+    client.finish(job_id, " What is a pulsar?\nA: A spinning neutron star.")
+    prod.tracker.pump(0.0)
+    assert store.take_cards(1)[0]["text"] == "Q: What is a pulsar?\nA: A spinning neutron star."
+
+
 def _cron(store: ResultsStore, client: FakeClient, ganas: Path, lead: float = 0.0) -> GanaCron:
     settings = GanaSettings(ganas_file=ganas, lead_s=lead, check_interval_s=1.0)
     watch = LifecycleWatch(client.status, poll_s=0.0)
