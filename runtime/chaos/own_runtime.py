@@ -6,6 +6,7 @@ background-Gana process. The producers get no sample notes or Ganas (``samples =
 false``), so the jobs in the ledger are the harness's; the HTTP gateway is off (it is
 only a client of the front). The restart limiter is opened wide (a chaos run kills on
 purpose; a crash loop still backs off) and everything else is the product default.
+The model store is the user's (``$UNIUN_MODELS``, else ``$UNIUN_HOME/models``), shared.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import sys
 import time
 from pathlib import Path
 
+from uniun.runtime.paths import models_dir
 from uniun.runtime.state import read_state
 
 __all__ = ["OwnRuntime", "own_config"]
@@ -51,7 +53,9 @@ class OwnRuntime:
     def __enter__(self) -> "OwnRuntime":
         self.home.mkdir(parents=True, exist_ok=True)
         self.config.write_text(own_config(self.model, self.extra))
-        env = dict(os.environ, UNIUN_HOME=str(self.home))
+        # The user's model store, not one in the temporary home: converting the models
+        # again for every run would take minutes.
+        env = dict(os.environ, UNIUN_HOME=str(self.home), UNIUN_MODELS=str(models_dir()))
         for key in ("UNIUN_CONFIG", "UNIUN_CHILDREN"):
             env.pop(key, None)
         if self.children:

@@ -60,6 +60,9 @@ def judge(ledger: Ledger, faults: list[Fault], embeds: EmbedStats | None,
         "jobs": counts, "end_codes": dict(codes),
         "examples": {k: v[:_EXAMPLES] for k, v in classes.items()
                      if k not in ("acknowledged", "completed", "failed_as_allowed") and v},
+        "details": {j: _detail(ledger.jobs[j]) for k, v in classes.items()
+                    if k not in ("acknowledged", "completed", "failed_as_allowed")
+                    for j in v[:_EXAMPLES] if j in ledger.jobs},
         "recovery_s": recovery, "unrecovered": unrecovered,
         "embeddings": embeds.to_map() if embeds is not None else None,
         "faults": [f.to_map() for f in faults],
@@ -96,6 +99,19 @@ def _classify(hist: JobHistory, references: dict[str, str], codes: Counter[str])
         and hist.faults_seen & set(FAULTS_FAILING_CHATS)
     out.append("failed_as_allowed" if allowed else "unexpected")
     return out
+
+
+def _detail(hist: JobHistory) -> dict[str, Any]:
+    """What the clients saw of one failing job, enough to start looking in the logs."""
+    seqs = sorted(hist.tokens)
+    missing = sorted(set(range(seqs[-1] + 1)) - set(seqs))[:10] if seqs else []
+    final = hist.final or {}
+    return {"kind": hist.kind, "template": hist.template, "tokens": len(seqs),
+            "last_seq": hist.last_seq, "missing_seqs": missing,
+            "repeats": hist.token_repeats, "conflicts": hist.token_conflicts,
+            "starts": hist.starts, "end": final.get("type"), "code": final.get("code"),
+            "completion_tokens": (final.get("usage") or {}).get("completion_tokens"),
+            "terminals": len(hist.terminals), "faults_seen": sorted(hist.faults_seen)}
 
 
 def _recovery(faults: list[Fault]) -> dict[str, dict[str, Any]]:
