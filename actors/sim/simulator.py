@@ -45,7 +45,10 @@ class CostModel:
 
     prefill_ms_per_token: float = 3.4
     decode_ms_per_token: float = 9.3
-    swap_s: float = 2.0
+    # Median of the 9 swaps (SmolLM2-135M <-> Gemma 3 270M: 3.6-7.4 s back to SmolLM2,
+    # 15-34 s to Gemma) that `uniun-runtime bench-swaps` measured on this 2-core machine
+    # at load average 11-20 (docs/models.md "Swap benchmark"); was 2.0, a guess.
+    swap_s: float = 15.0
     # The runner prefills in chunks of this many tokens and can stop between them.
     prefill_chunk_tokens: int = 64
 

@@ -143,17 +143,12 @@ def _median(values: list[float]) -> float | None:
     return round(statistics.median(values), 3) if values else None
 
 
-def _swap_loads(rt: BenchRuntime, since_line: int) -> list[float]:
-    """Load times the runner logged after line ``since_line`` of its log."""
+def _swap_loads(rt: BenchRuntime) -> list[float]:
+    """Load times the runner logged, less the first (the boot preload of the chat model,
+    which may be logged after the runtime answers pings)."""
     path = rt.home / "logs" / "runner.log"
     lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
-    return [float(mt.group(2)) for line in lines[since_line:]
-            if (mt := _LOADED.search(line))]
-
-
-def _log_lines(rt: BenchRuntime) -> int:
-    path = rt.home / "logs" / "runner.log"
-    return len(path.read_text(errors="replace").splitlines()) if path.is_file() else 0
+    return [float(mt.group(2)) for line in lines if (mt := _LOADED.search(line))][1:]
 
 
 def replay(rt: BenchRuntime, jobs: list[tuple[float, dict[str, Any]]], *, chat_model: str,
@@ -163,7 +158,6 @@ def replay(rt: BenchRuntime, jobs: list[tuple[float, dict[str, Any]]], *, chat_m
     poller.start()
     with rt.client() as client:
         swaps_before = int(client.status(timeout=WAIT_S).get("swaps", 0))
-    log_start = _log_lines(rt)
     threads: list[_Job] = []
     start = time.monotonic()
     for t, job in jobs:
@@ -186,7 +180,8 @@ def replay(rt: BenchRuntime, jobs: list[tuple[float, dict[str, Any]]], *, chat_m
                     client.cancel(thread.job["job_id"], timeout=WAIT_S)
                 except Exception:  # noqa: BLE001
                     pass
-    loads = _swap_loads(rt, log_start)
+    time.sleep(2.0)  # a swap dispatched last is logged when its load ends
+    loads = _swap_loads(rt)
     sup = rt.home / "logs" / "supervisor.log"
     restarts = (sup.read_text(errors="replace").count("restarting runner")
                 if sup.is_file() else 0)
