@@ -96,8 +96,11 @@ class RunnerJobs:
         Runtime's first-run allocations (issue 9, point 3: ready means answering)."""
         t0 = time.perf_counter()
         try:
-            gen = self.session.start(prompt="Hello", max_new_tokens=2,  # type: ignore[union-attr]
-                                     job_id="warm-up", use_prefix_cache=False)
+            # A chat, as a user sends one: the chat template is compiled and the system
+            # prompt's prefix cache filled, which the first chat paid for otherwise.
+            gen = self.session.start(  # type: ignore[union-attr]
+                messages=[{"role": "user", "content": "Hello! How are you today?"}],
+                max_new_tokens=2, job_id="warm-up")
             while not gen.finished:
                 self.session.step(gen)  # type: ignore[union-attr]
         except Exception:  # a model that cannot warm up still serves (or fails) jobs
