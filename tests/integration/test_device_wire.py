@@ -28,6 +28,8 @@ def test_an_embed_request_accepted_during_a_chat_is_answered_after_it(
     try:
         status = wait_for("the runtime ready", lambda: (rt.status() or {}).get("ready")
                           and rt.status())
+        # The pool is its own process: up after the scheduler's readiness, maybe not yet.
+        wait_for("the embedding pool bound", (rt.home / "run" / "embed.endpoint").is_file)
         with EmbedClient(f"ipc://{rt.home / 'run' / 'embed.sock'}", timeout=120) as pool:
             wait_for("the embedding worker ready", lambda: any(
                 w.get("state") == "idle" for w in pool.status(timeout=10)["workers"]))
