@@ -80,8 +80,12 @@ def _spec(model_dir: Path, gguf: Path, threads: int, n_ctx: int) -> dict[str, An
 
 def _run_engine(python: str, engine: str, spec_path: Path) -> dict[str, Any]:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run([python, str(ENGINES), engine, str(spec_path)], capture_output=True,
-                          text=True, env=env, timeout=900)
+    try:
+        proc = subprocess.run([python, str(ENGINES), engine, str(spec_path)],
+                              capture_output=True, text=True, env=env, timeout=900)
+    except subprocess.TimeoutExpired as err:  # a machine this loaded measures nothing useful
+        raise RuntimeError(f"{engine} engine took over 900 s (load average "
+                           f"{os.getloadavg()[0]:.1f}); run again on a quieter machine") from err
     if proc.returncode != 0:
         raise RuntimeError(f"{engine} engine failed: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -107,9 +111,13 @@ def _ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float]:
 
 
 def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx: int = 2048,
-        peer: str | None = None,
-        log: Callable[[str], None] = lambda _m: None) -> dict[str, Any]:
-    """Interleaved rounds of both engines; the result map ``bench --peer`` writes."""
+        peer: str | None = None, log: Callable[[str], None] = lambda _m: None,
+        on_round: Callable[[dict[str, Any]], None] = lambda _r: None) -> dict[str, Any]:
+    """Interleaved rounds of both engines; the result map ``bench --peer`` writes.
+
+    ``on_round(result so far)`` after each round, so a long run that is stopped (the
+    shared machine can make a round take minutes) keeps what it measured.
+    """
     python = peer_python(peer)
     spec = _spec(model_dir, gguf, threads, n_ctx)
     per_round = []
@@ -134,6 +142,12 @@ def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx
             per_round.append({"ours": got["ours"], "llama.cpp": got["llama.cpp"],
                               "ratios": ratios, "greedy_agreement": agree,
                               "load_average": os.getloadavg()[0]})
+            on_round(_result(model_dir, gguf, threads, n_ctx, per_round))
+    return _result(model_dir, gguf, threads, n_ctx, per_round)
+
+
+def _result(model_dir: Path, gguf: Path, threads: int, n_ctx: int,
+            per_round: list[dict[str, Any]]) -> dict[str, Any]:
     return {"peer": "llama.cpp", "model_dir": str(model_dir), "gguf": str(gguf),
             "threads": threads, "n_ctx_peer": n_ctx, "rounds": per_round,
             "summary": _summary(per_round), "finished": time.time()}
