@@ -173,15 +173,8 @@ class SchedulerHost(pykka.ThreadingActor):
             self._front.tell(BatchDone())
         elif isinstance(message, ClientRequest):
             self._on_client(message)
-        elif isinstance(message, FromRunner):
-            self._apply(core.report(message.report))
-        elif isinstance(message, RunnerUp):
-            self._apply(core.runner_up(message.hello))
-        elif isinstance(message, RunnerDown):
-            self._apply(core.runner_down(message.reason))
-        elif isinstance(message, RunnerStats):
-            self._apply(core.runner_stats(message.count, message.nbytes, message.trimmed,
-                                          message.spilled))
+        elif isinstance(message, (FromRunner, RunnerUp, RunnerDown, RunnerStats)):
+            self._dispatch_runner(message)  # without a lane they come in the mailbox
         elif isinstance(message, ClientGone):
             self._apply(core.client_gone(message.conn))
         elif isinstance(message, _Wake):
