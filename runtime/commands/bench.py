@@ -47,9 +47,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="comma-separated policies (default uniun,fcfs)")
     parser.add_argument("--restart-reps", type=int, default=3,
                         help="runner SIGKILLs to time (default 3; 0 skips)")
-    parser.add_argument("--overhead-reps", type=int, default=10, metavar="N",
-                        help="chat pairs comparing metrics + segment recording on vs off "
-                             "(default 10; 0 skips)")
+    parser.add_argument("--overhead-reps", type=int, default=20, metavar="N",
+                        help="paired repetitions comparing metrics + segment recording on "
+                             "vs off, with an identical control runtime for the noise "
+                             "(default 20, over 2 rounds of fresh runtimes; 0 skips)")
     parser.add_argument("--no-model-bench", action="store_true",
                         help="skip the model session benchmark")
     parser.add_argument("--producers", action="store_true",
@@ -207,13 +208,21 @@ def table(result: dict[str, Any]) -> Table:
         out.add_row("embedding pool of 2: texts/s", f"{embed['pool_texts_per_s']:.1f}")
     overhead = result.get("observability_overhead") or {}
     if overhead.get("ttft_ratio") and overhead.get("decode_ratio"):
-        out.add_row("observability on/off: chat TTFT", f"{overhead['ttft_ratio']:.3f}x")
-        out.add_row("observability on/off: decode tok/s", f"{overhead['decode_ratio']:.3f}x")
+        for label, key in (("chat TTFT", "ttft"), ("decode tok/s", "decode")):
+            out.add_row(f"observability on/off: {label}",
+                        f"{_ratio(overhead.get(key))} (noise {_ratio(overhead.get(key + '_noise'))})")
     model = result.get("model_bench") or {}
     for key in ("decode_ms_per_token", "prefill_tokens_per_s", "load_s"):
         if key in model:
             out.add_row(f"model: {key}", f"{model[key]:.2f}")
     return out
+
+
+def _ratio(ratio: dict[str, Any] | None) -> str:
+    """A paired ratio with its 95 % interval (``bench.overhead.paired_ratio``)."""
+    if not ratio:
+        return "n/a"
+    return f"{ratio['median']:.3f}x [{ratio['ci95'][0]:.3f}-{ratio['ci95'][1]:.3f}]"
 
 
 def _fmt(value: Any, unit: str = "s") -> str:
