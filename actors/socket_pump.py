@@ -16,6 +16,11 @@ stalling the scheduler.
 ``on_tick`` runs in the pump thread every ``tick_s`` (also when traffic flows) and may
 return frames to send at once: heartbeats that must go out even while the actor that
 owns the logic is busy.
+
+``backlog`` says whether the last read stopped at its bound with frames still waiting in
+the socket; ``on_caught_up`` runs (in the pump thread) when a read finds the socket
+empty again after one that did not. The scheduler's front uses the two to read a burst
+before it hands the burst on.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ import zmq
 from loguru import logger
 
 Frames = list[bytes]
+READ_BURST = 256  # frames read in a row before the outbox gets a turn
 
 _ids = itertools.count()
 
@@ -58,7 +64,8 @@ class SocketPump:
                  on_frames: Callable[[Frames], None], *,
                  tick_s: float = 1.0,
                  on_tick: Callable[[float], list[Frames]] | None = None,
-                 on_unroutable: Callable[[Frames, str], None] | None = None) -> None:
+                 on_unroutable: Callable[[Frames, str], None] | None = None,
+                 on_caught_up: Callable[[], None] | None = None) -> None:
         self.name = name
         self._ctx = ctx
         self._make_socket = make_socket
@@ -66,6 +73,8 @@ class SocketPump:
         self._tick_s = tick_s
         self._on_tick = on_tick
         self._on_unroutable = on_unroutable
+        self._on_caught_up = on_caught_up
+        self.backlog = False  # the last read left frames in the socket (see the docstring)
         self._address = f"inproc://pump-{name}-{next(_ids)}"
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -125,12 +134,7 @@ class SocketPump:
             wait = max(0.0, min(next_tick - time.monotonic(), 0.2))
             events = dict(poller.poll(wait * 1000))
             if sock in events:
-                for _ in range(256):  # bounded burst, then give the outbox a turn
-                    try:
-                        frames = sock.recv_multipart(zmq.NOBLOCK)
-                    except zmq.Again:
-                        break
-                    self._call(self._on_frames, frames)
+                self._read(sock)
             if inbox in events:
                 for _ in range(1024):
                     try:
@@ -143,6 +147,20 @@ class SocketPump:
                 next_tick = now + self._tick_s
                 for frames in self._call(self._on_tick, now) or ():
                     self._send(sock, frames)
+
+    def _read(self, sock: zmq.Socket) -> None:
+        """A bounded burst of reads (then the outbox gets a turn), and the backlog flag."""
+        for _ in range(READ_BURST):
+            try:
+                frames = sock.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                if self.backlog:
+                    self.backlog = False
+                    if self._on_caught_up is not None:
+                        self._call(self._on_caught_up)
+                return
+            self._call(self._on_frames, frames)
+        self.backlog = True
 
     def _call(self, callback: Callable[..., Any], *args: Any) -> Any:
         """Run a callback; its failure (e.g. the actor it tells has just stopped) is

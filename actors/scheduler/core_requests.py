@@ -13,6 +13,7 @@ from collections.abc import Callable
 from loguru import logger
 
 from uniun.actors.policy.decision import CancelOutcome
+from uniun.actors.policy.tiers import T1
 from uniun.actors.scheduler.core_state import CoreState, cancelled_event
 from uniun.actors.scheduler.effects import Effects, JAccept, JCancelAsked, Send
 from uniun.actors.scheduler.jobs import JobRecord
@@ -82,8 +83,13 @@ class ClientRequests(CoreState):
         fx.journal.append(JAccept(spec, now))
         self.rec.accepted(fx, record)
         fx.sends.append(Send(conn, m.reply_accepted(req.id, spec.job_id, tier)))
-        logger.bind(job=spec.job_id).info("accepted: {} on {}, tier {}, {} tokens max",
-                                          spec.kind, spec.model_id, tier, spec.max_new_tokens)
+        # Background submits come in bursts of thousands, and a log line costs about as
+        # much as the rest of an accept: at INFO they doubled a chat's wait behind 10,000
+        # submits (docs/device.md). Their "dispatch" and "ended" lines stay at INFO.
+        logger.bind(job=spec.job_id).log(
+            "INFO" if tier <= T1 else "DEBUG",
+            "accepted: {} on {}, tier {}, {} tokens max", spec.kind, spec.model_id, tier,
+            spec.max_new_tokens)
 
     def _attach(self, fx: Effects, conn: bytes, req: rq.Attach) -> None:
         record = self.jobs.get(req.job_id)

@@ -17,6 +17,15 @@ picked by ``inbox_order.take_batch``: control (chat and foreground submits, canc
 status, ...) before at most ``BATCH_BULK`` bulk submits, never reordering two requests
 of the same (connection, job). Full validation runs when a request is taken.
 
+Reading first. The actors share one interpreter lock, so every millisecond the host
+spends on a burst's submits is one the pump and the front do not spend reading what came
+behind them, a chat included. So a batch of bulk only is held back while frames are
+known to be waiting: queued by the pump and not yet drained (a kick is on its way), or
+still in the socket (the pump's ``backlog``; its ``on_caught_up`` tells the front
+:class:`_Retry`). A batch with control in it is never held, and holding lasts
+``HOLD_S`` at most per burst: under a steady flood the pump may never catch up, and bulk
+must still move.
+
 Malformed input is answered when the sender can be addressed and never raises out of a
 handler (an exception in a ``tell`` handler would stop the actor, and with it the
 process). Frames between the protocol limit and the socket's hard cap get a
@@ -27,6 +36,7 @@ the only way to refuse a frame that big without reading it.
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,6 +61,7 @@ __all__ = ["FrontActor", "ClientRequest", "ClientBatch", "BatchDone", "ClientGon
 
 SNDHWM = 50_000  # messages queued per client before further ones are dropped (not blocked)
 BATCH_BULK = 128  # bulk submits per batch: the longest a chat waits behind bulk in the host
+HOLD_S = 0.1  # longest bulk-only batches wait, per burst, for frames still arriving
 
 
 @dataclass(frozen=True)
@@ -103,6 +114,11 @@ class _Kick:
     """Raw frames are waiting in the front's queue."""
 
 
+@dataclass(frozen=True)
+class _Retry:
+    """The pump caught up with the socket: look again at a held-back bulk batch."""
+
+
 class ModelIds:
     """``model_id in ModelIds(store)``: a decoder a job can run on (see ``can_run_jobs``)."""
 
@@ -145,7 +161,10 @@ class FrontActor(pykka.ThreadingActor):
         self._kick_lock = threading.Lock()
         self._kicked = False
         self._pending: list[Pending] = []
+        self._controls = 0  # control requests in _pending
         self._in_host = False  # a batch is with the host
+        self._held_at: float | None = None  # bulk held back since (monotonic s)
+        self._hold_spent = False  # HOLD_S used up; no more holding until the pump catches up
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -164,8 +183,8 @@ class FrontActor(pykka.ThreadingActor):
 
     def _open(self) -> None:
         self._pump = SocketPump("front", self._ctx, self._make_socket,
-                                self._arrived,
-                                on_unroutable=self._unroutable)
+                                self._arrived, on_unroutable=self._unroutable,
+                                on_caught_up=lambda: self.actor_ref.tell(_Retry()))
         self._pump.start()
         self._outbox = self._pump.outbox()
         self.bound = self._pump.last_endpoint or self._endpoint
@@ -203,6 +222,9 @@ class FrontActor(pykka.ThreadingActor):
         elif isinstance(message, BatchDone):
             self._in_host = False
             self._flush()
+        elif isinstance(message, _Retry):
+            self._hold_spent = False
+            self._flush()
         elif isinstance(message, Outgoing):
             self._send(message.conn, message.msg)
         elif isinstance(message, OpenFront):
@@ -234,16 +256,37 @@ class FrontActor(pykka.ThreadingActor):
             if isinstance(raw, dict) and raw.get("type") == "ping":
                 self._validate(conn, raw)  # answered here and now, whatever the host does
                 continue
-            self._pending.append(classify(conn, raw, self._interactive))
+            pending = classify(conn, raw, self._interactive)
+            self._controls += pending.control
+            self._pending.append(pending)
 
     def _flush(self) -> None:
-        """Give the host the next batch, unless it still has one."""
-        while self._pending and not self._in_host:
+        """Give the host the next batch, unless it still has one or should wait."""
+        while self._pending and not self._in_host and not self._hold_bulk():
             batch, self._pending = take_batch(self._pending, BATCH_BULK)
+            self._controls = sum(p.control for p in self._pending)
             requests = [r for r in (self._validate(p.conn, p.raw) for p in batch) if r]
             if requests:
                 self._host.tell(ClientBatch(requests))
                 self._in_host = True
+
+    def _hold_bulk(self) -> bool:
+        """Whether to hold the next batch back: bulk only, while frames are known to be
+        waiting ("Reading first" in the module docstring). Whatever ends the wait (a
+        kick, the pump's caught-up retry, a finished batch) flushes again."""
+        waiting = bool(self._raw) or (self._pump is not None and self._pump.backlog)
+        if not waiting:
+            self._hold_spent = False
+        if self._controls or not waiting or self._hold_spent:
+            self._held_at = None
+            return False
+        now = time.monotonic()
+        if self._held_at is None:
+            self._held_at = now
+        elif now - self._held_at >= HOLD_S:
+            self._held_at, self._hold_spent = None, True
+            return False
+        return True
 
     def _validate(self, conn: bytes, raw: Any) -> ClientRequest | None:
         """The request for the host, or None when it was answered here."""
