@@ -46,6 +46,7 @@ from uniun.models.store import ModelStore
 from uniun.protocol import messages as m
 from uniun.protocol.client import Client, JobFailed
 from uniun.runtime.bench.http import constrained_cost, measure_http
+from uniun.runtime.config_sections import SupervisorConfig
 from uniun.runtime.paths import models_dir
 from uniun.runtime.state import read_state
 
@@ -215,7 +216,8 @@ def measure_policy(rt: BenchRuntime, *, reps: int, bg_tokens: int, log: Log) -> 
 
 
 def measure_restart(rt: BenchRuntime, *, reps: int, log: Log) -> dict[str, Any]:
-    """SIGKILL the runner ``reps`` times; seconds until it is up and until chat answers."""
+    """SIGKILL the runner ``reps`` times, each after a healthy period; seconds until it is
+    up and until chat answers."""
     ups, serving = [], []
     for _ in range(reps):
         old = (read_state(rt.run_dir) or {}).get("children", {}).get("runner")
@@ -237,7 +239,9 @@ def measure_restart(rt: BenchRuntime, *, reps: int, log: Log) -> dict[str, Any]:
                         raise
         watcher.join(WAIT_S)
         log(f"  runner restart: serving again after {serving[-1]:.2f} s")
-        time.sleep(1.0)  # let the new runner settle before the next kill
+        # The goal is for a kill after a healthy period: a runner killed sooner counts
+        # as a crash loop and is rightly restarted after a back-off.
+        time.sleep(SupervisorConfig().healthy_after_s + 1.0)
     return {"serving_s": median(serving), "up_s": median(ups),
             "samples": {"serving_s": serving}}
 
