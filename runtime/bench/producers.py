@@ -14,7 +14,9 @@ Two runtimes, each over a temporary home with the shared model store:
   pool's throughput inside the runtime (its priority, thread budget and yield listener
   included), 48 requests of 8 texts at once, as ``bench/embedding.py`` sends them.
 
-For ``producers`` and ``flood`` the pool's own counters say how many embedding requests
+The loaded modes time chats in the steady state: from ``SETTLE_S`` after the runtime is
+ready (the producer processes' own start-up is over: imports, first files) and, for
+``flood``, once the flood's process answers requests. For ``producers`` and ``flood`` the pool's own counters say how many embedding requests
 waited for a chat to end (``yielded``), how long (total, mean, max), and how many were
 refused (``rejected_full``; the flood's own count of refusals beside it).
 
@@ -50,6 +52,8 @@ WAIT_S = 300.0
 QUIET = ("[producers]\nextract = false\nnataraj = false\ngana = false\nbackground_gana = false\n"
          "[embed]\nenabled = false\n[http]\nport = 0\n")
 LOADED = "[embed]\nenabled = true\n[producers]\ndeck_low = 6\ndeck_high = 12\n[http]\nport = 0\n"
+SETTLE_S = 10.0  # after ready, before the loaded modes' first chat: steady state, not start-up
+FLOOD_FLOWING = 64  # flood requests answered before the first chat (its process has started)
 EMBED_ONLY = QUIET.replace("[embed]\nenabled = false", "[embed]\nenabled = true\nqueue_bound = 64")
 
 
@@ -182,6 +186,7 @@ def run_mode(mode: str, model: str, chats: int, log: Any, device: str = "") -> d
         try:
             client = Client(f"ipc://{home / 'run' / 'front.sock'}", timeout=60)
             _wait("the runtime", lambda: client.status(timeout=5).get("ready"))
+            ready_at = time.monotonic()
             embed_ep = f"ipc://{home / 'run' / 'embed.sock'}"
             if mode == "embed":
                 _wait("the embedding pool", lambda: (home / "run" / "embed.sock").exists())
@@ -193,6 +198,9 @@ def run_mode(mode: str, model: str, chats: int, log: Any, device: str = "") -> d
                 flood = _FloodProcess(embed_ep)
                 _wait("the embedding pool", lambda: (home / "run" / "embed.sock").exists())
                 flood.start()
+                _wait("the flood flowing", lambda: flood.counts()["ok"] >= FLOOD_FLOWING)
+            if mode != "idle":  # the producers' own start (imports, first files) is over
+                time.sleep(max(0.0, SETTLE_S - (time.monotonic() - ready_at)))
             ttfts = []
             for n in range(chats):
                 if mode != "idle":

@@ -1,7 +1,8 @@
 """A tcp front with CURVE, end to end: keys made by ``uniun-runtime keys``, the runtime's
 own CLI served with this home's key, an allowed client served, an unknown key and a
-client without keys refused, a revoked key refused from its next connection; and a front
-other machines could reach, without keys, refused at start with the fix."""
+client without keys refused, a revoked key refused from its next connection; a front
+other machines could reach, without keys, refused at start with the fix; and the
+embedding pool's tcp endpoint under the same keys."""
 
 from __future__ import annotations
 
@@ -12,8 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from uniun.protocol.client import Client, SchedulerUnavailable
+from tests.wait import wait_for
+from uniun.protocol.client import Client, SchedulerUnavailable, Timeout
 from uniun.protocol.curve import ClientCurve, KeyPaths, create_pair
+from uniun.protocol.embed_client import EmbedClient, EmbedUnavailable
 
 from .harness import BASE_CONFIG, Runtime
 
@@ -71,5 +74,35 @@ def test_curve_front_serves_allowed_keys_only(tmp_path: Path, tiny_model: str) -
         with Client(endpoint, timeout=3, reconnect=False, curve=alice) as client:
             with pytest.raises(SchedulerUnavailable, match="refused"):
                 client.ping()
+    finally:
+        assert rt.stop() == 0, rt.logs()
+
+
+def test_curve_embedding_pool_serves_allowed_keys_only(tmp_path: Path, tiny_model: str,
+                                                       minilm_dir: Path) -> None:
+    """The pool's tcp endpoint takes the same keys as the front: an allowed client's
+    texts are embedded, an unknown key and a client without keys get nothing."""
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    config = BASE_CONFIG.replace("[embed]\nenabled = false",
+                                 f'[embed]\nenabled = true\nworkers = 1\nendpoint = "{endpoint}"')
+    rt = Runtime(tmp_path / "curve-embed", config)
+    rt.env["UNIUN_CHILDREN"] = "scheduler,runner,embed"
+    assert _cli(rt.env, "keys", "init").returncode == 0
+    assert _cli(rt.env, "keys", "create", "alice").returncode == 0
+    keys = KeyPaths(rt.home / "keys")
+    rt.start()
+    try:
+        wait_for("the embedding pool bound", (rt.home / "run" / "embed.endpoint").is_file)
+        assert (rt.home / "run" / "embed.endpoint").read_text().strip() == endpoint
+        alice = ClientCurve.from_files(keys.client_secret("alice"), keys.server_public)
+        with EmbedClient(endpoint, timeout=120, curve=alice) as pool:
+            vectors = pool.embed(["a note for an allowed client"], timeout=120)
+            assert vectors.shape == (1, 384)
+        _, stranger_secret = create_pair(tmp_path / "elsewhere", "stranger")
+        stranger = ClientCurve.from_files(stranger_secret, keys.server_public)
+        for curve in (stranger, None):
+            with EmbedClient(endpoint, timeout=3, curve=curve) as pool:
+                with pytest.raises((Timeout, EmbedUnavailable)):
+                    pool.embed(["a note for nobody"], timeout=3)
     finally:
         assert rt.stop() == 0, rt.logs()
