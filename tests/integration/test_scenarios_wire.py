@@ -13,7 +13,8 @@ from typing import Any
 
 import pytest
 
-from .harness import Runtime, Wire, assert_gap_free, chat_job, long_job, tokens_of, wait_tokens
+from .harness import (LONG, Runtime, Wire, assert_gap_free, chat_job, long_job, tokens_of,
+                      wait_tokens)
 
 pytestmark = pytest.mark.integration
 
@@ -58,10 +59,17 @@ def test_scenario_3_gana_past_its_deadline_preempts_nataraj(runtime: Runtime,
     # put the gana first, which is what this scenario is about.
     w.submit(long_job("s3-nataraj", "nataraj", flow="s3"))
     wait_tokens(w, "s3-nataraj")
-    # Due in one second: it enters the fair pool (T4) and is promoted to T3 by the
-    # scheduler's timer, not by another arrival.
+    t0 = time.monotonic()
+    wait_tokens(w, "s3-nataraj", 53)
+    left_s = (time.monotonic() - t0) / 50 * (LONG - 53)  # the nataraj's time to go
+    # Due soon: it enters the fair pool (T4) and is promoted to T3 by the scheduler's
+    # timer, not by another arrival. One second, or a third of the nataraj's time left
+    # where the machine is fast: on a quiet one the tiny model makes 2500 tokens in 0.7 s,
+    # and the nataraj ended before a 1 s deadline came due.
+    due_in = min(1.0, max(0.3, left_s / 3))
     accepted = w.submit({"job_id": "s3-gana", "kind": "gana", "prompt": "a gana tick",
-                         "max_new_tokens": 40, "deadline": time.time() + 1.0, "flow": "s3"})
+                         "max_new_tokens": 40, "deadline": time.time() + due_in,
+                         "flow": "s3"})
     assert accepted["tier"] == 4
     gana_done = w.end("s3-gana")
     assert gana_done["type"] == "done"
