@@ -35,7 +35,7 @@ from uniun.models.kv import KVBuffer, KVCache
 from uniun.models.onnx_ops import op_types
 from uniun.models.tokenizer import load_tokenizer
 
-__all__ = ["DecoderModel", "Interrupted", "rss_bytes", "trim_heap", "KV_CHUNK"]
+__all__ = ["DecoderModel", "Interrupted", "rss_bytes", "trim_heap", "tune_malloc", "KV_CHUNK"]
 
 # In-place KV buffers grow in steps of this many positions (SmolLM2: 11.8 MB), so a
 # generation reallocates (and copies its KV once) every KV_CHUNK tokens at most.
@@ -57,6 +57,26 @@ def rss_bytes() -> int:
             return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
     except (OSError, ValueError, IndexError):
         return 0
+
+
+_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
+MMAP_THRESHOLD = 1 << 20
+
+
+def tune_malloc() -> None:
+    """Serve allocations of 1 MB and more from their own mappings, always (glibc only).
+
+    Why: glibc raises its mmap threshold each time such a block is freed, up to 32 MB,
+    and then serves the next KV buffer (11.8 MB for SmolLM2) or prefill activation from
+    the heap, which keeps it resident after it is freed. A fixed threshold returns every
+    freed buffer to the system and leaves never-written KV positions untouched.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
+    except (OSError, AttributeError):
+        pass
 
 
 def trim_heap() -> None:
@@ -101,6 +121,7 @@ class DecoderModel:
                  profile_prefix: str | None = None) -> None:
         import onnxruntime as ort
 
+        tune_malloc()
         self.model_dir = Path(model_dir)
         self.model_id = model_id or self.model_dir.name
         rss0, t0 = rss_bytes(), time.perf_counter()

@@ -137,8 +137,10 @@ class KVBuffer:
     def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int,
                  wrap: Any = None, dtype: Any = np.float32) -> None:
         self.capacity = int(capacity)
-        self.arrays = [np.zeros((1, kv_heads, self.capacity, head_dim), dtype)
-                       for _ in range(2 * layers)]  # [k0, v0, k1, v1, ...]
+        # One block, viewed per layer: one allocation large enough to be its own mapping,
+        # so positions never written take no memory, and freeing it returns it all.
+        block = np.zeros((2 * layers, 1, kv_heads, self.capacity, head_dim), dtype)
+        self.arrays = list(block)  # [k0, v0, k1, v1, ...], each C-contiguous
         # OrtValues over the same memory (no copy), when the session gives a wrapper.
         self.ort_values = [wrap(a) for a in self.arrays] if wrap is not None else None
         self.written = 0  # positions [0, written) hold data; the rest is free

