@@ -5,16 +5,22 @@ from which nothing arrived for ``misses`` intervals is dead. The runner link, th
 and the supervisor all judge their peers by this rule (with the intervals and misses of
 ``[supervisor]`` in the config), so "how long until a dead process is noticed" has one
 answer: ``interval_s * misses`` (default 3 s).
+
+A peer about to be deaf and dumb for a known while (the runner loading a model: parsing a
+large ``tokenizer.json`` holds Python's GIL for seconds, so no thread of it can beat)
+says so first: its last beat carries ``quiet_s``, and the silence allowed after that beat
+grows by as much (:meth:`Liveness.heard`), at most :data:`MAX_QUIET_S`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["Liveness", "HEARTBEAT_S", "MISSES"]
+__all__ = ["Liveness", "HEARTBEAT_S", "MISSES", "MAX_QUIET_S"]
 
 HEARTBEAT_S = 1.0  # default heartbeat interval, seconds
 MISSES = 3  # default: a peer silent for this many intervals is dead
+MAX_QUIET_S = 600.0  # the most a beat's announced quiet period may add, seconds
 
 
 @dataclass(frozen=True)
@@ -30,3 +36,12 @@ class Liveness:
     def dead(self, last_heard: float, now: float) -> bool:
         """Nothing heard from the peer since ``last_heard`` for longer than allowed."""
         return now - last_heard > self.silence_s
+
+    @staticmethod
+    def heard(at: float, quiet_s: object = 0.0) -> float:
+        """The ``last_heard`` to record for a beat that arrived ``at``, announcing
+        ``quiet_s`` seconds of silence to come (anything but a number >= 0 counts as 0)."""
+        if isinstance(quiet_s, bool) or not isinstance(quiet_s, (int, float)) \
+                or not quiet_s > 0:
+            return at
+        return at + min(float(quiet_s), MAX_QUIET_S)

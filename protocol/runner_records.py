@@ -191,6 +191,7 @@ class Heartbeat(Command):
     snapshot_bytes: int = 0
     trimmed: int = 0  # partial evictions of parked snapshots since the runner started
     spilled: int = 0  # ... and spills to disk
+    quiet_s: float = 0.0  # the runner is about to be silent this long (a model load)
 
 
 # ---- reports -------------------------------------------------------------------------

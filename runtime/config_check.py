@@ -79,7 +79,7 @@ _POSITIVE = {
 _NON_NEGATIVE = {
     "front": ("linger_ms",),
     "runner": ("snapshot_cap_bytes", "spill_cap_bytes"),
-    "supervisor": ("max_restarts", "stop_grace_s"),
+    "supervisor": ("max_restarts", "stop_grace_s", "load_grace_s"),
     "producers": ("gana_lead_s",),
     "device": ("cores", "runner_threads", "embed_threads"),
 }

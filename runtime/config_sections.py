@@ -150,6 +150,13 @@ class SupervisorConfig:
         "seconds a child gets to send its first heartbeat, and `start --detach` "
         "waits for the front to answer ping (default 60)"))
 
+    # Seconds; default 120. Loading a model holds Python's GIL (Gemma 3's tokenizer
+    # alone ~4.6 s of CPU, more on a busy device), so no heartbeat can go out; the
+    # runner announces this much silence first instead of being restarted mid-load.
+    load_grace_s: float = field(default=120.0, metadata=_doc(
+        "seconds a runner loading a model may send no heartbeat; it announces them "
+        "first (default 120)"))
+
     @property
     def liveness(self) -> Liveness:
         """The heartbeat rule every process applies to its peers (protocol/liveness.py)."""

@@ -13,6 +13,11 @@ instance "my loop ticked within the last N seconds"); while it says False, no be
 out and the supervisor will restart the child. Sends never block: with no supervisor
 listening, beats are dropped.
 
+A child about to hold the GIL for seconds (the runner loading a model) calls
+:meth:`HeartbeatSender.announce_quiet` first: one beat goes out at once carrying
+``quiet_s``, and the supervisor allows that much more silence after it
+(``protocol/liveness.py``). The next ordinary beat ends the quiet period.
+
 Children learn the endpoint from ``UNIUN_SUPERVISOR_ENDPOINT`` (set by the supervisor).
 """
 
@@ -28,6 +33,8 @@ from pathlib import Path
 import msgpack
 import zmq
 from loguru import logger
+
+from uniun.protocol.liveness import Liveness
 
 ENDPOINT_ENV = "UNIUN_SUPERVISOR_ENDPOINT"
 MAX_BEAT_BYTES = 512  # a heartbeat is tiny; anything larger is not one of ours
@@ -45,6 +52,7 @@ class Beat:
     name: str
     pid: int
     at: float  # time.monotonic() on the supervisor when it arrived
+    quiet_s: float = 0.0  # the child announces this long without beats to come
 
 
 class HeartbeatSender:
@@ -58,6 +66,8 @@ class HeartbeatSender:
         self.healthy = healthy
         self._stop = threading.Event()
         self._wake = threading.Event()
+        self._sent = threading.Event()  # the announced quiet beat has left
+        self._quiet_s = 0.0  # set by announce_quiet, sent and cleared by the thread
         self._thread: threading.Thread | None = None
 
     def start(self) -> "HeartbeatSender":
@@ -69,6 +79,16 @@ class HeartbeatSender:
                                         daemon=True)
         self._thread.start()
         return self
+
+    def announce_quiet(self, seconds: float, wait_s: float = 1.0) -> bool:
+        """Send one beat now saying "no beats for up to ``seconds``", and wait (at most
+        ``wait_s``) until it has left; False if it could not be sent (no supervisor)."""
+        if self._thread is None or not self._thread.is_alive():
+            return False
+        self._sent.clear()
+        self._quiet_s = max(0.0, float(seconds))
+        self._wake.set()
+        return self._sent.wait(wait_s)
 
     def stop(self) -> None:
         self._stop.set()
@@ -83,13 +103,17 @@ class HeartbeatSender:
         sock.setsockopt(zmq.SNDHWM, 4)
         sock.setsockopt(zmq.IMMEDIATE, 1)
         sock.connect(self.endpoint)
-        payload = msgpack.packb({"v": 1, "type": "heartbeat", "name": self.name,
-                                 "pid": os.getpid()})
+        beat = {"v": 1, "type": "heartbeat", "name": self.name, "pid": os.getpid()}
+        payload = msgpack.packb(beat)
         try:
             while not self._stop.is_set():
+                quiet, self._quiet_s = self._quiet_s, 0.0
                 if self._is_healthy():
                     try:
-                        sock.send(payload, zmq.NOBLOCK)
+                        sock.send(msgpack.packb({**beat, "quiet_s": quiet}) if quiet
+                                  else payload, zmq.NOBLOCK)
+                        if quiet:
+                            self._sent.set()
                     except zmq.Again:
                         pass  # supervisor not listening (yet); the next beat will try
                 self._wake.wait(self.interval_s)
@@ -150,4 +174,6 @@ def _parse(raw: bytes) -> Beat | None:
     name, pid = msg.get("name"), msg.get("pid")
     if not isinstance(name, str) or not isinstance(pid, int) or isinstance(pid, bool):
         return None
-    return Beat(name=name, pid=pid, at=time.monotonic())
+    at = time.monotonic()
+    return Beat(name=name, pid=pid, at=at,
+                quiet_s=Liveness.heard(at, msg.get("quiet_s", 0.0)) - at)

@@ -59,6 +59,7 @@ _REGISTRY: dict[str, str | EntryPoint] = {
 STOPPING = threading.Event()
 _stop_callbacks: list[Callable[[], None]] = []
 _health_check: Callable[[], bool] | None = None
+_beats: HeartbeatSender | None = None  # this process's, once run() started it
 _PR_SET_PDEATHSIG = 1
 
 
@@ -123,6 +124,13 @@ def _healthy() -> bool:
     return _health_check() if _health_check is not None else True
 
 
+def announce_quiet(seconds: float) -> None:
+    """Tell the supervisor this process will send no heartbeat for up to ``seconds``
+    (it is about to hold the GIL, e.g. loading a model); a no-op outside a supervisor."""
+    if _beats is not None:
+        _beats.announce_quiet(seconds)
+
+
 def on_stop(callback: Callable[[], None]) -> None:
     """Run ``callback`` on SIGTERM instead of raising KeyboardInterrupt."""
     _stop_callbacks.append(callback)
@@ -162,8 +170,9 @@ def _handle_stop(signum: int, _frame: object) -> None:
 def run(name: str, config: RuntimeConfig) -> int:
     """Heartbeat, then run ``name``'s entry point; a graceful stop exits 0."""
     entry = resolve(name)
-    beats = HeartbeatSender(name, interval_s=config.supervisor.heartbeat_interval_s,
-                            healthy=_healthy).start()
+    global _beats
+    beats = _beats = HeartbeatSender(name, interval_s=config.supervisor.heartbeat_interval_s,
+                                     healthy=_healthy).start()
     try:
         return int(entry(config) or 0)
     except KeyboardInterrupt:

@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -28,12 +29,16 @@ from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir
 
-__all__ = ["main", "spill_dir", "crash_hook", "CRASH_MARKER_ENV"]
+__all__ = ["main", "spill_dir", "crash_hook", "hold_gil", "load_hold_hook", "CRASH_MARKER_ENV",
+           "LOAD_HOLD_ENV"]
 
 # Test fault hook: a runner started with this variable set kills itself (SIGKILL, as a
 # segfault in native code would) when a job whose input contains the value starts. Only
 # test runtimes set it (tests/, `uniun-runtime chaos`); it is not a config key on purpose.
 CRASH_MARKER_ENV = "UNIUN_TEST_CRASH_MARKER"
+# Test hook: every model load first holds the GIL this many seconds, as loading Gemma 3's
+# tokenizer does, so a test can check that the runner is not restarted mid-load.
+LOAD_HOLD_ENV = "UNIUN_TEST_LOAD_HOLD_S"
 
 
 def spill_dir(config: RuntimeConfig) -> Path:
@@ -60,6 +65,23 @@ def crash_hook(marker: str) -> Callable[[rp.Start], None]:
     return check
 
 
+def hold_gil(seconds: float) -> None:
+    """Hold the GIL for about ``seconds`` in one C call, as tokenizers does while it parses
+    a large ``tokenizer.json`` (the :data:`LOAD_HOLD_ENV` test hook)."""
+    t0 = time.perf_counter()
+    sum(range(1_000_000))  # builtins over a range run in C: no bytecode, no GIL release
+    rate = 1_000_000 / max(time.perf_counter() - t0, 1e-6)
+    sum(range(int(rate * seconds)))
+
+
+def load_hold_hook(seconds: float) -> Callable[[], None]:
+    """The ``before_load`` hook of :data:`LOAD_HOLD_ENV`."""
+    def hold() -> None:
+        logger.warning("test hook: holding the GIL for {:g} s, as a slow model load", seconds)
+        hold_gil(seconds)
+    return hold
+
+
 def main(config: RuntimeConfig) -> int:
     ensure_private_dir(run_dir())
     spill = ensure_private_dir(spill_dir(config))
@@ -79,6 +101,9 @@ def main(config: RuntimeConfig) -> int:
         store=store, threads=budget.runner_threads, parking=lot, spill_dir=spill,
         preload=_preload_model(config, store), spinning=budget.runner_spinning,
         before_start=crash_hook(marker) if (marker := os.environ.get(CRASH_MARKER_ENV))
+        else None, load_grace_s=config.supervisor.load_grace_s,
+        announce_quiet=process.announce_quiet,
+        before_load=load_hold_hook(float(hold)) if (hold := os.environ.get(LOAD_HOLD_ENV))
         else None)
     rc = 0
     try:

@@ -38,6 +38,7 @@ from pathlib import Path
 
 from loguru import logger
 
+from uniun.protocol.liveness import Liveness
 from uniun.runtime import process as process_registry
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.heartbeat import ENDPOINT_ENV, HeartbeatMonitor, supervisor_endpoint
@@ -174,7 +175,7 @@ class Supervisor:
             while self._stop_signal is None and self._fatal is None:
                 came_up = False
                 for beat in monitor.poll(_TICK_S):
-                    came_up |= self._on_beat(beat.name, beat.pid, beat.at)
+                    came_up |= self._on_beat(beat.name, beat.pid, beat.at, beat.quiet_s)
                 self._tick(time.monotonic(), changed=came_up)
         finally:
             self._state = "stopping"
@@ -194,15 +195,21 @@ class Supervisor:
         if self._stop_signal is None:
             self._stop_signal = signum
 
-    def _on_beat(self, name: str, pid: int, at: float) -> bool:
-        """Record a beat; True if it is the child's first (it just came up)."""
+    def _on_beat(self, name: str, pid: int, at: float, quiet_s: float = 0.0) -> bool:
+        """Record a beat; True if it is the child's first (it just came up).
+
+        A beat announcing ``quiet_s`` (a model load ahead) counts as heard that much
+        later, so the silence it announced is not taken for a hang.
+        """
         for child in self.children:
             if child.name == name and child.pid == pid:
                 first = child.last_beat is None
                 if first:
                     logger.info("{} is up (pid {})", name, pid)
                     child.up_since = at
-                child.last_beat = at
+                if quiet_s:
+                    logger.info("{} announces up to {:g} s without heartbeats", name, quiet_s)
+                child.last_beat = Liveness.heard(at, quiet_s)
                 return first
         return False
 

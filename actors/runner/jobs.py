@@ -67,8 +67,10 @@ class RunnerJobs:
     def __init__(self, *, store: ModelStore, threads: int, parking: ParkingLot,
                  preload: str | None, report: Callable[[rp.Report], None],
                  step_again: Callable[[], None], spinning: bool = True,
-                 before_start: Callable[[rp.Start], None] | None = None) -> None:
+                 before_start: Callable[[rp.Start], None] | None = None,
+                 before_load: Callable[[], None] = lambda: None) -> None:
         self._store = store
+        self._before_load = before_load  # announces the load's silence (RunnerWorker)
         self._before_start = before_start  # test fault hook (runner_main.crash_hook)
         self._threads = threads
         self._spinning = spinning  # docs/device.md: part of the thread budget
@@ -155,6 +157,7 @@ class RunnerJobs:
                 self.session.unload()
                 self.session = None
             path = ensure_model(model_id, self._store)
+            self._before_load()  # parsing the tokenizer holds the GIL: no beats for a while
             self.session = DecoderSession.load(path, threads=self._threads, model_id=model_id,
                                                spinning=self._spinning)
         except Exception as err:

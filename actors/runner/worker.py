@@ -33,7 +33,9 @@ from uniun.protocol import runner_records as rp
 from uniun.protocol.liveness import Liveness
 from uniun.protocol.runner_socket import runner_socket
 
-__all__ = ["RunnerWorker"]
+__all__ = ["RunnerWorker", "QUIET_SEND_S"]
+
+QUIET_SEND_S = 0.05  # the pump thread's time to send the quiet beat before the GIL is held
 
 
 @dataclass(frozen=True)
@@ -69,8 +71,14 @@ class RunnerWorker(pykka.ThreadingActor):
     def __init__(self, *, ctx: zmq.Context, endpoint: str, liveness: Liveness,
                  store: ModelStore, threads: int, parking: ParkingLot, spill_dir: Path,
                  preload: str | None = None, spinning: bool = True,
-                 before_start: Callable[[rp.Start], None] | None = None) -> None:
+                 before_start: Callable[[rp.Start], None] | None = None,
+                 load_grace_s: float = 0.0,
+                 announce_quiet: Callable[[float], None] = lambda _s: None,
+                 before_load: Callable[[], None] | None = None) -> None:
         super().__init__()
+        self._load_grace_s = load_grace_s
+        self._announce_supervisor = announce_quiet  # runtime/process.announce_quiet
+        self._before_load_hook = before_load  # test hook (runner_main.load_hold_hook)
         self._ctx = ctx
         self._endpoint = endpoint
         self._liveness = liveness
@@ -79,7 +87,7 @@ class RunnerWorker(pykka.ThreadingActor):
         self._jobs = RunnerJobs(store=store, threads=threads, parking=parking, preload=preload,
                                 report=self._report, spinning=spinning,
                                 step_again=lambda: self.actor_ref.tell(_Step()),
-                                before_start=before_start)
+                                before_start=before_start, before_load=self._before_load)
         self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
         self._beat_seq = 0  # pump thread increments; the actor reads it
         self._heard_at = time.monotonic()  # pump thread only: last scheduler message
@@ -173,6 +181,31 @@ class RunnerWorker(pykka.ThreadingActor):
                 self._jobs.park_active(report=True)
         elif isinstance(message, _Boot):
             self._on_boot()
+
+    def _before_load(self) -> None:
+        self._announce_quiet()
+        if self._before_load_hook is not None:
+            self._before_load_hook()
+
+    def _announce_quiet(self) -> None:
+        """Before a model load: say we will be silent for up to ``load_grace_s``.
+
+        Why: loading holds the GIL for seconds (tokenizers parses ``tokenizer.json``
+        without releasing it: Gemma 3's takes ~4.6 s of CPU), so neither the pump nor the
+        process's heartbeat thread can beat, and both the scheduler and the supervisor
+        would take us for hung and restart us mid-swap. One beat to each, carrying
+        ``quiet_s``, widens their patience for that long (protocol/liveness.py); our own
+        patience with the scheduler widens likewise, since we cannot hear it either.
+        """
+        if self._load_grace_s <= 0 or self._outbox is None:
+            return
+        count, nbytes, trimmed, spilled = self._jobs.stats
+        self._outbox.send([rp.encode(rp.Heartbeat(
+            boot=self._boot, seq=self._beat_seq, snapshots=count, snapshot_bytes=nbytes,
+            trimmed=trimmed, spilled=spilled, quiet_s=self._load_grace_s))])
+        self._heard_at = max(self._heard_at, time.monotonic() + self._load_grace_s)
+        self._announce_supervisor(self._load_grace_s)  # waits until its beat has left
+        time.sleep(QUIET_SEND_S)  # and lets the pump thread send ours
 
     def _report(self, report: rp.Report) -> None:
         assert self._outbox is not None

@@ -189,7 +189,7 @@ class RunnerLinkActor(pykka.ThreadingActor):
 
     def _on_heartbeat(self, identity: bytes, beat: rp.Heartbeat) -> None:
         if identity == self._peer:
-            self._last_seen = time.monotonic()
+            self._last_seen = Liveness.heard(time.monotonic(), beat.quiet_s)
             stats = (beat.snapshots, beat.snapshot_bytes, beat.trimmed, beat.spilled)
             if stats != self._stats:
                 self._stats = stats

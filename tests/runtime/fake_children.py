@@ -67,6 +67,30 @@ def fake_stuck(config: RuntimeConfig) -> int:
     return 0
 
 
+def _loader(config: RuntimeConfig, *, announce: bool) -> int:
+    """Holds the GIL for 20 heartbeat intervals once, as a runner loading a big tokenizer
+    does, after announcing the silence (``announce``) or not; then idles."""
+    from uniun.runtime.process import announce_quiet
+    from uniun.runtime.runner_main import hold_gil
+    name = "fake-loader" if announce else "fake-unannounced"
+    marker = config.home / f"{name}.loaded"
+    if not marker.exists():
+        time.sleep(5 * config.supervisor.heartbeat_interval_s)  # be seen up first
+        if announce:
+            announce_quiet(60 * config.supervisor.heartbeat_interval_s)
+        hold_gil(20 * config.supervisor.heartbeat_interval_s)
+        marker.write_text(str(os.getpid()))
+    return _idle()
+
+
+def fake_loader(config: RuntimeConfig) -> int:
+    return _loader(config, announce=True)
+
+
+def fake_unannounced(config: RuntimeConfig) -> int:
+    return _loader(config, announce=False)
+
+
 def fake_parent(config: RuntimeConfig) -> int:
     """Starts a grandchild (a sleeping process) and records its pid, then idles."""
     grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
@@ -83,6 +107,7 @@ def fake_stubborn(config: RuntimeConfig) -> int:
 
 for _name, _fn in (("fake-sleeper", fake_sleeper), ("fake-crasher", fake_crasher),
                    ("fake-hanger", fake_hanger), ("fake-stuck", fake_stuck),
-                   ("fake-parent", fake_parent),
+                   ("fake-parent", fake_parent), ("fake-loader", fake_loader),
+                   ("fake-unannounced", fake_unannounced),
                    ("fake-stubborn", fake_stubborn)):
     register_process(_name, _fn)

@@ -143,6 +143,25 @@ def test_hung_main_loop_stops_the_beats_and_is_restarted(
     wait_for("the hung process to be killed", lambda: not alive(stuck))
 
 
+def test_a_child_that_announces_a_silent_load_is_not_restarted(
+        runtime: Callable[[str], Runtime]) -> None:
+    """A runner loading a big tokenizer holds the GIL: no beats for seconds. Announced
+    first, the silence is allowed; the control child holds it unannounced and is
+    restarted, which shows the hold does stop the beats."""
+    rt = runtime("fake-loader,fake-unannounced").start()
+    first = rt.running()["children"]
+    loaded = int(wait_for("the announced load", lambda: (
+        p := rt.home / "fake-loader.loaded").exists() and p.read_text()))  # type: ignore[arg-type]
+    assert loaded == first["fake-loader"]
+    state = wait_for("the unannounced child's replacement", lambda: (
+        s := rt.state()).get("restarts", {}).get("fake-unannounced") and s)
+    assert state["restarts"]["fake-loader"] == 0  # type: ignore[index]
+    assert state["children"]["fake-loader"] == loaded  # type: ignore[index]
+    log = (rt.home / "logs" / "supervisor.log").read_text()
+    assert "fake-loader announces up to 12 s without heartbeats" in log
+    assert "fake-unannounced" in log and "sent no heartbeat" in log
+
+
 def test_second_start_is_refused(runtime: Callable[[str], Runtime]) -> None:
     rt = runtime("fake-sleeper").start()
     before = rt.running()
