@@ -47,7 +47,7 @@ from uniun.protocol import messages as m
 from uniun.protocol.client import Client, JobFailed
 from uniun.runtime.bench.http import constrained_cost, measure_http
 from uniun.runtime.config_sections import SupervisorConfig
-from uniun.runtime.paths import models_dir
+from uniun.runtime.paths import MODELS_ENV, models_dir
 from uniun.runtime.state import read_state
 
 Log = Callable[[str], None]
@@ -69,6 +69,9 @@ class BenchRuntime:
         self.home, self.policy, self.model, self.log = home, policy, model, log
         self.extra_config = extra_config  # more TOML sections (the overhead bench's)
         self.env = dict(os.environ, UNIUN_HOME=str(home))
+        # The caller's model store, not one under the temporary home: a bench must not
+        # time a pull and a conversion as a swap or a start (docs/models.md, bench-swaps).
+        self.env.setdefault(MODELS_ENV, str(models_dir()))
         self.env.pop("UNIUN_CONFIG", None)
         self.config = home / "bench.toml"
         self.proc: subprocess.Popen[bytes] | None = None

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
+import pytest
+
 from uniun.runtime.bench.swaps import DEFAULT_MAP, DEFAULT_TRACE, filler, trace_jobs
 
 
@@ -23,3 +27,17 @@ def test_the_shipped_trace_becomes_jobs_on_both_real_models() -> None:
 
 def test_filler_has_about_the_asked_length() -> None:
     assert len(filler(300).split()) == 300 and len(filler(1).split()) == 1
+
+
+def test_bench_runtimes_use_the_callers_model_store(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not a store under the bench's temporary home: a swap must not time a pull."""
+    from uniun.runtime.bench.e2e import BenchRuntime
+    from uniun.runtime.paths import MODELS_ENV
+
+    monkeypatch.setenv("UNIUN_HOME", str(tmp_path / "user"))
+    monkeypatch.delenv(MODELS_ENV, raising=False)
+    rt = BenchRuntime(tmp_path / "bench" / "uniun", policy="uniun", model="tiny-1",
+                      log=lambda _m: None)
+    assert rt.env["UNIUN_HOME"] == str(tmp_path / "bench" / "uniun")
+    assert rt.env[MODELS_ENV] == str(tmp_path / "user" / "models")
