@@ -265,6 +265,10 @@ class DecoderModel:
         past = kv.length if kv is not None else 0
         if kv is not None and kv.buffer is not None and kv.buffer.appendable(past, n):
             return kv.buffer
+        # Drop the session's hold on the buffer bound last before allocating: a finished
+        # job's KV (11.8 MB at 256 positions, SmolLM2) is freed now, not after the new
+        # buffer exists; one a caller still holds (parked, cached, ``kv``) lives on.
+        self.release_kv_binding()
         need = past + n
         capacity = -(-max(need, past + KV_CHUNK) // KV_CHUNK) * KV_CHUNK
         if self.max_positions:

@@ -62,6 +62,32 @@ def test_decode_steps_reuse_one_buffer_and_copy_nothing(session: DecoderSession)
     assert (session.kv_buffers_made, session.kv_copied_bytes) == (made, copied)
 
 
+def test_a_finished_jobs_buffer_is_freed_before_the_next_job_allocates_its_own(
+        session: DecoderSession, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two KV buffers alive at once were the runner's peak RSS between two jobs."""
+    import gc
+    import weakref
+
+    import uniun.models.decoder_model as decoder_model
+
+    first = session.start(prompt_ids=[4, 8, 15, 16], max_new_tokens=4, ignore_eos=True)
+    list(session.generate(first))
+    old = weakref.ref(first.kv.buffer)
+    del first
+    gc.collect()
+    alive_at_allocation = []
+
+    class Watched(KVBuffer):
+        def __init__(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+            alive_at_allocation.append(old() is not None)
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(decoder_model, "KVBuffer", Watched)
+    second = session.start(prompt_ids=[23, 42], max_new_tokens=2, ignore_eos=True)
+    list(session.generate(second))
+    assert alive_at_allocation == [False]
+
+
 def test_one_snapshot_resumed_twice_continues_the_same_way_both_times(
         session: DecoderSession) -> None:
     """The first resume appends in place; the second, from the same snapshot, must not
