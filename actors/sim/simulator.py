@@ -45,10 +45,11 @@ class CostModel:
 
     prefill_ms_per_token: float = 3.4
     decode_ms_per_token: float = 9.3
-    # Median of the 9 swaps (SmolLM2-135M <-> Gemma 3 270M: 3.6-7.4 s back to SmolLM2,
-    # 15-34 s to Gemma) that `uniun-runtime bench-swaps` measured on this 2-core machine
-    # at load average 11-20 (docs/models.md "Swap benchmark"); was 2.0, a guess.
-    swap_s: float = 15.0
+    # `uniun-runtime bench-swaps` on this 2-core machine, quiet (docs/models.md "Swap
+    # benchmark"): 24 swaps SmolLM2-135M <-> Gemma 3 270M, 0.65-0.88 s to SmolLM2 and
+    # 1.84-3.43 s to Gemma; 1.6 s is the median of the two policies' mean swap. (15.0
+    # before: measured at load average 11-20, and 42 s of it a pull the bench timed.)
+    swap_s: float = 1.6
     # The runner prefills in chunks of this many tokens and can stop between them.
     prefill_chunk_tokens: int = 64
 
