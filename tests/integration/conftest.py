@@ -31,8 +31,9 @@ def runtime(tmp_path_factory: pytest.TempPathFactory, tiny_model: str,
 def make_runtime(tmp_path: Path, tiny_model: str) -> Iterator[Callable[..., Runtime]]:
     made: list[Runtime] = []
 
-    def make(config: str = BASE_CONFIG) -> Runtime:
+    def make(config: str = BASE_CONFIG, env: dict[str, str] | None = None) -> Runtime:
         rt = Runtime(tmp_path / f"rt{len(made)}", config)
+        rt.env.update(env or {})  # test hooks (runtime/runner_main.py)
         made.append(rt)
         return rt.start()
 

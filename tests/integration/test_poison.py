@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 import signal
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from uniun.runtime.runner_main import CRASH_MARKER_ENV
 
-from .harness import BASE_CONFIG, Runtime, chat_job, long_job, wait_for
+from .harness import Runtime, chat_job, long_job, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -25,15 +24,8 @@ MARKER = "POISON-7f3a"
 
 
 @pytest.fixture
-def rt(tmp_path: Path, tiny_model: str) -> Iterator[Runtime]:
-    runtime = Runtime(tmp_path / "rt", BASE_CONFIG)
-    runtime.env[CRASH_MARKER_ENV] = MARKER
-    runtime.start()
-    try:
-        yield runtime
-    finally:
-        runtime.stop()
-        print(runtime.logs())
+def rt(make_runtime: Callable[..., Runtime]) -> Runtime:
+    return make_runtime(env={CRASH_MARKER_ENV: MARKER})
 
 
 def supervisor_restarts(rt: Runtime) -> dict[str, int]:

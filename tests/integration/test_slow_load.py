@@ -11,14 +11,13 @@ load, here longer than the 5 s the test config allows (1 s x 5 missed beats): at
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
 
 from uniun.runtime.runner_main import LOAD_HOLD_ENV
 
-from .harness import BASE_CONFIG, Runtime, chat_job
+from .harness import Runtime, chat_job
 
 pytestmark = pytest.mark.integration
 
@@ -26,15 +25,8 @@ HOLD_S = 8.0  # > heartbeat_interval_s * missed_heartbeats of BASE_CONFIG (5 s)
 
 
 @pytest.fixture
-def rt(tmp_path: Path, tiny_model: str, tiny_model_b: str) -> Iterator[Runtime]:
-    runtime = Runtime(tmp_path / "rt", BASE_CONFIG)
-    runtime.env[LOAD_HOLD_ENV] = str(HOLD_S)
-    runtime.start()
-    try:
-        yield runtime
-    finally:
-        runtime.stop()
-        print(runtime.logs())
+def rt(make_runtime: Callable[..., Runtime], tiny_model_b: str) -> Runtime:
+    return make_runtime(env={LOAD_HOLD_ENV: str(HOLD_S)})
 
 
 def test_a_runner_that_holds_the_gil_while_loading_is_not_restarted(
