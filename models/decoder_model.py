@@ -32,6 +32,7 @@ import numpy as np
 from loguru import logger
 
 from uniun.models.kv import KVBuffer, KVCache
+from uniun.models.mapped_pages import release_mapped_pages
 from uniun.models.onnx_ops import op_types
 from uniun.models.tokenizer import load_tokenizer
 
@@ -154,6 +155,7 @@ class DecoderModel:
         self._sess = ort.InferenceSession(str(self.model_dir / "model.onnx"), options,
                                           providers=["CPUExecutionProvider"])
         trim_heap()
+        released = release_mapped_pages(self.model_dir)  # see models/mapped_pages.py
         self._check_io()
         self.eos_ids = _eos_ids(self.model_dir, self.config, self.tokenizer)
         self.max_positions = int(self.config.get("max_position_embeddings") or 0) or None
@@ -167,9 +169,10 @@ class DecoderModel:
         self.load_s = time.perf_counter() - t0
         self.resident_bytes = max(0, rss_bytes() - rss0)
         self.threads = options.intra_op_num_threads
-        logger.info("loaded {} in {:.2f}s ({} layers, {} kv heads x {}, +{:.0f} MB resident)",
-                    self.model_id, self.load_s, self.num_layers, self.kv_heads, self.head_dim,
-                    self.resident_bytes / 1e6)
+        logger.info("loaded {} in {:.2f}s ({} layers, {} kv heads x {}, +{:.0f} MB resident, "
+                    "{:.1f} MB of mapped weights given back)", self.model_id, self.load_s,
+                    self.num_layers, self.kv_heads, self.head_dim, self.resident_bytes / 1e6,
+                    released / 1e6)
 
     def _check_io(self) -> None:
         inputs = {i.name: i for i in self._sess.get_inputs()}

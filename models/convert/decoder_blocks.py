@@ -74,13 +74,17 @@ class GraphBuilder:
         return names
 
     def linear(self, x: str, weights: list[Weight], name: str, *,
-               split: bool = True) -> list[str]:
+               split: bool = True, residual: str | None = None) -> list[str]:
         """x @ w.T for each w, as one fused matmul split afterwards when possible.
 
         Fusing the projections that read the same input (Q/K/V, gate/up) halves the
         number of kernel launches per layer, which is most of the cost at batch 1.
         ``split=False``: return the one fused output (GroupQueryAttention takes packed QKV).
+        ``residual`` (one weight only): return ``residual + x @ w.T``, added in the same
+        node as a Q4_1 offset correction (one ``Sum`` instead of two ``Add``).
         """
+        if residual is not None and len(weights) != 1:
+            raise ValueError("a residual joins a single projection")
         quant = [w for w in weights if isinstance(w, BlockQuantized)]
         fusable = len(quant) in (0, len(weights)) and len(
             {(w.bits, w.block_size) for w in quant}) <= 1
@@ -91,17 +95,20 @@ class GraphBuilder:
             return [self.linear(x, [w], f"{name}.{j}")[0] for j, w in enumerate(weights)]
         if quant:
             fused = BlockQuantized.concat(quant) if len(quant) > 1 else quant[0]
-            y = self._matmul_nbits(x, fused, name)
+            y = self._matmul_nbits(x, fused, name, residual)
         else:
             w = np.concatenate(weights) if len(weights) > 1 else weights[0]
             w_t = self.const(f"{name}.weight_t", np.ascontiguousarray(w.T, dtype=np.float32))
             y = self.op("MatMul", [x, w_t], name)[0]
+            if residual is not None:
+                y = self.op("Add", [residual, y], f"{name}.res")[0]
         if len(weights) == 1 or not split:
             return [y]
         sizes = self.const(f"{name}.split", np.array([w.shape[0] for w in weights], np.int64))
         return self.op("Split", [y, sizes], f"{name}.part", outputs=len(weights), axis=-1)
 
-    def _matmul_nbits(self, x: str, w: BlockQuantized, name: str) -> str:
+    def _matmul_nbits(self, x: str, w: BlockQuantized, name: str,
+                      residual: str | None = None) -> str:
         n, k = w.shape
         inputs = [x, self.const(f"{name}.qweight", w.packed),
                   self.const(f"{name}.scales", w.scales.astype(np.float32))]
@@ -109,23 +116,29 @@ class GraphBuilder:
         # VNNI; the same trade llama.cpp makes (Q4_1 x Q8_1 dot products).
         y = self.op("MatMulNBits", inputs, name, domain=MS_DOMAIN, K=k, N=n, bits=w.bits,
                     block_size=w.block_size, accuracy_level=4)[0]
-        if w.offsets is None:
+        terms = [y] if residual is None else [residual, y]
+        if w.offsets is not None:
+            offsets_t = self.const(f"{name}.offsets_t",
+                                   np.ascontiguousarray(w.offsets.T, dtype=np.float32))
+            terms.append(self.op("MatMul", [self._block_sums(x, w.block_size), offsets_t],
+                                 f"{name}.offset")[0])
+        if len(terms) == 1:
             return y
-        sums = self._block_sums(x, w.block_size)
-        offsets_t = self.const(f"{name}.offsets_t",
-                               np.ascontiguousarray(w.offsets.T, dtype=np.float32))
-        correction = self.op("MatMul", [sums, offsets_t], f"{name}.offset")[0]
-        return self.op("Add", [y, correction], f"{name}.out")[0]
+        return self.op("Add" if len(terms) == 2 else "Sum", terms, f"{name}.out")[0]
 
     def _block_sums(self, x: str, block: int) -> str:
-        """Sum of x over each k-block: [batch, seq, k / block], computed once per input."""
+        """Sum of x over each k-block: [batch, seq, k / block], computed once per input.
+
+        Reshape + ReduceSum: of the spellings measured (docs/models.md) the fastest in a
+        64-position prefill pass; an AveragePool (one node) saved ~3 % of a decode step
+        but cost ~4 % of a prefill, a MatMul with a 0/1 matrix cost more in both.
+        """
         key = (x, block)
         if key not in self._sums:
-            shape = self.const(f"blocks_{block}_{self._count}", np.array([0, 0, -1, block],
-                                                                      np.int64))
+            shape = self.const(f"blocks_{block}", np.array([0, 0, -1, block], np.int64))
             blocks = self.op("Reshape", [x, shape], "blocks")[0]
-            axes = self.const(f"axes_last_{self._count}", np.array([-1], np.int64))
-            self._sums[key] = self.op("ReduceSum", [blocks, axes], "block_sum", keepdims=0)[0]
+            self._sums[key] = self.op("ReduceSum", [blocks, self.const(
+                "axes_last", np.array([-1], np.int64))], "block_sum", keepdims=0)[0]
         return self._sums[key]
 
 

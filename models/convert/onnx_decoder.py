@@ -62,7 +62,8 @@ __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNA
 OPSET = 23
 # Bumped whenever the graph this module writes changes; the store rebuilds models it
 # made with an older builder (see ``store.ensure_model``).
-BUILDER_VERSION = 7  # 6: GroupQueryAttention, last-position logits; 7: head in parts
+BUILDER_VERSION = 8  # 6: GroupQueryAttention, last-position logits; 7: head in parts;
+# 8: the residual add joined with the Q4_1 correction in one Sum
 HEAD_PART_ROWS = 16384  # rows per LM-head part (see _head)
 EXTERNAL_DATA_NAME = "model.onnx.data"
 
@@ -170,23 +171,28 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
             k = g.op("RotaryEmbedding", [k, f"{rope}.cos", f"{rope}.sin", "position_ids"],
                      f"l{i}_krot", num_heads=cfg.num_key_value_heads, interleaved=0)[0]
             attn = attention(g, q, k, v, local_bias if local else bias, i, cfg)
-        attn = g.linear(attn, [weights[f"{p}.self_attn.o_proj.weight"]],
-                        f"{p}.self_attn.o_proj")[0]
         if cfg.sandwich_norms:  # Gemma: norm the attention output before the residual add
+            attn = g.linear(attn, [weights[f"{p}.self_attn.o_proj.weight"]],
+                            f"{p}.self_attn.o_proj")[0]
             attn = _norm(g, attn, weights, f"{p}.post_attention_layernorm.weight", eps,
                          f"l{i}_post_attn")
-        hidden = g.op("Add", [hidden, attn], f"l{i}_res1")[0]
+            hidden = g.op("Add", [hidden, attn], f"l{i}_res1")[0]
+        else:
+            hidden = g.linear(attn, [weights[f"{p}.self_attn.o_proj.weight"]],
+                              f"{p}.self_attn.o_proj", residual=hidden)[0]
         pre_mlp = "pre_feedforward_layernorm" if cfg.sandwich_norms else "post_attention_layernorm"
         normed = _norm(g, hidden, weights, f"{p}.{pre_mlp}.weight", eps, f"l{i}_ln2")
         gate, up = g.linear(normed, [weights[f"{p}.mlp.gate_proj.weight"],
                                      weights[f"{p}.mlp.up_proj.weight"]], f"{p}.mlp.gate_up_proj")
         act = activation(g, gate, cfg.hidden_act, f"l{i}")
-        mlp = g.linear(g.op("Mul", [act, up], f"l{i}_gated")[0],
-                       [weights[f"{p}.mlp.down_proj.weight"]], f"{p}.mlp.down_proj")[0]
+        gated = g.op("Mul", [act, up], f"l{i}_gated")[0]
+        down = [weights[f"{p}.mlp.down_proj.weight"]]
         if cfg.sandwich_norms:
-            mlp = _norm(g, mlp, weights, f"{p}.post_feedforward_layernorm.weight", eps,
-                        f"l{i}_post_mlp")
-        hidden = g.op("Add", [hidden, mlp], f"l{i}_res2")[0]
+            mlp = _norm(g, g.linear(gated, down, f"{p}.mlp.down_proj")[0], weights,
+                        f"{p}.post_feedforward_layernorm.weight", eps, f"l{i}_post_mlp")
+            hidden = g.op("Add", [hidden, mlp], f"l{i}_res2")[0]
+        else:
+            hidden = g.linear(gated, down, f"{p}.mlp.down_proj", residual=hidden)[0]
         if progress:
             progress(1)
 

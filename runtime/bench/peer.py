@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -63,7 +64,8 @@ def peer_python(explicit: str | None) -> str:
     return python
 
 
-def _spec(model_dir: Path, gguf: Path, threads: int, n_ctx: int) -> dict[str, Any]:
+def _spec(model_dir: Path, gguf: Path, threads: int, n_ctx: int,
+          peer_extra_buffers: bool = True) -> dict[str, Any]:
     """The token ids both engines are fed: our tokenizer and chat template."""
     from uniun.models.chat_template import encode_chat
     from uniun.models.decoder_model import _load_tokenizer
@@ -75,7 +77,8 @@ def _spec(model_dir: Path, gguf: Path, threads: int, n_ctx: int) -> dict[str, An
     prompts = [encode_chat(tok, [{"role": "user", "content": p}])[0] for p in PROMPTS]
     return {"model_dir": str(model_dir), "gguf": str(gguf), "threads": threads,
             "n_ctx": n_ctx, "context": context, "prompts": prompts,
-            "greedy_tokens": GREEDY_TOKENS, "decode_steps": DECODE_STEPS}
+            "greedy_tokens": GREEDY_TOKENS, "decode_steps": DECODE_STEPS,
+            "peer_extra_buffers": peer_extra_buffers}
 
 
 def _run_engine(python: str, engine: str, spec_path: Path) -> dict[str, Any]:
@@ -86,6 +89,11 @@ def _run_engine(python: str, engine: str, spec_path: Path) -> dict[str, Any]:
     except subprocess.TimeoutExpired as err:  # a machine this loaded measures nothing useful
         raise RuntimeError(f"{engine} engine took over 900 s (load average "
                            f"{os.getloadavg()[0]:.1f}); run again on a quieter machine") from err
+    if proc.returncode < 0:
+        hint = (" (llama.cpp's AMX / repacked weights crash on some CPUs: try "
+                "--peer-no-extra-buffers)" if engine == "llama.cpp" else "")
+        raise RuntimeError(f"{engine} engine died of {signal.Signals(-proc.returncode).name}"
+                           f"{hint}: {proc.stderr.strip()[-2000:]}")
     if proc.returncode != 0:
         raise RuntimeError(f"{engine} engine failed: {proc.stderr.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
@@ -111,7 +119,8 @@ def _ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float]:
 
 
 def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx: int = 2048,
-        peer: str | None = None, log: Callable[[str], None] = lambda _m: None,
+        peer: str | None = None, peer_extra_buffers: bool = True,
+        log: Callable[[str], None] = lambda _m: None,
         on_round: Callable[[dict[str, Any]], None] = lambda _r: None) -> dict[str, Any]:
     """Interleaved rounds of both engines; the result map ``bench --peer`` writes.
 
@@ -119,7 +128,7 @@ def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx
     shared machine can make a round take minutes) keeps what it measured.
     """
     python = peer_python(peer)
-    spec = _spec(model_dir, gguf, threads, n_ctx)
+    spec = _spec(model_dir, gguf, threads, n_ctx, peer_extra_buffers)
     per_round = []
     with tempfile.TemporaryDirectory(prefix="uniun-peer-") as tmp:
         spec_path = Path(tmp) / "spec.json"
@@ -142,14 +151,14 @@ def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx
             per_round.append({"ours": got["ours"], "llama.cpp": got["llama.cpp"],
                               "ratios": ratios, "greedy_agreement": agree,
                               "load_average": os.getloadavg()[0]})
-            on_round(_result(model_dir, gguf, threads, n_ctx, per_round))
-    return _result(model_dir, gguf, threads, n_ctx, per_round)
+            on_round(_result(spec, per_round))
+    return _result(spec, per_round)
 
 
-def _result(model_dir: Path, gguf: Path, threads: int, n_ctx: int,
-            per_round: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"peer": "llama.cpp", "model_dir": str(model_dir), "gguf": str(gguf),
-            "threads": threads, "n_ctx_peer": n_ctx, "rounds": per_round,
+def _result(spec: dict[str, Any], per_round: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"peer": "llama.cpp", "model_dir": spec["model_dir"], "gguf": spec["gguf"],
+            "threads": spec["threads"], "n_ctx_peer": spec["n_ctx"],
+            "peer_extra_buffers": spec["peer_extra_buffers"], "rounds": per_round,
             "summary": _summary(per_round), "finished": time.time()}
 
 

@@ -85,8 +85,21 @@ class _LlamaCpp:
     """llama.cpp through llama-cpp-python, as ``../shared/peers/llamacpp_engine.py`` runs it."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
+        import llama_cpp.llama_cpp as low_level
         from llama_cpp import Llama
 
+        if not spec.get("peer_extra_buffers", True):
+            # llama.cpp's repacked / AMX weight buffers off (``use_extra_bufts``): its AMX
+            # path crashes on some Xeons (a SIGSEGV in the first decode). Llama() has no
+            # argument for it, so the default parameters it starts from are changed.
+            defaults = low_level.llama_model_default_params
+
+            def without_extra_buffers() -> Any:
+                params = defaults()
+                params.use_extra_bufts = False
+                return params
+
+            low_level.llama_model_default_params = without_extra_buffers
         t = time.perf_counter()
         self.llm = Llama(model_path=spec["gguf"], n_ctx=spec["n_ctx"],
                          n_threads=spec["threads"], n_threads_batch=spec["threads"],

@@ -81,6 +81,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                       help="the GGUF (default: the file --model was converted from)")
     peer.add_argument("--peer-python", default=None,
                       help="interpreter that has llama_cpp (default: this one)")
+    peer.add_argument("--peer-no-extra-buffers", action="store_true",
+                      help="run llama.cpp without its repacked / AMX weight buffers "
+                           "(use_extra_bufts off): its AMX path crashes on some Xeons")
     parser.set_defaults(func=run)
 
 

@@ -52,7 +52,8 @@ def run_peer(args: argparse.Namespace) -> int:
         model_dir, gguf = _model_and_gguf(args)
         out.parent.mkdir(parents=True, exist_ok=True)
         result = run(model_dir, gguf, threads=args.threads, rounds=args.rounds,
-                     peer=python, log=lambda m: print(m, file=sys.stderr),
+                     peer=python, peer_extra_buffers=not args.peer_no_extra_buffers,
+                     log=lambda m: print(m, file=sys.stderr),
                      on_round=lambda r: out.write_text(json.dumps(r, indent=2) + "\n"))
     except PeerUnavailable as err:
         print(f"uniun-runtime: {err}", file=sys.stderr)

@@ -7,7 +7,6 @@ quiet CPU, so it is not run here; the pieces a wrong result would come from are.
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -26,12 +25,12 @@ def test_greedy_agreement_counts_identical_prompts_and_agreeing_prefixes() -> No
 
 def test_without_the_peer_installed_the_bench_says_how_to_get_it(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    python = shutil.which("python3")
-    probe = subprocess.run([python, "-c", "import llama_cpp"], capture_output=True)
-    if probe.returncode == 0:
-        pytest.skip("the system python has llama_cpp")
+    # An interpreter without site-packages: llama_cpp cannot be importable by it.
+    python = tmp_path / "python-without-packages"
+    python.write_text(f"#!/bin/sh\nexec {sys.executable} -S \"$@\"\n")
+    python.chmod(0o755)
     out = tmp_path / "peer.json"
-    code = main(["bench", "--peer", "llama.cpp", "--peer-python", python, "--out", str(out),
+    code = main(["bench", "--peer", "llama.cpp", "--peer-python", str(python), "--out", str(out),
                  "--model", "tiny-1"])
     assert code == 2 and not out.exists()
     assert "llama-cpp-python" in capsys.readouterr().err
@@ -65,3 +64,25 @@ def test_our_engine_measures_the_tiny_model(tiny_model: str, tmp_path: Path) -> 
     got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert [len(g) for g in got["greedy"]] == [5, 5]
     assert got["decode_ms_per_token"] > 0 and got["peak_rss_mb"] > 0
+
+
+def test_a_peer_that_crashes_is_named_with_its_signal_and_a_way_out(tmp_path: Path) -> None:
+    """llama.cpp's AMX path dies of SIGSEGV on some Xeons: say so, and name the flag."""
+    from uniun.runtime.bench.peer import _run_engine
+
+    crashing = tmp_path / "python-that-segfaults"
+    crashing.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    crashing.chmod(0o755)
+    with pytest.raises(RuntimeError, match="SIGSEGV.*--peer-no-extra-buffers"):
+        _run_engine(str(crashing), "llama.cpp", tmp_path / "spec.json")
+
+
+def test_the_peer_flag_reaches_the_engine_spec(tiny_model: str) -> None:
+    from tests.models_cache import shared_store
+    from uniun.models.convert.recipes import ensure_model
+    from uniun.runtime.bench.peer import _spec
+
+    folder = ensure_model(tiny_model, shared_store())
+    assert _spec(folder, Path("x.gguf"), 2, 256)["peer_extra_buffers"] is True
+    assert _spec(folder, Path("x.gguf"), 2, 256, peer_extra_buffers=False)[
+        "peer_extra_buffers"] is False
