@@ -157,11 +157,15 @@ class RunnerWorker(pykka.ThreadingActor):
         if not self._silent and self._liveness.dead(self._heard_at, now):
             self._silent = True
             self.actor_ref.tell(_SchedulerSilent())
-        count, nbytes, trimmed, spilled = self._jobs.stats
         self._beat_seq += 1
-        beat = rp.Heartbeat(boot=self._boot, seq=self._beat_seq, snapshots=count,
-                            snapshot_bytes=nbytes, trimmed=trimmed, spilled=spilled)
-        return [[rp.encode(beat)]]
+        return [[rp.encode(self._heartbeat())]]
+
+    def _heartbeat(self, quiet_s: float = 0.0) -> rp.Heartbeat:
+        """A beat with the parking figures of now (``quiet_s``: see _announce_quiet)."""
+        count, nbytes, trimmed, spilled = self._jobs.stats
+        return rp.Heartbeat(boot=self._boot, seq=self._beat_seq, snapshots=count,
+                            snapshot_bytes=nbytes, trimmed=trimmed, spilled=spilled,
+                            quiet_s=quiet_s)
 
     # ---- messages -------------------------------------------------------------------
 
@@ -199,10 +203,7 @@ class RunnerWorker(pykka.ThreadingActor):
         """
         if self._load_grace_s <= 0 or self._outbox is None:
             return
-        count, nbytes, trimmed, spilled = self._jobs.stats
-        self._outbox.send([rp.encode(rp.Heartbeat(
-            boot=self._boot, seq=self._beat_seq, snapshots=count, snapshot_bytes=nbytes,
-            trimmed=trimmed, spilled=spilled, quiet_s=self._load_grace_s))])
+        self._outbox.send([rp.encode(self._heartbeat(self._load_grace_s))])
         self._heard_at = max(self._heard_at, time.monotonic() + self._load_grace_s)
         self._announce_supervisor(self._load_grace_s)  # waits until its beat has left
         time.sleep(QUIET_SEND_S)  # and lets the pump thread send ours
