@@ -12,13 +12,15 @@ cache as 2 MB folios, which a fault maps whole, so ~700 distinct tokens mapped 3
 So, after load:
 
 1. the mapped pages are dropped from this process's page tables
-   (``madvise(MADV_DONTNEED)``); they stay in the page cache;
+   (``madvise(MADV_DONTNEED)``); they stay in the page cache, so the next load of the
+   model (a swap back) still reads them from memory;
 2. the mappings are marked ``MADV_RANDOM`` (no readahead: a fault reads one page);
-3. the files' unmapped pages are written back if dirty (a model converted a moment ago)
-   and evicted from the page cache (``POSIX_FADV_DONTNEED``),
-   so that an embedding row is read back as a 4 KB page and not mapped as part of a 2 MB
-   folio. The same 700 tokens then mapped 4 MB, and a 2,000-token prefill was ~2 %
-   slower the first time its rows were read.
+3. the file ranges of the mappings the load did not touch at all (nothing of them was
+   resident: the embedding, its scales; what the graph reads lazily) are written back
+   if dirty (a model converted a moment ago) and evicted from the page cache
+   (``POSIX_FADV_DONTNEED``), so that an embedding row is read back as a 4 KB page and
+   not mapped as part of a 2 MB folio. The same 700 tokens then mapped 4 MB, and a
+   2,000-token prefill was ~2 % slower the first time its rows were read.
 
 Only mappings without private copies are dropped (``Anonymous: 0`` in smaps): for a
 private file mapping ``MADV_DONTNEED`` discards a written page, so a mapping that holds
@@ -48,6 +50,7 @@ class FileMapping:
     path: str
     start: int
     end: int
+    offset: int  # of the mapping's first byte in the file
     rss_kb: int = 0
     anonymous_kb: int = 0  # private copies of written pages
 
@@ -66,7 +69,8 @@ def file_mappings(folder: Path, smaps: str = "/proc/self/smaps") -> list[FileMap
                     current = None
                     if len(fields) == 6 and fields[5].startswith(prefix):
                         start, end = (int(x, 16) for x in fields[0].split("-"))
-                        current = FileMapping(fields[5].rstrip("\n"), start, end)
+                        current = FileMapping(fields[5].rstrip("\n"), start, end,
+                                              int(fields[2], 16))
                         found.append(current)
                 elif current is not None and head == "Rss:":
                     current.rss_kb = int(rest.split()[0])
@@ -88,11 +92,12 @@ def release_mapped_pages(folder: Path) -> int:
         return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     released = 0
-    files: set[str] = set()
+    untouched: dict[str, list[FileMapping]] = {}
     for m in file_mappings(folder):
-        files.add(m.path)
         if m.anonymous_kb:
             continue
+        if m.rss_kb == 0:
+            untouched.setdefault(m.path, []).append(m)
         for advice in (_MADV_DONTNEED, _MADV_RANDOM):
             if libc.madvise(m.start, m.end - m.start, advice) != 0:
                 logger.debug("madvise({:#x}, {}, {}) failed: errno {}", m.start,
@@ -100,14 +105,22 @@ def release_mapped_pages(folder: Path) -> int:
                 break
         else:
             released += m.rss_kb * 1024
-    for name in files:
-        try:
-            fd = os.open(name, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.fdatasync(fd)  # dirty pages are not evicted; a just-converted model has them
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        finally:
-            os.close(fd)
+    for name, mappings in untouched.items():
+        _evict(name, [(m.offset, m.end - m.start) for m in mappings])
     return released
+
+
+def _evict(name: str, ranges: list[tuple[int, int]]) -> None:
+    """Write back and drop ``ranges`` (offset, length) of file ``name`` from the page cache."""
+    try:
+        fd = os.open(name, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fdatasync(fd)  # dirty pages are not evicted; a just-converted model has them
+        for offset, length in ranges:
+            os.posix_fadvise(fd, offset, length, os.POSIX_FADV_DONTNEED)
+    except OSError as err:
+        logger.debug("evicting {} failed: {}", name, err)
+    finally:
+        os.close(fd)
