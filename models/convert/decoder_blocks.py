@@ -130,7 +130,7 @@ class GraphBuilder:
         """Sum of x over each k-block: [batch, seq, k / block], computed once per input.
 
         Reshape + ReduceSum: of the spellings measured (docs/models.md) the fastest in a
-        64-position prefill pass; an AveragePool (one node) saved ~3 % of a decode step
+        64-position prefill pass; an AveragePool (one node) saved ~1 % of a decode step
         but cost ~4 % of a prefill, a MatMul with a 0/1 matrix cost more in both.
         """
         key = (x, block)
