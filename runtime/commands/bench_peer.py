@@ -77,8 +77,9 @@ def goals_table(result: dict[str, Any]) -> Table:
     """Every round's figures against the issue's goals."""
     s = result["summary"]
     n = len(result["rounds"])
+    variant = "" if result.get("peer_extra_buffers", True) else ", llama.cpp without extra buffers"
     t = Table(title=f"ours vs llama.cpp, {result['threads']} threads, {n} interleaved rounds "
-                    f"({Path(result['gguf']).name})", title_justify="left")
+                    f"({Path(result['gguf']).name}{variant})", title_justify="left")
     for col in ("measure", "ours", "llama.cpp", "ours / llama.cpp (each round)", "goal"):
         t.add_column(col, justify="left" if col == "measure" else "right")
     rows = (
