@@ -82,8 +82,9 @@ def file_mappings(folder: Path, smaps: str = "/proc/self/smaps") -> list[FileMap
 
 
 def release_mapped_pages(folder: Path) -> int:
-    """Drop this process's clean mapped pages of the files in ``folder`` and evict them
-    from the page cache (see the module doc); the bytes that were resident."""
+    """Drop this process's clean mapped pages of the files in ``folder``, and evict the
+    ranges the load left untouched from the page cache (see the module doc); the bytes
+    that were resident."""
     if not Path("/proc/self/smaps").exists():
         return 0
     try:
