@@ -32,7 +32,7 @@ import numpy as np
 from loguru import logger
 
 from uniun.models.kv import KVBuffer, KVCache
-from uniun.models.mapped_pages import release_mapped_pages
+from uniun.models.mapped_pages import release_code_pages, release_mapped_pages
 from uniun.models.onnx_ops import op_types
 from uniun.models.tokenizer import load_tokenizer
 
@@ -152,10 +152,13 @@ class DecoderModel:
         self._inflight: Any = None  # RunOptions of the pass running now (see interrupt)
         # The tokenizer first: the heap its parse frees is then reused by the session.
         self.tokenizer = _load_tokenizer(self.model_dir)
+        # The code the imports ran once, then what building the session ran once, goes
+        # back before it can add to the peak (models/mapped_pages.py).
+        release_code_pages()
         self._sess = ort.InferenceSession(str(self.model_dir / "model.onnx"), options,
                                           providers=["CPUExecutionProvider"])
         trim_heap()
-        released = release_mapped_pages(self.model_dir)  # see models/mapped_pages.py
+        released = release_mapped_pages(self.model_dir) + release_code_pages()
         self._check_io()
         self.eos_ids = _eos_ids(self.model_dir, self.config, self.tokenizer)
         self.max_positions = int(self.config.get("max_position_embeddings") or 0) or None
@@ -170,7 +173,7 @@ class DecoderModel:
         self.resident_bytes = max(0, rss_bytes() - rss0)
         self.threads = options.intra_op_num_threads
         logger.info("loaded {} in {:.2f}s ({} layers, {} kv heads x {}, +{:.0f} MB resident, "
-                    "{:.1f} MB of mapped weights given back)", self.model_id, self.load_s,
+                    "{:.1f} MB of mapped weights and code given back)", self.model_id, self.load_s,
                     self.num_layers, self.kv_heads, self.head_dim, self.resident_bytes / 1e6,
                     released / 1e6)
 

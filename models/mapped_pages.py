@@ -1,4 +1,5 @@
-"""Give back the pages of a model's weight files that the loaded session no longer reads.
+"""Give back the mapped pages the loaded session no longer reads: of a model's weight
+files, and of shared-library code (:func:`release_code_pages`).
 
 Why: onnxruntime memory-maps a model's external data (``model.onnx.data``) one
 initializer at a time and keeps every mapping for the life of the session, also of the
@@ -32,12 +33,14 @@ from __future__ import annotations
 
 import ctypes
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 from loguru import logger
 
-__all__ = ["release_mapped_pages", "file_mappings", "FileMapping"]
+__all__ = ["release_mapped_pages", "release_code_pages", "file_mappings", "code_mappings",
+           "FileMapping"]
 
 _MADV_RANDOM = 1
 _MADV_DONTNEED = 4
@@ -51,13 +54,15 @@ class FileMapping:
     start: int
     end: int
     offset: int  # of the mapping's first byte in the file
+    perms: str = ""
     rss_kb: int = 0
     anonymous_kb: int = 0  # private copies of written pages
 
 
-def file_mappings(folder: Path, smaps: str = "/proc/self/smaps") -> list[FileMapping]:
-    """This process's mappings of files in ``folder`` (none where smaps cannot be read)."""
-    prefix = str(Path(folder).resolve()) + os.sep
+def _mappings(accept: Callable[[str, str], bool],
+              smaps: str = "/proc/self/smaps") -> list[FileMapping]:
+    """This process's file mappings for which ``accept(perms, path)`` holds (none where
+    smaps cannot be read)."""
     found: list[FileMapping] = []
     current: FileMapping | None = None
     try:
@@ -67,10 +72,10 @@ def file_mappings(folder: Path, smaps: str = "/proc/self/smaps") -> list[FileMap
                 if not head.endswith(":"):  # a mapping's first line: range perms ... path
                     fields = line.split(maxsplit=5)
                     current = None
-                    if len(fields) == 6 and fields[5].startswith(prefix):
+                    if len(fields) == 6 and accept(fields[1], fields[5].rstrip("\n")):
                         start, end = (int(x, 16) for x in fields[0].split("-"))
                         current = FileMapping(fields[5].rstrip("\n"), start, end,
-                                              int(fields[2], 16))
+                                              int(fields[2], 16), fields[1])
                         found.append(current)
                 elif current is not None and head == "Rss:":
                     current.rss_kb = int(rest.split()[0])
@@ -81,11 +86,44 @@ def file_mappings(folder: Path, smaps: str = "/proc/self/smaps") -> list[FileMap
     return found
 
 
+def file_mappings(folder: Path, smaps: str = "/proc/self/smaps") -> list[FileMapping]:
+    """This process's mappings of files in ``folder``."""
+    prefix = str(Path(folder).resolve()) + os.sep
+    return _mappings(lambda _perms, path: path.startswith(prefix), smaps)
+
+
+def code_mappings(smaps: str = "/proc/self/smaps") -> list[FileMapping]:
+    """This process's executable mappings of shared libraries (``r-xp``, ``*.so*``)."""
+    return _mappings(lambda perms, path: perms == "r-xp" and ".so" in Path(path).name, smaps)
+
+
 def release_mapped_pages(folder: Path) -> int:
     """Drop this process's clean mapped pages of the files in ``folder``, and evict the
     ranges the load left untouched from the page cache (see the module doc); the bytes
     that were resident."""
-    if not Path("/proc/self/smaps").exists():
+    return _release(file_mappings(folder), evict_touched=False)
+
+
+def release_code_pages() -> int:
+    """Drop this process's mapped pages of shared-library code, and evict them from the
+    page cache where nobody else maps them; the bytes that were resident.
+
+    Why: importing onnxruntime and building a session run a great deal of code once
+    (kernel registration, graph optimizers), and a library pip has just written sits in
+    the page cache as large folios, each mapped whole by one fault: 23 MB of
+    onnxruntime's 36 MB library stayed resident. Code is never written, so dropping it
+    loses nothing; what a forward pass runs comes back a 4 KB page per fault (no
+    readahead, ``MADV_RANDOM``), read from disk once. SmolLM2's runner: peak RSS -30 MB,
+    its first pass ~50 ms slower (docs/models.md "Memory").
+    """
+    return _release(code_mappings(), evict_touched=True)
+
+
+def _release(mappings: list[FileMapping], *, evict_touched: bool) -> int:
+    """MADV_DONTNEED + MADV_RANDOM on each mapping without private copies; then evict
+    from the page cache the ranges of those left untouched (or, ``evict_touched``, of all
+    those dropped)."""
+    if not mappings or not Path("/proc/self/smaps").exists():
         return 0
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
@@ -93,12 +131,10 @@ def release_mapped_pages(folder: Path) -> int:
         return 0
     libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     released = 0
-    untouched: dict[str, list[FileMapping]] = {}
-    for m in file_mappings(folder):
+    to_evict: dict[str, list[FileMapping]] = {}
+    for m in mappings:
         if m.anonymous_kb:
             continue
-        if m.rss_kb == 0:
-            untouched.setdefault(m.path, []).append(m)
         for advice in (_MADV_DONTNEED, _MADV_RANDOM):
             if libc.madvise(m.start, m.end - m.start, advice) != 0:
                 logger.debug("madvise({:#x}, {}, {}) failed: errno {}", m.start,
@@ -106,8 +142,10 @@ def release_mapped_pages(folder: Path) -> int:
                 break
         else:
             released += m.rss_kb * 1024
-    for name, mappings in untouched.items():
-        _evict(name, [(m.offset, m.end - m.start) for m in mappings])
+            if evict_touched or m.rss_kb == 0:
+                to_evict.setdefault(m.path, []).append(m)
+    for name, evicted in to_evict.items():
+        _evict(name, [(m.offset, m.end - m.start) for m in evicted])
     return released
 
 

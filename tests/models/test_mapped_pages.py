@@ -15,7 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from uniun.models.mapped_pages import file_mappings, release_mapped_pages
+from uniun.models.mapped_pages import (
+    code_mappings,
+    file_mappings,
+    release_code_pages,
+    release_mapped_pages,
+)
 
 SIZE = 8 << 20
 HALF = SIZE // 2
@@ -23,15 +28,18 @@ PRIVATE_RW = {"flags": mmap.MAP_PRIVATE, "prot": mmap.PROT_READ | mmap.PROT_WRIT
 
 
 @contextmanager
-def mapped_file(folder: Path) -> Iterator[tuple[bytes, mmap.mmap, mmap.mmap]]:
+def mapped_file(folder: Path, name: str = "weights.bin", mode: dict | None = None
+                ) -> Iterator[tuple[bytes, mmap.mmap, mmap.mmap]]:
     """A fresh 8 MB file, mapped as onnxruntime maps initializers: one private mapping
-    per tensor; here the first half and the second half."""
+    per tensor; here the first half and the second half. (``mode``: how a loader maps
+    a shared library's code instead.)"""
     data = np.random.default_rng(7).integers(0, 255, SIZE, dtype=np.uint8).tobytes()
-    path = folder / "weights.bin"
+    path = folder / name
     path.write_bytes(data)
+    mode = mode or PRIVATE_RW
     with path.open("rb") as f:
-        first = mmap.mmap(f.fileno(), HALF, **PRIVATE_RW)
-        second = mmap.mmap(f.fileno(), HALF, offset=HALF, **PRIVATE_RW)
+        first = mmap.mmap(f.fileno(), HALF, **mode)
+        second = mmap.mmap(f.fileno(), HALF, offset=HALF, **mode)
         try:
             yield data, first, second
         finally:
@@ -76,3 +84,31 @@ def test_other_folders_mappings_are_not_touched(tmp_path: Path) -> None:
         before = _resident_kb(tmp_path / "a")
         assert release_mapped_pages(tmp_path / "b") == 0
         assert _resident_kb(tmp_path / "a") == before
+
+
+def test_code_pages_are_given_back_and_what_runs_again_comes_back_page_by_page(
+        tmp_path: Path) -> None:
+    """A library's code mapped as the loader maps it (private, read + execute): what
+    load-time code read is dropped, and a later read gets the same bytes back as small
+    pages. Every other library of this process (Python's own code) is released too, and
+    the test going on is the proof that code comes back."""
+    code = {"flags": mmap.MAP_PRIVATE, "prot": mmap.PROT_READ | mmap.PROT_EXEC}
+    with mapped_file(tmp_path, "libfake.so.1", code) as (data, run_once, _):
+        assert run_once[:] == data[:HALF]
+        mine = [m for m in code_mappings() if m.path.startswith(str(tmp_path))]
+        assert [m.perms for m in mine] == ["r-xp", "r-xp"]
+        before = sum(m.rss_kb for m in mine)
+        assert before >= HALF // 1024 // 2
+        assert release_code_pages() >= before * 1024 // 2
+        rows = [13, 4096 * 7 + 5, HALF - 1]
+        assert [run_once[i] for i in rows] == [data[i] for i in rows]
+        after = sum(m.rss_kb for m in code_mappings() if m.path.startswith(str(tmp_path)))
+        assert after <= 3 * 64
+        assert [int(x) for x in np.arange(5) * 2] == [0, 2, 4, 6, 8]  # numpy's code runs
+
+
+def test_data_files_are_not_code(tmp_path: Path) -> None:
+    """Weights mapped read-write (private) are not taken for a library's code."""
+    with mapped_file(tmp_path, "weights.so") as (data, loaded, _):
+        assert loaded[:] == data[:HALF]
+        assert not [m for m in code_mappings() if m.path.startswith(str(tmp_path))]
