@@ -44,6 +44,7 @@ __all__ = ["release_mapped_pages", "release_code_pages", "file_mappings", "code_
 
 _MADV_RANDOM = 1
 _MADV_DONTNEED = 4
+_code_evicted = False  # see release_code_pages
 
 
 @dataclass
@@ -113,10 +114,15 @@ def release_code_pages() -> int:
     the page cache as large folios, each mapped whole by one fault: 23 MB of
     onnxruntime's 36 MB library stayed resident. Code is never written, so dropping it
     loses nothing; what a forward pass runs comes back a 4 KB page per fault (no
-    readahead, ``MADV_RANDOM``), read from disk once. SmolLM2's runner: peak RSS -30 MB,
-    its first pass ~50 ms slower (docs/models.md "Memory").
+    readahead, ``MADV_RANDOM``), read from disk once. SmolLM2's runner: peak RSS -25 MB,
+    its first pass ~50 ms slower (docs/models.md "Memory"). Evicted the first time only:
+    after that the code is cached as small pages, and a later load (a model swap) gets
+    its pages back from memory, not from disk.
     """
-    return _release(code_mappings(), evict_touched=True)
+    global _code_evicted
+    released = _release(code_mappings(), evict_touched=not _code_evicted)
+    _code_evicted = True
+    return released
 
 
 def _release(mappings: list[FileMapping], *, evict_touched: bool) -> int:
