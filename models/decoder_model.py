@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import gc
 import json
-import os
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -34,9 +33,10 @@ from loguru import logger
 from uniun.models.kv import KVBuffer, KVCache
 from uniun.models.mapped_pages import release_code_pages, release_mapped_pages
 from uniun.models.onnx_ops import op_types
+from uniun.models.process_memory import rss_bytes, trim_heap, tune_malloc
 from uniun.models.tokenizer import load_tokenizer
 
-__all__ = ["DecoderModel", "Interrupted", "rss_bytes", "trim_heap", "tune_malloc", "KV_CHUNK"]
+__all__ = ["DecoderModel", "Interrupted", "KV_CHUNK"]
 
 # In-place KV buffers grow in steps of this many positions (SmolLM2: 11.8 MB), so a
 # generation reallocates (and copies its KV once) every KV_CHUNK tokens at most.
@@ -49,49 +49,6 @@ class Interrupted(Exception):
     Nothing of the pass was kept: the generation is exactly where it was before the
     call (at its last token boundary) and the same call can be made again later.
     """
-
-
-def rss_bytes() -> int:
-    """This process's resident set size now (Linux ``/proc``; 0 where unknown)."""
-    try:
-        with open("/proc/self/statm") as f:
-            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-_M_MMAP_THRESHOLD = -3  # glibc mallopt parameter
-MMAP_THRESHOLD = 1 << 20
-
-
-def tune_malloc() -> None:
-    """Serve allocations of 1 MB and more from their own mappings, always (glibc only).
-
-    Why: glibc raises its mmap threshold each time such a block is freed, up to 32 MB,
-    and then serves the next KV buffer (11.8 MB for SmolLM2) or prefill activation from
-    the heap, which keeps it resident after it is freed. A fixed threshold returns every
-    freed buffer to the system and leaves never-written KV positions untouched.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
-    except (OSError, AttributeError):
-        pass
-
-
-def trim_heap() -> None:
-    """Give the heap's free pages back to the system (glibc ``malloc_trim``; elsewhere a no-op).
-
-    Why: parsing ``tokenizer.json`` and building the session leave ~20-30 MB of freed
-    heap that glibc keeps mapped; the runner's RSS is what a phone would kill it for.
-    """
-    try:
-        import ctypes
-
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def _load_tokenizer(model_dir: Path) -> Any:

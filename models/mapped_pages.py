@@ -39,6 +39,8 @@ from pathlib import Path
 
 from loguru import logger
 
+from uniun.models.process_memory import libc
+
 __all__ = ["release_mapped_pages", "release_code_pages", "file_mappings", "code_mappings",
            "FileMapping"]
 
@@ -131,18 +133,17 @@ def _release(mappings: list[FileMapping], *, evict_touched: bool) -> int:
     those dropped)."""
     if not mappings or not Path("/proc/self/smaps").exists():
         return 0
-    try:
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-    except OSError:
+    c = libc()
+    if c is None:
         return 0
-    libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    c.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     released = 0
     to_evict: dict[str, list[FileMapping]] = {}
     for m in mappings:
         if m.anonymous_kb:
             continue
         for advice in (_MADV_DONTNEED, _MADV_RANDOM):
-            if libc.madvise(m.start, m.end - m.start, advice) != 0:
+            if c.madvise(m.start, m.end - m.start, advice) != 0:
                 logger.debug("madvise({:#x}, {}, {}) failed: errno {}", m.start,
                              m.end - m.start, advice, ctypes.get_errno())
                 break

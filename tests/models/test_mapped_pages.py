@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 from uniun.models import mapped_pages
-
 from uniun.models.mapped_pages import (
     code_mappings,
     file_mappings,
