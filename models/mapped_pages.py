@@ -117,7 +117,7 @@ def release_code_pages() -> int:
     onnxruntime's 36 MB library stayed resident. Code is never written, so dropping it
     loses nothing; what a forward pass runs comes back a 4 KB page per fault (no
     readahead, ``MADV_RANDOM``), read from disk once. SmolLM2's runner: peak RSS -25 MB,
-    its first pass ~50 ms slower (docs/models.md "Memory"). Evicted the first time only:
+    its first pass ~0.1 s slower, once (docs/models.md "Memory"). Evicted the first time only:
     after that the code is cached as small pages, and a later load (a model swap) gets
     its pages back from memory, not from disk.
     """
