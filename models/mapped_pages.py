@@ -75,10 +75,10 @@ def _mappings(accept: Callable[[str, str], bool],
                 if not head.endswith(":"):  # a mapping's first line: range perms ... path
                     fields = line.split(maxsplit=5)
                     current = None
-                    if len(fields) == 6 and accept(fields[1], fields[5].rstrip("\n")):
+                    path = fields[5].rstrip("\n") if len(fields) == 6 else ""
+                    if path and accept(fields[1], path):
                         start, end = (int(x, 16) for x in fields[0].split("-"))
-                        current = FileMapping(fields[5].rstrip("\n"), start, end,
-                                              int(fields[2], 16), fields[1])
+                        current = FileMapping(path, start, end, int(fields[2], 16), fields[1])
                         found.append(current)
                 elif current is not None and head == "Rss:":
                     current.rss_kb = int(rest.split()[0])
@@ -131,10 +131,8 @@ def _release(mappings: list[FileMapping], *, evict_touched: bool) -> int:
     """MADV_DONTNEED + MADV_RANDOM on each mapping without private copies; then evict
     from the page cache the ranges of those left untouched (or, ``evict_touched``, of all
     those dropped)."""
-    if not mappings or not Path("/proc/self/smaps").exists():
-        return 0
     c = libc()
-    if c is None:
+    if not mappings or c is None:  # no mappings also where there is no /proc (not Linux)
         return 0
     c.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
     released = 0
