@@ -72,10 +72,12 @@ class ProducerActor(pykka.ThreadingActor):
         return None
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
-        self.failed.set()
+        # pykka has already marked the actor dead here; ``failed`` is set last, so a
+        # watcher that sees it (the process entry exits on it) finds the logic closed.
         logger.opt(exception=(exception_type, exception_value, traceback)).error(
             "{} producer failed", getattr(self.logic, "name", "a"))
         self._close()
+        self.failed.set()
 
     def on_stop(self) -> None:
         if self.logic is not None:

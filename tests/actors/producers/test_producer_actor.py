@@ -25,6 +25,7 @@ class FakeLogic:
             raise RuntimeError("boom")
 
     def close(self) -> None:
+        time.sleep(0.05)  # a real close takes a while: a watcher must not outrun it
         self.closed = True
 
 
