@@ -2,10 +2,14 @@
 
 Both engines run the same GGUF (ours converted into the store, the peer the file itself),
 with the same threads and the same token ids, each in a process of its own
-(:mod:`uniun.runtime.bench.peer_engines`), alternating: round 1 runs ours then the peer,
-round 2 the peer then ours, and so on, so drifting load on the shared machine hits both
-alike. Each round's ratios compare the two processes of that round; the summary gives
-every round's ratios (the goals say "in every run") and the best figures of each engine.
+(:mod:`uniun.runtime.bench.peer_engines`). In each round both processes are started
+(round 1 loads ours first, round 2 the peer, and so on), then asked for one short
+measurement at a time, in turn and mirrored (A B B A A B ...): three prefills and
+:data:`DECODE_SEGMENTS` decode runs each. So each of our figures has one of the peer's
+taken seconds before or after it: this machine's speed drifts by x1.3-1.9 within
+minutes, and figures taken a minute apart would compare two phases, not two engines.
+The round's ratios compare the best figure of each engine in the round; the summary
+gives every round's ratios (the goals say "in every run").
 
 Greedy agreement: for each of :data:`PROMPTS` (chat-templated by our tokenizer, the same
 ids fed to both), whether the first 20 greedy tokens are identical, and how many leading
@@ -22,16 +26,18 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["PROMPTS", "run", "agreement", "peer_python", "PeerUnavailable"]
+__all__ = ["PROMPTS", "run", "agreement", "peer_python", "PeerUnavailable", "EngineProcess"]
 
 PROMPTS = (
     "What is the capital of France?",
@@ -45,7 +51,10 @@ PROMPTS = (
 )
 GREEDY_TOKENS = 20
 CONTEXT = 256
-DECODE_STEPS = 128
+DECODE_STEPS = 64  # per decode run; DECODE_SEGMENTS runs per engine and round
+DECODE_SEGMENTS = 4
+PREFILLS = 3
+REPLY_TIMEOUT_S = 900.0  # a machine this loaded measures nothing useful
 ENGINES = Path(__file__).with_name("peer_engines.py")
 
 
@@ -81,22 +90,101 @@ def _spec(model_dir: Path, gguf: Path, threads: int, n_ctx: int,
             "peer_extra_buffers": peer_extra_buffers}
 
 
-def _run_engine(python: str, engine: str, spec_path: Path) -> dict[str, Any]:
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+class EngineProcess:
+    """One engine's process (``peer_engines.py``), asked for one measurement at a time.
+
+    Its stderr goes to a file, not a pipe: a crash's message is kept and a chatty
+    engine can never block on a full pipe while we wait for its reply.
+    """
+
+    def __init__(self, python: str, engine: str, spec_path: Path) -> None:
+        self.engine = engine
+        self._stderr = tempfile.TemporaryFile(mode="w+")
+        self._proc = subprocess.Popen(
+            [python, str(ENGINES), engine, str(spec_path)], stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True,
+            env=dict(os.environ, PYTHONUNBUFFERED="1"))
+        self.load_s: float = self._reply()["load_s"]
+
+    def ask(self, command: str) -> dict[str, Any]:
+        assert self._proc.stdin is not None
+        try:
+            self._proc.stdin.write(command + "\n")
+            self._proc.stdin.flush()
+        except BrokenPipeError:
+            pass  # it died: _reply says how
+        return self._reply()
+
+    def _reply(self) -> dict[str, Any]:
+        assert self._proc.stdout is not None
+        ready, _, _ = select.select([self._proc.stdout], [], [], REPLY_TIMEOUT_S)
+        if not ready:
+            raise RuntimeError(f"{self.engine} engine gave no answer in {REPLY_TIMEOUT_S:.0f} s "
+                               f"(load average {os.getloadavg()[0]:.1f}); run again on a "
+                               "quieter machine")
+        line = self._proc.stdout.readline()
+        if not line:
+            raise RuntimeError(self._death())
+        reply = json.loads(line)
+        if "error" in reply:
+            raise RuntimeError(f"{self.engine} engine: {reply['error']}")
+        return reply
+
+    def _death(self) -> str:
+        code = self._proc.wait(timeout=30)
+        self._stderr.seek(0)
+        err = self._stderr.read().strip()[-2000:]
+        if code < 0:
+            hint = (" (llama.cpp's AMX / repacked weights crash on some CPUs: try "
+                    "--peer-no-extra-buffers)" if self.engine == "llama.cpp" else "")
+            return f"{self.engine} engine died of {signal.Signals(-code).name}{hint}: {err}"
+        return f"{self.engine} engine failed (exit {code}): {err}"
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            self._proc.kill()
+        self._proc.wait()
+        for pipe in (self._proc.stdin, self._proc.stdout):
+            if pipe is not None:
+                pipe.close()
+        self._stderr.close()
+
+
+def _in_turn(engines: Sequence[EngineProcess], command: str, times: int) -> dict[str, list]:
+    """``command`` ``times`` times on each engine, mirrored: A B, B A, A B, ..."""
+    got: dict[str, list] = {e.engine: [] for e in engines}
+    for i in range(times):
+        for e in (engines if i % 2 == 0 else engines[::-1]):
+            got[e.engine].append(e.ask(command))
+    return got
+
+
+def _round(python: str, spec: dict[str, Any], spec_path: Path,
+           first: str) -> dict[str, dict[str, Any]]:
+    """Both engines' figures of one round; ``first`` loads and measures first."""
+    order = (first, "llama.cpp" if first == "ours" else "ours")
+    engines: list[EngineProcess] = []
     try:
-        proc = subprocess.run([python, str(ENGINES), engine, str(spec_path)],
-                              capture_output=True, text=True, env=env, timeout=900)
-    except subprocess.TimeoutExpired as err:  # a machine this loaded measures nothing useful
-        raise RuntimeError(f"{engine} engine took over 900 s (load average "
-                           f"{os.getloadavg()[0]:.1f}); run again on a quieter machine") from err
-    if proc.returncode < 0:
-        hint = (" (llama.cpp's AMX / repacked weights crash on some CPUs: try "
-                "--peer-no-extra-buffers)" if engine == "llama.cpp" else "")
-        raise RuntimeError(f"{engine} engine died of {signal.Signals(-proc.returncode).name}"
-                           f"{hint}: {proc.stderr.strip()[-2000:]}")
-    if proc.returncode != 0:
-        raise RuntimeError(f"{engine} engine failed: {proc.stderr.strip()[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+        for name in order:  # one at a time: a load's time is its own
+            engines.append(EngineProcess(sys.executable if name == "ours" else python,
+                                         name, spec_path))
+        prefills = _in_turn(engines, "prefill", PREFILLS)
+        decodes = _in_turn(engines, "decode", DECODE_SEGMENTS)
+        got: dict[str, dict[str, Any]] = {}
+        for e in engines:
+            greedy = e.ask("greedy")["greedy"]
+            rss = e.ask("finish")
+            runs_ms = [d["ms"] for d in decodes[e.engine]]
+            got[e.engine] = {
+                "engine": e.engine, "threads": spec["threads"], "load_s": e.load_s,
+                "prefill_tokens_per_s": len(spec["context"]) / min(
+                    p["s"] for p in prefills[e.engine]),
+                "decode_ms_per_token": min(runs_ms), "decode_runs_ms": runs_ms,
+                "greedy": greedy, **rss}
+        return got
+    finally:
+        for e in engines:
+            e.close()
 
 
 def agreement(ours: list[list[int]], peer: list[list[int]]) -> dict[str, Any]:
@@ -134,22 +222,22 @@ def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))
         for r in range(rounds):
-            order = ("ours", "llama.cpp") if r % 2 == 0 else ("llama.cpp", "ours")
-            got: dict[str, dict[str, Any]] = {}
-            for engine in order:
-                got[engine] = _run_engine(sys.executable if engine == "ours" else python,
-                                          engine, spec_path)
-                e = got[engine]
+            got = _round(python, spec, spec_path, "ours" if r % 2 == 0 else "llama.cpp")
+            for engine, e in got.items():
                 log(f"round {r + 1} {engine}: decode {e['decode_ms_per_token']:.2f} ms/token, "
                     f"prefill {e['prefill_tokens_per_s']:.0f} tokens/s, load {e['load_s']:.2f} s, "
                     f"peak RSS {e['peak_rss_mb']:.0f} MB (load average {os.getloadavg()[0]:.1f})")
             ratios = _ratios(got["ours"], got["llama.cpp"])
             agree = agreement(got["ours"]["greedy"], got["llama.cpp"]["greedy"])
-            log(f"round {r + 1}: ours/llama.cpp decode {ratios['decode']:.2f}, prefill "
+            pairs = [round(o / p, 3) for o, p in zip(got["ours"]["decode_runs_ms"],
+                                                     got["llama.cpp"]["decode_runs_ms"])]
+            log(f"round {r + 1}: ours/llama.cpp decode {ratios['decode']:.2f} (adjacent runs "
+                f"{min(pairs):.2f}-{max(pairs):.2f}), prefill "
                 f"{ratios['prefill']:.2f}, RSS {ratios['peak_rss']:.2f}; greedy "
                 f"{agree['same']}/{agree['prompts']}")
             per_round.append({"ours": got["ours"], "llama.cpp": got["llama.cpp"],
-                              "ratios": ratios, "greedy_agreement": agree,
+                              "ratios": ratios, "decode_pair_ratios": pairs,
+                              "greedy_agreement": agree,
                               "load_average": os.getloadavg()[0]})
             on_round(_result(spec, per_round))
     return _result(spec, per_round)

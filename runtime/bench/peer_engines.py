@@ -1,6 +1,6 @@
-"""One engine's figures for ``bench --peer``, measured in a process of its own.
+"""One engine for ``bench --peer``, in a process of its own, measured on command.
 
-usage: PYTHON peer_engines.py ENGINE SPEC.json   ->  one JSON line on stdout
+usage: PYTHON peer_engines.py ENGINE SPEC.json   (then JSON commands on stdin)
 
 ``ENGINE`` is ``ours`` (the runner's decoder session) or ``llama.cpp`` (llama-cpp-python).
 Why a process each: peak RSS (``ru_maxrss``) is a property of a process, so each engine
@@ -11,16 +11,23 @@ the runner's, not a bare script's. This file imports only the standard library a
 top so that the peer's interpreter (which may be another virtual environment, without
 uniun installed) can run it by path.
 
-Both engines get the same token ids (``SPEC["context"]``, ``SPEC["prompts"]``), the same
-threads, and are measured the same way:
+Why on command: the two engines' processes are alive side by side and the parent
+(``uniun.runtime.bench.peer``) asks them for one short measurement at a time, in turn.
+This machine's speed drifts within minutes (x1.3-1.9 between phases), so figures taken
+a minute apart compare two machines; taken seconds apart, they compare two engines.
 
-- ``load_s``: constructing the engine (weights + tokenizer), wall time;
-- ``prefill_tokens_per_s``: 256 prompt positions, best of 3 (ours in the runner's
-  ``PREFILL_CHUNK``-position passes, llama.cpp in one ``eval``);
-- ``decode_ms_per_token``: median step of 128 greedy steps after a 16-token prompt
-  (a step = one forward pass + picking the argmax), best of 2 runs;
-- ``greedy``: the first ``SPEC["greedy_tokens"]`` greedy tokens of each prompt;
-- ``peak_rss_mb``: ``ru_maxrss`` at the end, and ``VmHWM`` (the same, from /proc).
+The engine loads, warms up, and prints ``{"load_s": ...}``; then each stdin line is a
+command and gets one JSON line back:
+
+- ``prefill``: 256 prompt positions (``SPEC["context"]``), ``{"s": seconds}`` (ours in
+  the runner's ``PREFILL_CHUNK``-position passes, llama.cpp in one ``eval``);
+- ``decode``: a 16-token prompt, then ``SPEC["decode_steps"]`` greedy steps (a step =
+  one forward pass + picking the argmax), ``{"ms": median step}``;
+- ``greedy``: the first ``SPEC["greedy_tokens"]`` greedy tokens of each of
+  ``SPEC["prompts"]``, ``{"greedy": [[ids], ...]}``;
+- ``finish``: ``{"peak_rss_mb": ru_maxrss, "vm_hwm_mb": VmHWM}``, and the process exits.
+
+Both engines get the same token ids and the same threads.
 """
 
 from __future__ import annotations
@@ -125,45 +132,68 @@ class _LlamaCpp:
         return tok
 
 
-def measure(engine: str, spec: dict[str, Any]) -> dict[str, Any]:
-    """All the figures of one engine (see the module doc)."""
-    e: Any = _Ours(spec) if engine == "ours" else _LlamaCpp(spec)
-    context = spec["context"]
-    e.prefill(context[:32])  # warm: thread pools, first allocations
-    prefill = []
-    for _ in range(3):
+def _prefill(e: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    t = time.perf_counter()
+    e.prefill(spec["context"])
+    return {"s": time.perf_counter() - t}
+
+
+def _decode(e: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    e.start(spec["context"][:16])
+    steps = []
+    for _ in range(spec["decode_steps"]):
         t = time.perf_counter()
-        e.prefill(context)
-        prefill.append(time.perf_counter() - t)
-    decode = []
-    for _ in range(2):
-        e.start(context[:16])
-        steps = []
-        for _ in range(spec["decode_steps"]):
-            t = time.perf_counter()
-            e.step()
-            steps.append(time.perf_counter() - t)
-        decode.append(statistics.median(steps) * 1e3)
+        e.step()
+        steps.append(time.perf_counter() - t)
+    return {"ms": statistics.median(steps) * 1e3}
+
+
+def _greedy(e: Any, spec: dict[str, Any]) -> dict[str, Any]:
     greedy = []
     for ids in spec["prompts"]:
         tokens = [e.start(ids)]
         while len(tokens) < spec["greedy_tokens"]:
             tokens.append(e.step())
         greedy.append(tokens)
-    return {"engine": engine, "threads": spec["threads"], "load_s": e.load_s,
-            "prefill_tokens_per_s": len(context) / min(prefill),
-            "decode_ms_per_token": min(decode), "greedy": greedy,
-            "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+    return {"greedy": greedy}
+
+
+def _finish(_e: Any, _spec: dict[str, Any]) -> dict[str, Any]:
+    return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "vm_hwm_mb": _hwm_mb()}
+
+
+COMMANDS = {"prefill": _prefill, "decode": _decode, "greedy": _greedy, "finish": _finish}
+
+
+def _reply(message: dict[str, Any]) -> None:
+    sys.stdout.write(json.dumps(message) + "\n")
+    sys.stdout.flush()
+
+
+def serve(engine: str, spec: dict[str, Any], commands: Any) -> None:
+    """Load, warm up, then answer ``commands`` (lines) until ``finish`` or their end."""
+    e: Any = _Ours(spec) if engine == "ours" else _LlamaCpp(spec)
+    e.prefill(spec["context"][:32])  # warm: thread pools, first allocations
+    _reply({"load_s": e.load_s})
+    for line in commands:
+        command = line.strip()
+        if command not in COMMANDS:
+            _reply({"error": f"unknown command {command!r}; known: {', '.join(COMMANDS)}"})
+            continue
+        _reply(COMMANDS[command](e, spec))
+        if command == "finish":
+            return
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2 or argv[0] not in ("ours", "llama.cpp"):
-        print("usage: peer_engines.py ours|llama.cpp SPEC.json", file=sys.stderr)
+        print("usage: peer_engines.py ours|llama.cpp SPEC.json  (then commands on stdin: "
+              f"{' | '.join(COMMANDS)})", file=sys.stderr)
         return 2
     with open(argv[1]) as f:
         spec = json.load(f)
-    print(json.dumps(measure(argv[0], spec)))
+    serve(argv[0], spec, sys.stdin)
     return 0
 
 

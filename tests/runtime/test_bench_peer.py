@@ -48,7 +48,7 @@ def test_the_engine_script_runs_with_only_the_standard_library(tmp_path: Path) -
     assert proc.returncode == 2 and "usage" in proc.stderr
 
 
-def test_our_engine_measures_the_tiny_model(tiny_model: str, tmp_path: Path) -> None:
+def _tiny_spec(tiny_model: str, tmp_path: Path) -> Path:
     from tests.models_cache import shared_store
     from uniun.models.convert.recipes import ensure_model
 
@@ -58,23 +58,47 @@ def test_our_engine_measures_the_tiny_model(tiny_model: str, tmp_path: Path) -> 
             "greedy_tokens": 5, "decode_steps": 8}
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(spec))
-    proc = subprocess.run([sys.executable, str(ENGINES), "ours", str(path)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert [len(g) for g in got["greedy"]] == [5, 5]
-    assert got["decode_ms_per_token"] > 0 and got["peak_rss_mb"] > 0
+    return path
+
+
+def test_our_engine_measures_the_tiny_model_on_command(tiny_model: str, tmp_path: Path) -> None:
+    from uniun.runtime.bench.peer import EngineProcess
+
+    engine = EngineProcess(sys.executable, "ours", _tiny_spec(tiny_model, tmp_path))
+    try:
+        assert engine.load_s > 0
+        assert engine.ask("prefill")["s"] > 0 and engine.ask("decode")["ms"] > 0
+        greedy = engine.ask("greedy")["greedy"]
+        assert [len(g) for g in greedy] == [5, 5]
+        assert engine.ask("greedy")["greedy"] == greedy  # greedy is greedy: the same again
+        assert engine.ask("finish")["peak_rss_mb"] > 0
+    finally:
+        engine.close()
+
+
+def test_an_unknown_command_is_refused_and_the_engine_carries_on(
+        tiny_model: str, tmp_path: Path) -> None:
+    from uniun.runtime.bench.peer import EngineProcess
+
+    engine = EngineProcess(sys.executable, "ours", _tiny_spec(tiny_model, tmp_path))
+    try:
+        with pytest.raises(RuntimeError, match="unknown command 'nonsense'; known: prefill"):
+            engine.ask("nonsense")
+        assert engine.ask("decode")["ms"] > 0
+    finally:
+        engine.close()
 
 
 def test_a_peer_that_crashes_is_named_with_its_signal_and_a_way_out(tmp_path: Path) -> None:
     """llama.cpp's AMX path dies of SIGSEGV on some Xeons: say so, and name the flag."""
-    from uniun.runtime.bench.peer import _run_engine
+    from uniun.runtime.bench.peer import EngineProcess
 
     crashing = tmp_path / "python-that-segfaults"
-    crashing.write_text("#!/bin/sh\nkill -SEGV $$\n")
+    crashing.write_text("#!/bin/sh\necho 'ggml: about to crash' >&2\nkill -SEGV $$\n")
     crashing.chmod(0o755)
-    with pytest.raises(RuntimeError, match="SIGSEGV.*--peer-no-extra-buffers"):
-        _run_engine(str(crashing), "llama.cpp", tmp_path / "spec.json")
+    with pytest.raises(RuntimeError,
+                       match="SIGSEGV.*--peer-no-extra-buffers.*about to crash"):
+        EngineProcess(str(crashing), "llama.cpp", tmp_path / "spec.json")
 
 
 def test_the_peer_flag_reaches_the_engine_spec(tiny_model: str) -> None:
@@ -86,3 +110,22 @@ def test_the_peer_flag_reaches_the_engine_spec(tiny_model: str) -> None:
     assert _spec(folder, Path("x.gguf"), 2, 256)["peer_extra_buffers"] is True
     assert _spec(folder, Path("x.gguf"), 2, 256, peer_extra_buffers=False)[
         "peer_extra_buffers"] is False
+
+
+def test_measurements_are_taken_in_turn_and_mirrored() -> None:
+    """Each engine's run sits next to one of the other's: A B, B A, A B."""
+    from uniun.runtime.bench.peer import _in_turn
+
+    asked: list[str] = []
+
+    class FakeEngine:
+        def __init__(self, engine: str) -> None:
+            self.engine = engine
+
+        def ask(self, command: str) -> dict[str, str]:
+            asked.append(self.engine)
+            return {"command": command}
+
+    got = _in_turn([FakeEngine("ours"), FakeEngine("llama.cpp")], "decode", 3)  # type: ignore[list-item]
+    assert asked == ["ours", "llama.cpp", "llama.cpp", "ours", "ours", "llama.cpp"]
+    assert got == {"ours": [{"command": "decode"}] * 3, "llama.cpp": [{"command": "decode"}] * 3}
