@@ -160,16 +160,22 @@ def background_gana_logic(config: RuntimeConfig) -> ProducerLogic:
                           interactive=lambda: gate.interactive)
 
 
+FINISH_TIMEOUT_S = 10.0  # how long a dead producer actor may take to close its logic
+
+
 def run_producer(make_logic: Callable[[], ProducerLogic], *, pump_s: float = 0.2) -> int:
     """Run one producer actor until SIGTERM (exit 0) or until it fails (exit 1)."""
-    failed = threading.Event()
-    ref = ProducerActor.start(make_logic, pump_s=pump_s, failed=failed)
+    failed, finished = threading.Event(), threading.Event()
+    ref = ProducerActor.start(make_logic, pump_s=pump_s, failed=failed, finished=finished)
     process.on_stop(lambda: ref.stop(block=False))
     try:
         while ref.is_alive():
             time.sleep(0.2)
     except KeyboardInterrupt:
         ref.stop(block=True, timeout=10)
+    # Dead is not yet done: on_failure may still be closing the logic and setting
+    # ``failed``. Without this wait a failed producer often exited 0.
+    finished.wait(timeout=FINISH_TIMEOUT_S)
     return 1 if failed.is_set() else 0
 
 

@@ -38,12 +38,17 @@ class ProducerActor(pykka.ThreadingActor):
     """Ticks a producer's logic; see the module docstring."""
 
     def __init__(self, make_logic: Callable[[], ProducerLogic], *, pump_s: float = 0.2,
-                 failed: threading.Event | None = None) -> None:
+                 failed: threading.Event | None = None,
+                 finished: threading.Event | None = None) -> None:
         super().__init__()
         self._make_logic = make_logic
         self.logic: ProducerLogic | None = None
         self.pump_s = pump_s
         self.failed = failed or threading.Event()  # set when start-up or a tick raised
+        # Set last, once the actor is done (stopped or failed, logic closed): pykka marks
+        # the actor dead *before* on_failure runs, so "not alive" alone cannot tell a
+        # watcher whether ``failed`` is final yet.
+        self.finished = finished or threading.Event()
 
     def on_start(self) -> None:
         # Built here, in the actor's thread: the logic's ZeroMQ sockets and database
@@ -53,6 +58,7 @@ class ProducerActor(pykka.ThreadingActor):
         except Exception:
             self.failed.set()  # pykka calls no on_failure for on_start: say it here
             logger.exception("the producer could not start")
+            self.finished.set()
             raise
         logger.info("{} producer started", self.logic.name)
         self.actor_ref.tell(_TICK)
@@ -78,11 +84,13 @@ class ProducerActor(pykka.ThreadingActor):
             "{} producer failed", getattr(self.logic, "name", "a"))
         self._close()
         self.failed.set()
+        self.finished.set()
 
     def on_stop(self) -> None:
         if self.logic is not None:
             logger.info("{} producer stopping", self.logic.name)
         self._close()
+        self.finished.set()
 
     def _close(self) -> None:
         if self.logic is None:

@@ -69,3 +69,20 @@ def test_a_failing_start_is_reported_too() -> None:
     ref = ProducerActor.start(make, pump_s=0.0, failed=failed)
     _wait(lambda: not ref.is_alive())
     assert failed.is_set()
+
+
+def test_the_process_entry_exits_1_when_a_tick_fails(monkeypatch) -> None:
+    # pykka marks the actor dead before on_failure has closed the logic and set
+    # ``failed``; a close slower than the entry's 0.2 s poll makes that window certain.
+    from uniun.runtime import process
+    from uniun.runtime.producers_main import run_producer
+
+    class SlowClosingLogic(FakeLogic):
+        def close(self) -> None:
+            time.sleep(0.5)
+            super().close()
+
+    monkeypatch.setattr(process, "_stop_callbacks", [])
+    logic = SlowClosingLogic(fail_at=2)
+    assert run_producer(lambda: logic, pump_s=0.0) == 1
+    assert logic.closed
