@@ -78,8 +78,9 @@ class ProducerActor(pykka.ThreadingActor):
         return None
 
     def on_failure(self, exception_type: Any, exception_value: Any, traceback: Any) -> None:
-        # pykka has already marked the actor dead here; ``failed`` is set last, so a
-        # watcher that sees it (the process entry exits on it) finds the logic closed.
+        # pykka has already marked the actor dead here; ``failed`` and then ``finished``
+        # are set after the close, so a watcher that waits on ``finished`` (the process
+        # entry does) reads a final ``failed`` and finds the logic closed.
         logger.opt(exception=(exception_type, exception_value, traceback)).error(
             "{} producer failed", getattr(self.logic, "name", "a"))
         self._close()
