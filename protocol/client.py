@@ -20,7 +20,9 @@ Theory of operation:
   open stream with ``after_seq`` = the last token it holds. Tokens are deduplicated by
   ``seq``, so none is delivered twice.
 - Errors: an ``error`` reply raises :class:`ClientError` (``code``, ``field``,
-  ``retryable``); no scheduler raises :class:`SchedulerUnavailable`; a connected
+  ``retryable``); no scheduler raises :class:`SchedulerUnavailable`, and so does a
+  CURVE server that refused this client's key (at once with ``reconnect=False``; else
+  at the timeout, since zmq retries and the key may be allowed meanwhile); a connected
   scheduler that does not answer in time raises :class:`Timeout`. A message we cannot
   encode raises ``EncodeError`` before anything is sent.
 
@@ -216,6 +218,10 @@ class Client(DealerConnection):
                 self._recover()
                 continue
             now = time.monotonic()
+            if not self._connected and self.refused and not self.reconnect:
+                # Refused, and told not to retry: waiting out the timeout tells nothing
+                # more (with reconnect, the key may yet be allowed; zmq retries).
+                raise SchedulerUnavailable(f"{self.endpoint}: {self.refused}")
             if deadline is not None and now >= deadline:
                 if not self._connected and self.refused:
                     raise SchedulerUnavailable(f"{self.endpoint}: {self.refused}")

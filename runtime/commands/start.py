@@ -2,8 +2,10 @@
 
 In the foreground the supervisor runs in this process until Ctrl-C. ``--detach`` runs the
 same command again as a daemon (its own session, output to ``logs/supervisor.out``) and
-returns once the front answers ``ping``, printing where the logs are; if the daemon dies
-first, the tail of its log is shown and the exit code is non-zero.
+returns once the front answers ``ping`` (with a runner: once a chat would be answered;
+with the gateway: once ``run/http.endpoint`` names where it serves), printing where the
+logs are; if the daemon dies first, the tail of its log is shown and the exit code is
+non-zero.
 
 A second ``start`` on the same home refuses (exit 1) instead of stealing the socket: the
 supervisor holds ``run/supervisor.lock``; a lock left by a dead runtime is free again.
@@ -198,6 +200,7 @@ def _detach(args: argparse.Namespace, config: RuntimeConfig, children: list[str]
         daemon = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=out,
                                   stderr=subprocess.STDOUT, start_new_session=True,
                                   close_fds=True)
+    started_at = time.time()  # an http.endpoint older than this is a dead gateway's
     budget = config.supervisor.start_timeout_s * max(1, len(children)) + 10
     deadline = time.monotonic() + budget
     while time.monotonic() < deadline:
@@ -209,10 +212,12 @@ def _detach(args: argparse.Namespace, config: RuntimeConfig, children: list[str]
             return code or 1
         state = read_state(config.run_dir)
         if state and state.get("pid") == daemon.pid and state.get("state") == "running":
-            if "scheduler" not in children or _ready(config.front.endpoint,
-                                                     "runner" in children):
+            url = _http_url(config, started_at) if "http" in children else ""
+            if (url is not None and ("scheduler" not in children
+                                     or _ready(config.front.endpoint, "runner" in children))):
+                http = f", OpenAI API {url}" if url else ""
                 print(f"uniun: runtime running (supervisor pid {daemon.pid}, policy "
-                      f"{config.policy.name}, front {config.front.endpoint}); logs in "
+                      f"{config.policy.name}, front {config.front.endpoint}{http}); logs in "
                       f"{config.logs_dir}; stop it with: uniun-runtime stop")
                 daemon.returncode = 0  # detached on purpose: no "still running" warning
                 return 0
@@ -222,6 +227,23 @@ def _detach(args: argparse.Namespace, config: RuntimeConfig, children: list[str]
           file=sys.stderr)
     daemon.returncode = 0
     return 1
+
+
+def _http_url(config: RuntimeConfig, since: float) -> str | None:
+    """The gateway's base URL once it serves, written after ``since``; else None.
+
+    A client told "running" reads ``run/http.endpoint`` next, so the file must be there;
+    one left by a gateway that was killed before this start does not count.
+    """
+    from uniun.runtime.http_main import endpoint_path
+
+    path = endpoint_path(config)
+    try:
+        if path.stat().st_mtime < since - 1.0:  # 1 s: coarse file-system clocks
+            return None
+        return path.read_text().strip() or None
+    except OSError:
+        return None
 
 
 def _ready(endpoint: str, with_runner: bool) -> bool:

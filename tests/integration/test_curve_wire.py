@@ -64,14 +64,14 @@ def test_curve_front_serves_allowed_keys_only(tmp_path: Path, tiny_model: str) -
         _, stranger_secret = create_pair(tmp_path / "elsewhere", "stranger")
         stranger = ClientCurve.from_files(stranger_secret, keys.server_public)
         for curve in (stranger, None):
-            with Client(endpoint, timeout=3, reconnect=False, curve=curve) as client:
+            with Client(endpoint, timeout=30, reconnect=False, curve=curve) as client:
                 with pytest.raises(SchedulerUnavailable):
                     client.ping()
-        with Client(endpoint, timeout=3, reconnect=False, curve=stranger) as client:
+        with Client(endpoint, timeout=30, reconnect=False, curve=stranger) as client:
             with pytest.raises(SchedulerUnavailable, match="refused this client's key"):
                 client.status()
         assert _cli(rt.env, "keys", "revoke", "alice").returncode == 0
-        with Client(endpoint, timeout=3, reconnect=False, curve=alice) as client:
+        with Client(endpoint, timeout=30, reconnect=False, curve=alice) as client:
             with pytest.raises(SchedulerUnavailable, match="refused"):
                 client.ping()
     finally:

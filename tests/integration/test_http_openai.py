@@ -238,9 +238,10 @@ def test_a_client_that_gives_up_on_a_non_streamed_request_cancels_it(rt: Runtime
     w = rt.wire()
     assert w.request("lifecycle", state="background")["type"] == "ok"
     try:
-        with pytest.raises(httpx.TimeoutException):
-            httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=2.0)
-        assert w.request("attach", job_id=job_id, after_seq=10**6)["type"] == "accepted"
+        with pytest.raises(httpx.TimeoutException):  # 5 s: long enough to be submitted
+            httpx.post(f"{base_url}/v1/chat/completions", json=body, timeout=5.0)
+        wait_for("the request's job to be known", lambda: w.request(
+            "attach", job_id=job_id, after_seq=10**6)["type"] == "accepted")
         end = w.end(job_id)
         assert end["type"] == "error" and end["code"] == "cancelled"
     finally:

@@ -66,7 +66,9 @@ def test_scenario_3_gana_past_its_deadline_preempts_nataraj(runtime: Runtime,
     accepted = w.submit({"job_id": "s3-gana", "kind": "gana", "prompt": "a gana tick",
                          "max_new_tokens": 40, "deadline": time.time() + due_in,
                          "flow": "s3"})
-    assert accepted["tier"] == 4
+    # T4 until the timer promotes it; T3 at once if the scheduler saw it only after a
+    # deadline this short had passed (a fast machine's 0.12 s, on a busy moment).
+    assert accepted["tier"] in (3, 4)
     gana_done = w.end("s3-gana")
     assert gana_done["type"] == "done"
     assert_resumed_whole(w, "s3-nataraj", reference_done["text"])

@@ -111,6 +111,9 @@ def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         assert "runtime running" in started.stdout
+        # ... and once the gateway serves: the URL is printed and in run/http.endpoint
+        url = (home / "run" / "http.endpoint").read_text().strip()
+        assert f"OpenAI API {url}" in started.stdout
         assert stat_mode(home / "run") == 0o700
 
         status = cli("status", "--json", home=home)
@@ -119,7 +122,6 @@ def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
         assert body["policy"] == "uniun" and {"scheduler", "runner"} <= set(body["processes"])
         # start --detach returned only once a chat sent now is answered (issue 9, point 3)
         assert body["ready"] is True and body["loaded_model"] == "tiny-1"
-        url = (home / "run" / "http.endpoint").read_text().strip()
         assert url.startswith("http://127.0.0.1:") and body["http"] == url
         table = cli("status", home=home)
         assert "loaded model" in table.stdout and "front" in table.stdout

@@ -56,3 +56,24 @@ def test_an_unknown_shell_is_refused() -> None:
     done = subprocess.run(CLI + ["completion", "fish"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and "invalid choice" in done.stderr
+
+
+def test_detach_does_not_take_a_dead_gateways_endpoint_file_for_a_serving_one(
+        tmp_path: Path) -> None:
+    """``start --detach`` says "running" only once *this* start's gateway wrote its URL."""
+    import os
+    import time
+
+    from uniun.runtime.commands.start import _http_url
+    from uniun.runtime.config import load_config_text
+
+    config = load_config_text(f'home = "{tmp_path}"\n')
+    path = config.run_dir / "http.endpoint"
+    started = time.time()
+    assert _http_url(config, started) is None  # not written yet
+    path.parent.mkdir(parents=True)
+    path.write_text("http://127.0.0.1:9\n")
+    os.utime(path, (started - 60, started - 60))  # left by a gateway killed a minute ago
+    assert _http_url(config, started) is None
+    path.write_text("http://127.0.0.1:8100\n")  # written by this start's gateway
+    assert _http_url(config, started) == "http://127.0.0.1:8100"

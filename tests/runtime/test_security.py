@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import stat
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -110,8 +111,10 @@ def server(paths: KeyPaths) -> Iterator[_EchoServer]:
     s.close()
 
 
-def _ask(endpoint: str, curve: ClientCurve | None, wait_ms: int) -> tuple[bytes | None, set[int]]:
-    """One request from a fresh DEALER: the reply (or None) and the monitor events seen."""
+def _ask(endpoint: str, curve: ClientCurve | None, wait_ms: int,
+         expect_event: int | None = None) -> tuple[bytes | None, set[int]]:
+    """One request from a fresh DEALER: the reply (or None) and the monitor events seen,
+    reading the monitor up to ``WAIT_MS`` more for ``expect_event`` (a slow handshake)."""
     ctx = zmq.Context.instance()
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -123,9 +126,13 @@ def _ask(endpoint: str, curve: ClientCurve | None, wait_ms: int) -> tuple[bytes 
     try:
         sock.send(b"ping")
         reply = sock.recv() if sock.poll(wait_ms) else None
-        while mon.poll(0):
+        deadline = time.monotonic() + WAIT_MS / 1000
+        while True:
+            waiting = expect_event is not None and expect_event not in events
+            left_ms = int((deadline - time.monotonic()) * 1000) if waiting else 0
+            if not mon.poll(max(0, left_ms)):
+                return reply, events
             events.add(recv_monitor_message(mon)["event"])
-        return reply, events
     finally:
         sock.disable_monitor()
         mon.close(0)
@@ -144,7 +151,8 @@ def test_an_allowed_key_is_served_and_an_unknown_one_refused(paths: KeyPaths,
     good = _client(paths, "good", allowed=True)
     stranger = _client(paths, "stranger", allowed=False)
     assert _ask(server.endpoint, good, WAIT_MS)[0] == b"pong"
-    reply, events = _ask(server.endpoint, stranger, REFUSED_MS)
+    reply, events = _ask(server.endpoint, stranger, REFUSED_MS,
+                         expect_event=zmq.EVENT_HANDSHAKE_FAILED_AUTH)
     assert reply is None and zmq.EVENT_HANDSHAKE_FAILED_AUTH in events
     plain_reply, _ = _ask(server.endpoint, None, REFUSED_MS)  # no keys at all
     assert plain_reply is None

@@ -106,7 +106,7 @@ def test_the_running_batch_is_the_last_until_the_chat_ends(tmp_path) -> None:
         chat_running[0] = True
         pub.set(True)
         wait_for("the chat is announced", lambda: listener.interactive)
-        time.sleep(0.5)  # the worker's own listener hears it too
+        time.sleep(1.0)  # the worker's own listener hears it too (republished every 0.1 s)
         announced.set()
 
     session.on_batch = [chat_arrives]

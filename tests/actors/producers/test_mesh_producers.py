@@ -61,12 +61,19 @@ def _knowledge_by_note(mesh: Mesh) -> dict[str, list[dict]]:
         return out
 
 
+def _open_jobs(mesh: Mesh, producer: str) -> list[dict]:
+    with mesh.store() as store:
+        return store.open_jobs(producer)
+
+
 def test_first_run_writes_samples_and_extracts_every_note_once(mesh: Mesh) -> None:
     folder = mesh.home / "notes"  # written by the extract process once it starts
     wait_for("the sample notes", lambda: folder.is_dir() and len(list(folder.iterdir())) == 5)
     notes = sorted(p.name for p in folder.iterdir())
     assert (mesh.home / "ganas.toml").exists()
-    wait_for("every sample note extracted", lambda: len(_knowledge_by_note(mesh)) == 5)
+    # A result row and its job's 'done' are two commits: wait for both.
+    wait_for("every sample note extracted and its job done", lambda: len(
+        _knowledge_by_note(mesh)) == 5 and not _open_jobs(mesh, "extract"))
     by_note = _knowledge_by_note(mesh)
     assert sorted(by_note) == notes
     for rows in by_note.values():

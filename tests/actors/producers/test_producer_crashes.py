@@ -80,8 +80,9 @@ def test_killing_each_producer_mid_work_loses_nothing(tmp_path: Path, tiny_model
             and any(r["runner"] == "background" for r in store.gana_runs()), timeout=180)
         mesh.lifecycle("foreground")
 
-        wait_for("every note extracted",
-                 lambda: len(store.list_results("knowledge", limit=1000)) >= 12, timeout=300)
+        # A result row and its job's 'done' are two commits: wait for both.
+        wait_for("every note extracted and its job done", lambda: len(store.list_results(
+            "knowledge", limit=1000)) >= 12 and not store.open_jobs("extract"), timeout=300)
         # A kill may land between two of a refill's submissions: the jobs persisted before it
         # must all finish; the deck is then at least at its low mark (hysteresis: a deck
         # at the low mark is not refilled).
