@@ -21,8 +21,7 @@ Theory of operation:
   ``seq``, so none is delivered twice.
 - Errors: an ``error`` reply raises :class:`ClientError` (``code``, ``field``,
   ``retryable``); no scheduler raises :class:`SchedulerUnavailable`, and so does a
-  CURVE server that refused this client's key (at once with ``reconnect=False``; else
-  at the timeout, since zmq retries and the key may be allowed meanwhile); a connected
+  CURVE server that refused this client's key (at once, not at the timeout); a connected
   scheduler that does not answer in time raises :class:`Timeout`. A message we cannot
   encode raises ``EncodeError`` before anything is sent.
 
@@ -218,13 +217,10 @@ class Client(DealerConnection):
                 self._recover()
                 continue
             now = time.monotonic()
-            if not self._connected and self.refused and not self.reconnect:
-                # Refused, and told not to retry: waiting out the timeout tells nothing
-                # more (with reconnect, the key may yet be allowed; zmq retries).
+            if not self._connected and self.refused:
+                # The server answered "not you": waiting out the timeout tells nothing more.
                 raise SchedulerUnavailable(f"{self.endpoint}: {self.refused}")
             if deadline is not None and now >= deadline:
-                if not self._connected and self.refused:
-                    raise SchedulerUnavailable(f"{self.endpoint}: {self.refused}")
                 if not self._connected:
                     raise SchedulerUnavailable(
                         f"no scheduler at {self.endpoint} within {timeout:g}s "

@@ -77,7 +77,7 @@ class DealerConnection:
                  send_timeout_ms: int | None = None, curve: ClientCurve | None = None) -> None:
         self.endpoint = endpoint
         self._curve = curve  # CURVE keys for a tcp server that requires them
-        self.refused: str | None = None  # why the last handshake failed, if it did
+        self.refused: str | None = None  # why this socket's handshake failed, if it did
         self._linger_ms = linger_ms
         self._send_timeout_ms = send_timeout_ms
         self._limits = limits
@@ -111,6 +111,7 @@ class DealerConnection:
         self._poller.register(self._sock, zmq.POLLIN)
         self._poller.register(self._mon, zmq.POLLIN)
         self._connected = False
+        self.refused = None  # a fresh socket has not been refused (yet)
 
     def _close_socket(self) -> None:
         if self._sock is None:
@@ -142,7 +143,7 @@ class DealerConnection:
             except zmq.Again:
                 return
             if event["event"] == zmq.EVENT_HANDSHAKE_SUCCEEDED:
-                self._connected = True
+                self._connected, self.refused = True, None
                 self._on_handshake()
             elif event["event"] & _AUTH_FAILED:
                 self.refused = ("the server refused this client's key (not on its allow-list)"

@@ -175,3 +175,17 @@ def test_client_curve_finds_this_homes_keys_and_ipc_needs_none(paths: KeyPaths) 
     found = client_curve("tcp://127.0.0.1:1", paths=paths)
     assert found is not None and found.public == ClientCurve.from_files(
         paths.client_secret("local"), paths.server_public).public
+
+
+def test_the_client_reports_a_refused_key_at_once_not_at_its_timeout(
+        paths: KeyPaths, server: _EchoServer) -> None:
+    """A user whose key was revoked learns it from the first handshake, with the reason,
+    instead of staring at a command that hangs for its whole timeout."""
+    from uniun.protocol.client import Client, SchedulerUnavailable
+
+    stranger = _client(paths, "stranger", allowed=False)
+    began = time.monotonic()
+    with Client(server.endpoint, timeout=120, curve=stranger) as client:
+        with pytest.raises(SchedulerUnavailable, match="refused this client's key"):
+            client.ping()
+    assert time.monotonic() - began < 60  # half the timeout: a wait would take all of it
