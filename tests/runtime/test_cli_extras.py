@@ -1,5 +1,6 @@
-"""Small CLI conveniences: ``--version``, and completion scripts that a shell accepts and
-that complete the real commands and options."""
+"""Small CLI conveniences: ``--version``, completion scripts that a shell accepts and
+that complete the real commands and options, and ``start --detach`` not trusting a dead
+gateway's URL file."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import subprocess
 import sys
 from importlib.metadata import version
 from pathlib import Path
+
+import pytest
 
 CLI = [sys.executable, "-m", "uniun.runtime"]
 
@@ -59,7 +62,7 @@ def test_an_unknown_shell_is_refused() -> None:
 
 
 def test_detach_does_not_take_a_dead_gateways_endpoint_file_for_a_serving_one(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``start --detach`` says "running" only once *this* start's gateway wrote its URL."""
     import os
     import time
@@ -67,7 +70,8 @@ def test_detach_does_not_take_a_dead_gateways_endpoint_file_for_a_serving_one(
     from uniun.runtime.commands.start import _http_url
     from uniun.runtime.config import load_config_text
 
-    config = load_config_text(f'home = "{tmp_path}"\n')
+    monkeypatch.setenv("UNIUN_HOME", str(tmp_path))  # not the session's shared home
+    config = load_config_text("")
     path = config.run_dir / "http.endpoint"
     started = time.time()
     assert _http_url(config, started) is None  # not written yet

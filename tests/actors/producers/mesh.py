@@ -14,10 +14,13 @@ import sys
 from pathlib import Path
 
 from tests.integration.harness import Runtime, Wire
-from tests.wait import WAIT_S
-from uniun.actors.producers.results import ResultsStore
+from typing import Any
 
-__all__ = ["BASE", "Mesh"]
+from tests.wait import WAIT_S, wait_for
+from uniun.actors.producers.results import ResultsStore
+from uniun.actors.producers.results_fires import fires
+
+__all__ = ["BASE", "Mesh", "settled_fires"]
 
 BASE = """\
 [models]
@@ -56,3 +59,23 @@ class Mesh(Runtime):
     def cli(self, *args: str, timeout: float = WAIT_S) -> subprocess.CompletedProcess[str]:
         return subprocess.run([sys.executable, "-m", "uniun.runtime", *args], env=self.env,
                               capture_output=True, text=True, timeout=timeout)
+
+
+def settled_fires(store: ResultsStore, gana_id: str,
+                  timeout: float = WAIT_S) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """One Gana's claims and scheduled runs, read at a moment they describe the same fires.
+
+    The Ganas keep firing while a test reads: a claim, its run and its 'done' are
+    separate writes, so claims read one query before the runs can miss (or show in
+    flight) a fire the runs already hold. Read until every claim is done and there is
+    one run per claim; a fire run twice never settles, and the wait names it.
+    """
+    def read() -> tuple[list[dict[str, Any]], list[dict[str, Any]]] | None:
+        claims = fires(store, gana_id)
+        runs = [r for r in store.gana_runs(gana_id) if r["slot"] is not None]
+        if claims == fires(store, gana_id) and len(runs) == len(claims) and all(
+                f["state"] == "done" for f in claims):
+            return claims, runs
+        return None
+
+    return wait_for(f"{gana_id}'s claims and runs to agree", read, timeout=timeout)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.actors.producers.mesh import Mesh
+from tests.actors.producers.mesh import Mesh, settled_fires
 from tests.wait import wait_for
 from uniun.actors.producers.results_fires import fires
 
@@ -102,8 +102,7 @@ def test_killing_each_producer_mid_work_loses_nothing(tmp_path: Path, tiny_model
         assert card_jobs and all(j["state"] == "done" for j in card_jobs)
         cards = [c[0] for c in store.query("SELECT job_id FROM deck_cards")]
         assert sorted(cards) == sorted(j["job_id"] for j in card_jobs)  # one card per job
-        claims = fires(store, "ticker")
-        runs = [r for r in store.gana_runs("ticker") if r["slot"] is not None]
+        claims, runs = settled_fires(store, "ticker")
         assert sorted(r["job_id"] for r in runs) == sorted(f["job_id"] for f in claims)
         slots = [f["slot"] for f in claims]
         assert len(slots) == len(set(slots))

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.actors.producers.mesh import Mesh
+from tests.actors.producers.mesh import Mesh, settled_fires
 from tests.wait import wait_for
 from uniun.actors.scheduler.effects import JSegment
 from uniun.actors.scheduler.journal import read_timeline
@@ -219,16 +219,11 @@ background_lease_s = 5
     wait_for("gana-cron firing again", lambda: all(
         any(f["owner"] == "cron" and f["claimed_at"] > back_at for f in fires(store, g))
         for g in ("tick", "tock")), timeout=120)
-    wait_for("every claimed fire finished",
-             lambda: all(f["state"] == "done" for f in fires(store)), timeout=120)
-
     for gana_id, every_s in (("tick", every * 60), ("tock", every * 90)):
-        claims = fires(store, gana_id)
+        claims, scheduled = settled_fires(store, gana_id, timeout=120)
         slots = [f["slot"] for f in claims]
         gaps = [(b - a) / every_s for a, b in zip(slots, slots[1:])]
         assert all(g >= 0.999 and abs(g - round(g)) < 1e-6 for g in gaps), gaps  # no doubles
-        runs = store.gana_runs(gana_id)
-        scheduled = [r for r in runs if r["slot"] is not None]
         assert sorted(r["job_id"] for r in scheduled) == sorted(f["job_id"] for f in claims)
         for claim in claims:  # the run was made by the side that claimed the slot
             (run,) = [r for r in scheduled if r["job_id"] == claim["job_id"]]
