@@ -34,8 +34,8 @@ from uniun.runtime.metrics_http import ENDPOINT_FILE as METRICS_ENDPOINT
 from uniun.runtime.metrics_http import metrics_route
 from uniun.runtime.paths import models_dir
 from uniun.runtime.security import client_curve
+from uniun.runtime.state import HTTP_ENDPOINT_FILE
 
-ENDPOINT_FILE = "http.endpoint"
 DRAIN_S = 3.0  # seconds open requests get after SIGTERM
 HUNG_AFTER_S = 10.0  # an event loop that has not ticked for this long is hung
 
@@ -81,7 +81,7 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def endpoint_path(config: RuntimeConfig) -> Path:
-    return config.run_dir / ENDPOINT_FILE
+    return config.run_dir / HTTP_ENDPOINT_FILE
 
 
 def main(config: RuntimeConfig) -> int:

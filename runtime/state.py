@@ -19,6 +19,7 @@ from typing import Any
 LOCK_FILE = "supervisor.lock"
 STATE_FILE = "supervisor.json"
 ENDPOINT_FILE = "front.endpoint"
+HTTP_ENDPOINT_FILE = "http.endpoint"  # the gateway's base URL while it serves (http_main)
 EFFECTIVE_CONFIG = "effective.toml"
 
 

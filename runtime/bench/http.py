@@ -28,6 +28,7 @@ from urllib.parse import urlparse
 
 from uniun.protocol import messages as m
 from uniun.protocol.client import Client
+from uniun.runtime.state import HTTP_ENDPOINT_FILE
 
 __all__ = ["measure_http", "constrained_cost"]
 
@@ -73,7 +74,7 @@ def _http_ttft(url: str, model: str) -> float:
 
 def measure_http(run_dir: Path, front: str, model: str, *, reps: int, log: Log) -> dict[str, Any]:
     """Idle chat TTFT over HTTP and over the front, interleaved, in one runtime."""
-    url = (run_dir / "http.endpoint").read_text().strip()
+    url = (run_dir / HTTP_ENDPOINT_FILE).read_text().strip()
     zmq_s: list[float] = []
     http_s: list[float] = []
     with Client(front, timeout=120) as client:

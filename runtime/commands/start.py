@@ -30,6 +30,7 @@ from uniun.runtime.logging_setup import configure_logging
 from uniun.runtime.paths import ensure_private_dir, models_dir
 from uniun.runtime.state import (
     EFFECTIVE_CONFIG,
+    HTTP_ENDPOINT_FILE,
     RuntimeLock,
     RuntimeRunning,
     clear_state,
@@ -235,9 +236,7 @@ def _http_url(config: RuntimeConfig, since: float) -> str | None:
     A client told "running" reads ``run/http.endpoint`` next, so the file must be there;
     one left by a gateway that was killed before this start does not count.
     """
-    from uniun.runtime.http_main import endpoint_path
-
-    path = endpoint_path(config)
+    path = config.run_dir / HTTP_ENDPOINT_FILE
     try:
         if path.stat().st_mtime < since - 1.0:  # 1 s: coarse file-system clocks
             return None

@@ -11,6 +11,7 @@ from rich.table import Table
 
 from uniun.runtime.commands.common import add_connection_args, client_command, connect
 from uniun.runtime.paths import run_dir
+from uniun.runtime.state import HTTP_ENDPOINT_FILE
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -93,7 +94,7 @@ def _processes(status: dict[str, Any]) -> str:
 def _http_endpoint() -> str | None:
     """The OpenAI-compatible gateway's base URL, if it is serving."""
     try:
-        return (run_dir() / "http.endpoint").read_text().strip() or None
+        return (run_dir() / HTTP_ENDPOINT_FILE).read_text().strip() or None
     except OSError:
         return None
 
