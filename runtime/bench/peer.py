@@ -17,6 +17,13 @@ tokens agree. llama.cpp quantizes activations to 8 bits for its Q4_1 dot product
 does ``MatMulNBits`` at ``accuracy_level=4``; this says whether the two land on the same
 text, which a float32 reference cannot.
 
+The agreement has a control: once per run, llama.cpp itself with two settings that change
+only the order of float additions (:data:`CONTROLS`: its flash-attention kernel, and the
+prompt fed one position per pass). How often llama.cpp's default agrees with those is the
+metric's noise floor on these prompts: where the top two logits are within rounding of
+each other, any change of summation order picks the other token and the texts part. On
+SmolLM2-135M Q4_1 that floor is 3-4 of 8 (``docs/models.md``, "Greedy agreement").
+
 llama-cpp-python is a development extra (``pip install -e '.[peer]'``, compiled for this
 CPU; ``../shared/peers/build-llamacpp.sh``), never a runtime dependency: without it the
 bench says how to get it and stops.
@@ -56,6 +63,7 @@ DECODE_SEGMENTS = 4
 PREFILLS = 3
 REPLY_TIMEOUT_S = 900.0  # a machine this loaded measures nothing useful
 ENGINES = Path(__file__).with_name("peer_engines.py")
+CONTROLS = ("llama.cpp-flash-attn", "llama.cpp-ubatch-1")  # peer_engines.PEER_VARIANTS
 
 
 class PeerUnavailable(RuntimeError):
@@ -136,7 +144,7 @@ class EngineProcess:
         err = self._stderr.read().strip()[-2000:]
         if code < 0:
             hint = (" (llama.cpp's AMX / repacked weights crash on some CPUs: try "
-                    "--peer-no-extra-buffers)" if self.engine == "llama.cpp" else "")
+                    "--peer-no-extra-buffers)" if self.engine.startswith("llama.cpp") else "")
             return f"{self.engine} engine died of {signal.Signals(-code).name}{hint}: {err}"
         return f"{self.engine} engine failed (exit {code}): {err}"
 
@@ -199,6 +207,24 @@ def agreement(ours: list[list[int]], peer: list[list[int]]) -> dict[str, Any]:
             "agreeing_prefix": prefixes}
 
 
+def _greedy_controls(python: str, spec_path: Path, ours: list[list[int]],
+                     peer: list[list[int]]) -> dict[str, dict[str, Any]]:
+    """Each of :data:`CONTROLS`' greedy tokens against llama.cpp's default and ours.
+
+    Once per run, after the rounds: greedy decoding is deterministic for a given engine,
+    setting and thread count, so a second round would only repeat it.
+    """
+    got = {}
+    for name in CONTROLS:
+        engine = EngineProcess(python, name, spec_path)
+        try:
+            greedy = engine.ask("greedy")["greedy"]
+        finally:
+            engine.close()
+        got[name] = {"vs_llama.cpp": agreement(greedy, peer), "vs_ours": agreement(greedy, ours)}
+    return got
+
+
 def _ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float]:
     return {"decode": ours["decode_ms_per_token"] / peer["decode_ms_per_token"],
             "prefill": ours["prefill_tokens_per_s"] / peer["prefill_tokens_per_s"],
@@ -240,14 +266,27 @@ def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx
                               "greedy_agreement": agree,
                               "load_average": os.getloadavg()[0]})
             on_round(_result(spec, per_round))
-    return _result(spec, per_round)
+        first = per_round[0]
+        controls = _greedy_controls(python, spec_path, first["ours"]["greedy"],
+                                    first["llama.cpp"]["greedy"])
+        for name, c in controls.items():
+            log(f"greedy control {name}: agrees with llama.cpp's default on "
+                f"{c['vs_llama.cpp']['same']}/{len(PROMPTS)}, with ours on "
+                f"{c['vs_ours']['same']}/{len(PROMPTS)}")
+    return _result(spec, per_round, controls)
 
 
-def _result(spec: dict[str, Any], per_round: list[dict[str, Any]]) -> dict[str, Any]:
-    return {"peer": "llama.cpp", "model_dir": spec["model_dir"], "gguf": spec["gguf"],
-            "threads": spec["threads"], "n_ctx_peer": spec["n_ctx"],
-            "peer_extra_buffers": spec["peer_extra_buffers"], "rounds": per_round,
-            "summary": _summary(per_round), "finished": time.time()}
+def _result(spec: dict[str, Any], per_round: list[dict[str, Any]],
+            controls: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+    result = {"peer": "llama.cpp", "model_dir": spec["model_dir"], "gguf": spec["gguf"],
+              "threads": spec["threads"], "n_ctx_peer": spec["n_ctx"],
+              "peer_extra_buffers": spec["peer_extra_buffers"], "rounds": per_round,
+              "summary": _summary(per_round), "finished": time.time()}
+    if controls is not None:
+        result["greedy_controls"] = controls
+        result["summary"]["greedy_noise_floor"] = {
+            name: c["vs_llama.cpp"]["same"] for name, c in controls.items()}
+    return result
 
 
 def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:

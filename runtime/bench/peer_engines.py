@@ -2,7 +2,10 @@
 
 usage: PYTHON peer_engines.py ENGINE SPEC.json   (then JSON commands on stdin)
 
-``ENGINE`` is ``ours`` (the runner's decoder session) or ``llama.cpp`` (llama-cpp-python).
+``ENGINE`` is ``ours`` (the runner's decoder session), ``llama.cpp`` (llama-cpp-python,
+its defaults) or one of the other :data:`PEER_VARIANTS`: llama.cpp with a setting changed
+that changes no result a user would call wrong, only the order of float additions. Those
+variants are the greedy-agreement control: how often llama.cpp agrees with itself.
 Why a process each: peak RSS (``ru_maxrss``) is a property of a process, so each engine
 gets a fresh one that holds what its server would hold and nothing else. For ``ours``
 that process first imports the runner process's main module (ZeroMQ, pykka, parking,
@@ -88,10 +91,19 @@ class _Ours:
         return self.session.step(self._gen).token_id
 
 
+PEER_VARIANTS: dict[str, dict[str, Any]] = {
+    "llama.cpp": {},
+    # Its fused attention kernel: fp16 K/V dot products, another summation order.
+    "llama.cpp-flash-attn": {"flash_attn": True},
+    # The prompt fed one position per pass, as a decode step does, not in one batch.
+    "llama.cpp-ubatch-1": {"n_batch": 1, "n_ubatch": 1},
+}
+
+
 class _LlamaCpp:
     """llama.cpp through llama-cpp-python, as ``../shared/peers/llamacpp_engine.py`` runs it."""
 
-    def __init__(self, spec: dict[str, Any]) -> None:
+    def __init__(self, spec: dict[str, Any], variant: str = "llama.cpp") -> None:
         import llama_cpp.llama_cpp as low_level
         from llama_cpp import Llama
 
@@ -110,7 +122,7 @@ class _LlamaCpp:
         t = time.perf_counter()
         self.llm = Llama(model_path=spec["gguf"], n_ctx=spec["n_ctx"],
                          n_threads=spec["threads"], n_threads_batch=spec["threads"],
-                         verbose=False)
+                         verbose=False, **PEER_VARIANTS[variant])
         self.load_s = time.perf_counter() - t
 
     def prefill(self, ids: list[int]) -> None:
@@ -173,7 +185,7 @@ def _reply(message: dict[str, Any]) -> None:
 
 def serve(engine: str, spec: dict[str, Any], commands: Any) -> None:
     """Load, warm up, then answer ``commands`` (lines) until ``finish`` or their end."""
-    e: Any = _Ours(spec) if engine == "ours" else _LlamaCpp(spec)
+    e: Any = _Ours(spec) if engine == "ours" else _LlamaCpp(spec, engine)
     e.prefill(spec["context"][:32])  # warm: thread pools, first allocations
     _reply({"load_s": e.load_s})
     for line in commands:
@@ -187,8 +199,9 @@ def serve(engine: str, spec: dict[str, Any], commands: Any) -> None:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2 or argv[0] not in ("ours", "llama.cpp"):
-        print("usage: peer_engines.py ours|llama.cpp SPEC.json  (then commands on stdin: "
+    if len(argv) != 2 or argv[0] not in ("ours", *PEER_VARIANTS):
+        print(f"usage: peer_engines.py {'|'.join(('ours', *PEER_VARIANTS))} SPEC.json  "
+              "(then commands on stdin: "
               f"{' | '.join(COMMANDS)})", file=sys.stderr)
         return 2
     with open(argv[1]) as f:

@@ -96,5 +96,14 @@ def goals_table(result: dict[str, Any]) -> Table:
     prompts = result["rounds"][0]["greedy_agreement"]["prompts"]
     t.add_row("greedy agreement, first 20 tokens", "", "",
               ", ".join(f"{x}/{prompts}" for x in s["greedy_same"]), f">= 6/{prompts}")
+    controls = result.get("greedy_controls", {})
+    for name, c in controls.items():
+        t.add_row(f"greedy, {name}", f"{c['vs_ours']['same']}/{prompts}",
+                  f"{c['vs_llama.cpp']['same']}/{prompts}", "", "noise floor")
+    if controls:
+        t.caption = ("greedy, llama.cpp-...: llama.cpp with a setting that only reorders "
+                     "float sums, agreeing with ours and with llama.cpp's default: how far "
+                     "the agreement figure moves without any engine being wrong")
+        t.caption_justify = "left"
     t.add_row("median decode ratio", "", "", f"{statistics.median(s['decode_ratio']):.2f}", "")
     return t

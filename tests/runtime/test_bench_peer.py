@@ -89,7 +89,9 @@ def test_an_unknown_command_is_refused_and_the_engine_carries_on(
         engine.close()
 
 
-def test_a_peer_that_crashes_is_named_with_its_signal_and_a_way_out(tmp_path: Path) -> None:
+@pytest.mark.parametrize("engine", ["llama.cpp", "llama.cpp-flash-attn"])
+def test_a_peer_that_crashes_is_named_with_its_signal_and_a_way_out(
+        tmp_path: Path, engine: str) -> None:
     """llama.cpp's AMX path dies of SIGSEGV on some Xeons: say so, and name the flag."""
     from uniun.runtime.bench.peer import EngineProcess
 
@@ -97,8 +99,69 @@ def test_a_peer_that_crashes_is_named_with_its_signal_and_a_way_out(tmp_path: Pa
     crashing.write_text("#!/bin/sh\necho 'ggml: about to crash' >&2\nkill -SEGV $$\n")
     crashing.chmod(0o755)
     with pytest.raises(RuntimeError,
-                       match="SIGSEGV.*--peer-no-extra-buffers.*about to crash"):
-        EngineProcess(str(crashing), "llama.cpp", tmp_path / "spec.json")
+                       match=f"{engine} engine died of SIGSEGV.*--peer-no-extra-buffers.*"
+                             "about to crash"):
+        EngineProcess(str(crashing), engine, tmp_path / "spec.json")
+
+
+def test_every_control_is_an_engine_the_script_knows() -> None:
+    """A control missing from the engine script would only fail after minutes of rounds."""
+    proc = subprocess.run([sys.executable, "-S", str(ENGINES), "nonsense"],
+                          capture_output=True, text=True)
+    from uniun.runtime.bench.peer import CONTROLS
+
+    for name in CONTROLS:
+        assert name in proc.stderr
+
+
+def test_the_greedy_controls_are_scored_against_each_engine_and_reported(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """The noise floor is llama.cpp against llama.cpp: the control must not be scored
+    against ours by mistake, and the goals table must show both figures."""
+    from rich.console import Console
+
+    from uniun.runtime.bench import peer
+    from uniun.runtime.commands.bench_peer import goals_table
+
+    ours = [[1, 2], [3, 4], [5, 6]]
+    llama = [[1, 2], [3, 0], [5, 6]]
+    control = {"llama.cpp-flash-attn": [[1, 2], [3, 0], [0, 6]],  # 2/3 with llama, 1/3 ours
+               "llama.cpp-ubatch-1": [[1, 2], [3, 4], [5, 6]]}    # 2/3 with llama, 3/3 ours
+    closed: list[str] = []
+
+    class FakeControlProcess:  # a fake engine process: only the bookkeeping is under test
+        def __init__(self, _python: str, engine: str, _spec: Path) -> None:
+            self.engine = engine
+
+        def ask(self, command: str) -> dict[str, list[list[int]]]:
+            assert command == "greedy"
+            return {"greedy": control[self.engine]}
+
+        def close(self) -> None:
+            closed.append(self.engine)
+
+    monkeypatch.setattr(peer, "EngineProcess", FakeControlProcess)
+    got = peer._greedy_controls("python", tmp_path / "spec.json", ours, llama)
+    assert {n: (c["vs_llama.cpp"]["same"], c["vs_ours"]["same"]) for n, c in got.items()} == {
+        "llama.cpp-flash-attn": (2, 1), "llama.cpp-ubatch-1": (2, 3)}
+    assert closed == list(peer.CONTROLS)
+
+    figures = {"decode_ms_per_token": 9.0, "prefill_tokens_per_s": 600.0, "load_s": 0.5,
+               "peak_rss_mb": 240.0, "greedy": ours}
+    one_round = {"ours": figures, "llama.cpp": dict(figures, greedy=llama),
+                 "ratios": peer._ratios(figures, figures),
+                 "greedy_agreement": peer.agreement(ours, llama)}
+    spec = {"model_dir": "m", "gguf": "x.gguf", "threads": 2, "n_ctx": 256,
+            "peer_extra_buffers": True}
+    result = peer._result(spec, [one_round], got)
+    assert result["summary"]["greedy_noise_floor"] == {"llama.cpp-flash-attn": 2,
+                                                       "llama.cpp-ubatch-1": 2}
+    console = Console(width=200, record=True)
+    console.print(goals_table(result))
+    text = console.export_text()
+    assert "greedy, llama.cpp-flash-attn" in text and "noise floor" in text
+    row = next(line for line in text.splitlines() if "llama.cpp-ubatch-1" in line)
+    assert "3/3" in row and "2/3" in row
 
 
 def test_the_peer_flag_reaches_the_engine_spec(tiny_model: str) -> None:
