@@ -23,6 +23,9 @@ prompt fed one position per pass). How often llama.cpp's default agrees with tho
 metric's noise floor on these prompts: where the top two logits are within rounding of
 each other, any change of summation order picks the other token and the texts part. On
 SmolLM2-135M Q4_1 that floor is 3-4 of 8 (``docs/models.md``, "Greedy agreement").
+Beside it, a figure that one near-tie does not decide: top-1 along llama.cpp's greedy
+text (ours and each control fed that text token by token; at how many of its 160
+positions each would have picked llama.cpp's token).
 
 llama-cpp-python is a development extra (``pip install -e '.[peer]'``, compiled for this
 CPU; ``../shared/peers/build-llamacpp.sh``), never a runtime dependency: without it the
@@ -207,22 +210,28 @@ def agreement(ours: list[list[int]], peer: list[list[int]]) -> dict[str, Any]:
             "agreeing_prefix": prefixes}
 
 
-def _greedy_controls(python: str, spec_path: Path, ours: list[list[int]],
-                     peer: list[list[int]]) -> dict[str, dict[str, Any]]:
-    """Each of :data:`CONTROLS`' greedy tokens against llama.cpp's default and ours.
+def _agreement_controls(python: str, spec: dict[str, Any], spec_path: Path,
+                        ours: list[list[int]], peer: list[list[int]]) -> dict[str, Any]:
+    """The controls' greedy tokens against llama.cpp's default and ours, and every
+    engine's top-1 along llama.cpp's greedy text (``forced``, ``peer_engines.py``).
 
     Once per run, after the rounds: greedy decoding is deterministic for a given engine,
     setting and thread count, so a second round would only repeat it.
     """
-    got = {}
-    for name in CONTROLS:
-        engine = EngineProcess(python, name, spec_path)
+    spec_path.write_text(json.dumps(dict(spec, forced=peer)))
+    greedy: dict[str, dict[str, Any]] = {}
+    top1: dict[str, list[int]] = {}
+    for name in ("ours", "llama.cpp", *CONTROLS):  # llama.cpp itself: the method's check
+        engine = EngineProcess(sys.executable if name == "ours" else python, name, spec_path)
         try:
-            greedy = engine.ask("greedy")["greedy"]
+            if name in CONTROLS:
+                tokens = engine.ask("greedy")["greedy"]
+                greedy[name] = {"vs_llama.cpp": agreement(tokens, peer),
+                                "vs_ours": agreement(tokens, ours)}
+            top1[name] = engine.ask("forced")["top1"]
         finally:
             engine.close()
-        got[name] = {"vs_llama.cpp": agreement(greedy, peer), "vs_ours": agreement(greedy, ours)}
-    return got
+    return {"greedy_controls": greedy, "top1_along_llama.cpp": top1}
 
 
 def _ratios(ours: dict[str, Any], peer: dict[str, Any]) -> dict[str, float]:
@@ -267,25 +276,30 @@ def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx
                               "load_average": os.getloadavg()[0]})
             on_round(_result(spec, per_round))
         first = per_round[0]
-        controls = _greedy_controls(python, spec_path, first["ours"]["greedy"],
-                                    first["llama.cpp"]["greedy"])
-        for name, c in controls.items():
+        controls = _agreement_controls(python, spec, spec_path, first["ours"]["greedy"],
+                                       first["llama.cpp"]["greedy"])
+        positions = len(PROMPTS) * GREEDY_TOKENS
+        for name, c in controls["greedy_controls"].items():
             log(f"greedy control {name}: agrees with llama.cpp's default on "
                 f"{c['vs_llama.cpp']['same']}/{len(PROMPTS)}, with ours on "
                 f"{c['vs_ours']['same']}/{len(PROMPTS)}")
+        for name, hits in controls["top1_along_llama.cpp"].items():
+            log(f"top-1 along llama.cpp's greedy text, {name}: {sum(hits)}/{positions}")
     return _result(spec, per_round, controls)
 
 
 def _result(spec: dict[str, Any], per_round: list[dict[str, Any]],
-            controls: dict[str, dict[str, Any]] | None = None) -> dict[str, Any]:
+            controls: dict[str, Any] | None = None) -> dict[str, Any]:
     result = {"peer": "llama.cpp", "model_dir": spec["model_dir"], "gguf": spec["gguf"],
               "threads": spec["threads"], "n_ctx_peer": spec["n_ctx"],
               "peer_extra_buffers": spec["peer_extra_buffers"], "rounds": per_round,
               "summary": _summary(per_round), "finished": time.time()}
     if controls is not None:
-        result["greedy_controls"] = controls
+        result.update(controls)
         result["summary"]["greedy_noise_floor"] = {
-            name: c["vs_llama.cpp"]["same"] for name, c in controls.items()}
+            name: c["vs_llama.cpp"]["same"] for name, c in controls["greedy_controls"].items()}
+        result["summary"]["top1_along_llama.cpp"] = {
+            name: sum(hits) for name, hits in controls["top1_along_llama.cpp"].items()}
     return result
 
 

@@ -28,6 +28,11 @@ command and gets one JSON line back:
   one forward pass + picking the argmax), ``{"ms": median step}``;
 - ``greedy``: the first ``SPEC["greedy_tokens"]`` greedy tokens of each of
   ``SPEC["prompts"]``, ``{"greedy": [[ids], ...]}``;
+- ``forced``: top-1 agreement along a given text, ``SPEC["forced"]`` (one token list per
+  prompt; ``bench --peer`` gives llama.cpp's greedy tokens): the prompt, then each of the
+  text's tokens fed whatever this engine would have picked, ``{"top1": [matches per
+  prompt]}``. Unlike identical 20-token texts, one near-tie costs one position here,
+  not the rest of the text;
 - ``finish``: ``{"peak_rss_mb": ru_maxrss, "vm_hwm_mb": VmHWM}``, and the process exits.
 
 Both engines get the same token ids and the same threads.
@@ -90,6 +95,16 @@ class _Ours:
     def step(self) -> int:
         return self.session.step(self._gen).token_id
 
+    def forced(self, ids: list[int], text: list[int]) -> list[int]:
+        # The first pick exactly as start() makes it, then one decode-sized pass per token
+        # of ``text`` (what step() runs), fed the text's token instead of our pick.
+        gen = self.session.start(prompt_ids=ids, max_new_tokens=10_000, ignore_eos=True)
+        picks, kv = [self.session.step(gen).token_id], gen.kv
+        for token in text[:-1]:
+            logits, kv = self.session.forward([token], kv)
+            picks.append(int(logits.argmax()))
+        return picks
+
 
 PEER_VARIANTS: dict[str, dict[str, Any]] = {
     "llama.cpp": {},
@@ -137,6 +152,15 @@ class _LlamaCpp:
     def step(self) -> int:
         return self._pick()
 
+    def forced(self, ids: list[int], text: list[int]) -> list[int]:
+        self.llm.reset()
+        self.llm.eval(ids)
+        picks = []
+        for token in text:
+            picks.append(int(self.llm.sample(temp=0.0, repeat_penalty=1.0)))
+            self.llm.eval([token])
+        return picks
+
     def _pick(self) -> int:
         # eval() the previous pick, then argmax: the same work as one decode step of ours.
         tok = int(self.llm.sample(temp=0.0, repeat_penalty=1.0))
@@ -170,12 +194,20 @@ def _greedy(e: Any, spec: dict[str, Any]) -> dict[str, Any]:
     return {"greedy": greedy}
 
 
+def _forced(e: Any, spec: dict[str, Any]) -> dict[str, Any]:
+    top1 = []
+    for ids, text in zip(spec["prompts"], spec["forced"]):
+        top1.append(sum(p == t for p, t in zip(e.forced(ids, text), text)))
+    return {"top1": top1}
+
+
 def _finish(_e: Any, _spec: dict[str, Any]) -> dict[str, Any]:
     return {"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
             "vm_hwm_mb": _hwm_mb()}
 
 
-COMMANDS = {"prefill": _prefill, "decode": _decode, "greedy": _greedy, "finish": _finish}
+COMMANDS = {"prefill": _prefill, "decode": _decode, "greedy": _greedy, "forced": _forced,
+            "finish": _finish}
 
 
 def _reply(message: dict[str, Any]) -> None:

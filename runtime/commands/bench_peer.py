@@ -100,10 +100,19 @@ def goals_table(result: dict[str, Any]) -> Table:
     for name, c in controls.items():
         t.add_row(f"greedy, {name}", f"{c['vs_ours']['same']}/{prompts}",
                   f"{c['vs_llama.cpp']['same']}/{prompts}", "", "noise floor")
+    top1 = result.get("summary", {}).get("top1_along_llama.cpp", {})
+    if top1:
+        positions = prompts * len(result["rounds"][0]["ours"]["greedy"][0])
+        t.add_row("top-1 along llama.cpp's greedy text", f"{top1['ours']}/{positions}",
+                  f"{top1['llama.cpp']}/{positions}", "", "")
+        for name in controls:
+            t.add_row(f"top-1 along it, {name}", "", f"{top1[name]}/{positions}", "", "")
     if controls:
         t.caption = ("greedy, llama.cpp-...: llama.cpp with a setting that only reorders "
                      "float sums, agreeing with ours and with llama.cpp's default: how far "
-                     "the agreement figure moves without any engine being wrong")
+                     "the agreement figure moves without any engine being wrong. top-1: "
+                     "each engine fed llama.cpp's greedy tokens; at how many positions it "
+                     "would have picked the same token")
         t.caption_justify = "left"
     t.add_row("median decode ratio", "", "", f"{statistics.median(s['decode_ratio']):.2f}", "")
     return t

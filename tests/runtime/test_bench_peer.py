@@ -76,6 +76,31 @@ def test_our_engine_measures_the_tiny_model_on_command(tiny_model: str, tmp_path
         engine.close()
 
 
+def test_forced_along_its_own_greedy_text_our_engine_agrees_everywhere(
+        tiny_model: str, tmp_path: Path) -> None:
+    """Forcing must take the same passes as greedy decoding: along its own text an engine
+    picks the text's token at every position; along another text, not."""
+    from uniun.runtime.bench.peer import EngineProcess
+
+    spec_path = _tiny_spec(tiny_model, tmp_path)
+    engine = EngineProcess(sys.executable, "ours", spec_path)
+    try:
+        greedy = engine.ask("greedy")["greedy"]
+    finally:
+        engine.close()
+    other = [[(t + 1) % 200 for t in g] for g in greedy]  # its first token is never picked
+    top1 = {}
+    for name, text in (("own", greedy), ("other", other)):
+        spec_path.write_text(json.dumps(dict(json.loads(spec_path.read_text()), forced=text)))
+        engine = EngineProcess(sys.executable, "ours", spec_path)
+        try:
+            top1[name] = engine.ask("forced")["top1"]
+        finally:
+            engine.close()
+    assert top1["own"] == [5, 5]
+    assert all(hits < 5 for hits in top1["other"])
+
+
 def test_an_unknown_command_is_refused_and_the_engine_carries_on(
         tiny_model: str, tmp_path: Path) -> None:
     from uniun.runtime.bench.peer import EngineProcess
@@ -117,7 +142,8 @@ def test_every_control_is_an_engine_the_script_knows() -> None:
 def test_the_greedy_controls_are_scored_against_each_engine_and_reported(
         monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     """The noise floor is llama.cpp against llama.cpp: the control must not be scored
-    against ours by mistake, and the goals table must show both figures."""
+    against ours by mistake; every engine is forced along llama.cpp's text; the goals
+    table shows all of it."""
     from rich.console import Console
 
     from uniun.runtime.bench import peer
@@ -127,32 +153,39 @@ def test_the_greedy_controls_are_scored_against_each_engine_and_reported(
     llama = [[1, 2], [3, 0], [5, 6]]
     control = {"llama.cpp-flash-attn": [[1, 2], [3, 0], [0, 6]],  # 2/3 with llama, 1/3 ours
                "llama.cpp-ubatch-1": [[1, 2], [3, 4], [5, 6]]}    # 2/3 with llama, 3/3 ours
-    closed: list[str] = []
+    top1 = {"ours": [2, 1, 2], "llama.cpp": [2, 2, 2], "llama.cpp-flash-attn": [2, 2, 1],
+            "llama.cpp-ubatch-1": [2, 2, 2]}
+    asked: list[tuple[str, str]] = []
 
-    class FakeControlProcess:  # a fake engine process: only the bookkeeping is under test
-        def __init__(self, _python: str, engine: str, _spec: Path) -> None:
+    class FakeEngineProcess:  # a fake engine process: only the bookkeeping is under test
+        def __init__(self, _python: str, engine: str, spec: Path) -> None:
             self.engine = engine
+            assert json.loads(spec.read_text())["forced"] == llama  # along llama.cpp's text
 
-        def ask(self, command: str) -> dict[str, list[list[int]]]:
-            assert command == "greedy"
+        def ask(self, command: str) -> dict[str, list]:
+            asked.append((self.engine, command))
+            if command == "forced":
+                return {"top1": top1[self.engine]}
             return {"greedy": control[self.engine]}
 
         def close(self) -> None:
-            closed.append(self.engine)
+            asked.append((self.engine, "closed"))
 
-    monkeypatch.setattr(peer, "EngineProcess", FakeControlProcess)
-    got = peer._greedy_controls("python", tmp_path / "spec.json", ours, llama)
-    assert {n: (c["vs_llama.cpp"]["same"], c["vs_ours"]["same"]) for n, c in got.items()} == {
+    monkeypatch.setattr(peer, "EngineProcess", FakeEngineProcess)
+    spec = {"model_dir": "m", "gguf": "x.gguf", "threads": 2, "n_ctx": 256,
+            "peer_extra_buffers": True}
+    got = peer._agreement_controls("python", spec, tmp_path / "spec.json", ours, llama)
+    assert {n: (c["vs_llama.cpp"]["same"], c["vs_ours"]["same"])
+            for n, c in got["greedy_controls"].items()} == {
         "llama.cpp-flash-attn": (2, 1), "llama.cpp-ubatch-1": (2, 3)}
-    assert closed == list(peer.CONTROLS)
+    assert got["top1_along_llama.cpp"] == top1
+    assert [a for a in asked if a[0] == "ours"] == [("ours", "forced"), ("ours", "closed")]
 
     figures = {"decode_ms_per_token": 9.0, "prefill_tokens_per_s": 600.0, "load_s": 0.5,
                "peak_rss_mb": 240.0, "greedy": ours}
     one_round = {"ours": figures, "llama.cpp": dict(figures, greedy=llama),
                  "ratios": peer._ratios(figures, figures),
                  "greedy_agreement": peer.agreement(ours, llama)}
-    spec = {"model_dir": "m", "gguf": "x.gguf", "threads": 2, "n_ctx": 256,
-            "peer_extra_buffers": True}
     result = peer._result(spec, [one_round], got)
     assert result["summary"]["greedy_noise_floor"] == {"llama.cpp-flash-attn": 2,
                                                        "llama.cpp-ubatch-1": 2}
@@ -160,8 +193,10 @@ def test_the_greedy_controls_are_scored_against_each_engine_and_reported(
     console.print(goals_table(result))
     text = console.export_text()
     assert "greedy, llama.cpp-flash-attn" in text and "noise floor" in text
-    row = next(line for line in text.splitlines() if "llama.cpp-ubatch-1" in line)
+    row = next(line for line in text.splitlines() if "greedy, llama.cpp-ubatch-1" in line)
     assert "3/3" in row and "2/3" in row
+    row = next(line for line in text.splitlines() if "top-1 along llama.cpp's" in line)
+    assert "5/6" in row and "6/6" in row  # ours 2+1+2 of 3 prompts x 2 tokens; llama.cpp 6
 
 
 def test_the_peer_flag_reaches_the_engine_spec(tiny_model: str) -> None:
