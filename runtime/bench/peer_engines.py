@@ -29,9 +29,9 @@ command and gets one JSON line back:
 - ``greedy``: the first ``SPEC["greedy_tokens"]`` greedy tokens of each of
   ``SPEC["prompts"]``, ``{"greedy": [[ids], ...]}``;
 - ``forced``: top-1 agreement along a given text, ``SPEC["forced"]`` (one token list per
-  prompt; ``bench --peer`` gives llama.cpp's greedy tokens): the prompt, then each of the
-  text's tokens fed whatever this engine would have picked, ``{"top1": [matches per
-  prompt]}``. Unlike identical 20-token texts, one near-tie costs one position here,
+  prompt; ``bench --peer`` gives llama.cpp's greedy tokens): after the prompt, at each
+  position the engine's pick is counted and the text's token is fed in its place,
+  ``{"top1": [matches per prompt]}``. Unlike identical 20-token texts, one near-tie costs one position here,
   not the rest of the text;
 - ``finish``: ``{"peak_rss_mb": ru_maxrss, "vm_hwm_mb": VmHWM}``, and the process exits.
 

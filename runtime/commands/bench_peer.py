@@ -100,7 +100,7 @@ def goals_table(result: dict[str, Any]) -> Table:
     for name, c in controls.items():
         t.add_row(f"greedy, {name}", f"{c['vs_ours']['same']}/{prompts}",
                   f"{c['vs_llama.cpp']['same']}/{prompts}", "", "noise floor")
-    top1 = result.get("summary", {}).get("top1_along_llama.cpp", {})
+    top1 = s.get("top1_along_llama.cpp", {})
     if top1:
         positions = prompts * len(result["rounds"][0]["ours"]["greedy"][0])
         t.add_row("top-1 along llama.cpp's greedy text", f"{top1['ours']}/{positions}",
