@@ -97,8 +97,9 @@ def goals_table(result: dict[str, Any]) -> Table:
     t.add_row("greedy agreement, first 20 tokens", "", "",
               ", ".join(f"{x}/{prompts}" for x in s["greedy_same"]), f">= 6/{prompts}")
     controls = result.get("greedy_controls", {})
+    short = {name: name.removeprefix("llama.cpp-") for name in controls}  # wraps, not cut
     for name, c in controls.items():
-        t.add_row(f"greedy, {name}", f"{c['vs_ours']['same']}/{prompts}",
+        t.add_row(f"greedy, control {short[name]}", f"{c['vs_ours']['same']}/{prompts}",
                   f"{c['vs_llama.cpp']['same']}/{prompts}", "", "noise floor")
     top1 = s.get("top1_along_llama.cpp", {})
     if top1:
@@ -106,9 +107,10 @@ def goals_table(result: dict[str, Any]) -> Table:
         t.add_row("top-1 along llama.cpp's greedy text", f"{top1['ours']}/{positions}",
                   f"{top1['llama.cpp']}/{positions}", "", "")
         for name in controls:
-            t.add_row(f"top-1 along it, {name}", "", f"{top1[name]}/{positions}", "", "")
+            t.add_row(f"top-1 along it, control {short[name]}", "",
+                      f"{top1[name]}/{positions}", "", "")
     if controls:
-        t.caption = ("greedy, llama.cpp-...: llama.cpp with a setting that only reorders "
+        t.caption = ("control: llama.cpp with a setting that only reorders "
                      "float sums, agreeing with ours and with llama.cpp's default: how far "
                      "the agreement figure moves without any engine being wrong. top-1: "
                      "each engine fed llama.cpp's greedy tokens; at how many positions it "

@@ -192,8 +192,8 @@ def test_the_greedy_controls_are_scored_against_each_engine_and_reported(
     console = Console(width=200, record=True)
     console.print(goals_table(result))
     text = console.export_text()
-    assert "greedy, llama.cpp-flash-attn" in text and "noise floor" in text
-    row = next(line for line in text.splitlines() if "greedy, llama.cpp-ubatch-1" in line)
+    assert "greedy, control flash-attn" in text and "noise floor" in text
+    row = next(line for line in text.splitlines() if "greedy, control ubatch-1" in line)
     assert "3/3" in row and "2/3" in row
     row = next(line for line in text.splitlines() if "top-1 along llama.cpp's" in line)
     assert "5/6" in row and "6/6" in row  # ours 2+1+2 of 3 prompts x 2 tokens; llama.cpp 6
