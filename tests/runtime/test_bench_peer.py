@@ -131,10 +131,10 @@ def test_a_peer_that_crashes_is_named_with_its_signal_and_a_way_out(
 
 def test_every_control_is_an_engine_the_script_knows() -> None:
     """A control missing from the engine script would only fail after minutes of rounds."""
-    proc = subprocess.run([sys.executable, "-S", str(ENGINES), "nonsense"],
-                          capture_output=True, text=True)
     from uniun.runtime.bench.peer import CONTROLS
 
+    proc = subprocess.run([sys.executable, "-S", str(ENGINES), "nonsense"],
+                          capture_output=True, text=True)
     for name in CONTROLS:
         assert name in proc.stderr
 
