@@ -98,8 +98,8 @@ class _Ours:
     def forced(self, ids: list[int], text: list[int]) -> list[int]:
         # The first pick exactly as start() makes it, then one decode-sized pass per token
         # of ``text`` (what step() runs), fed the text's token instead of our pick.
-        gen = self.session.start(prompt_ids=ids, max_new_tokens=10_000, ignore_eos=True)
-        picks, kv = [self.session.step(gen).token_id], gen.kv
+        picks = [self.start(ids)]
+        kv = self._gen.kv
         for token in text[:-1]:
             logits, kv = self.session.forward([token], kv)
             picks.append(int(logits.argmax()))
@@ -145,25 +145,26 @@ class _LlamaCpp:
         self.llm.eval(ids)
 
     def start(self, ids: list[int]) -> int:
-        self.llm.reset()
-        self.llm.eval(ids)
+        self.prefill(ids)
         return self._pick()
 
     def step(self) -> int:
         return self._pick()
 
     def forced(self, ids: list[int], text: list[int]) -> list[int]:
-        self.llm.reset()
-        self.llm.eval(ids)
+        self.prefill(ids)
         picks = []
         for token in text:
-            picks.append(int(self.llm.sample(temp=0.0, repeat_penalty=1.0)))
+            picks.append(self._argmax())
             self.llm.eval([token])
         return picks
 
+    def _argmax(self) -> int:
+        return int(self.llm.sample(temp=0.0, repeat_penalty=1.0))
+
     def _pick(self) -> int:
-        # eval() the previous pick, then argmax: the same work as one decode step of ours.
-        tok = int(self.llm.sample(temp=0.0, repeat_penalty=1.0))
+        # argmax, then eval() it: the same work as one decode step of ours.
+        tok = self._argmax()
         self.llm.eval([tok])
         return tok
 
