@@ -9,7 +9,10 @@ answer: ``interval_s * misses`` (default 3 s).
 A peer about to be deaf and dumb for a known while (the runner loading a model: parsing a
 large ``tokenizer.json`` holds Python's GIL for seconds, so no thread of it can beat)
 says so first: its last beat carries ``quiet_s``, and the silence allowed after that beat
-grows by as much (:meth:`Liveness.heard`), at most :data:`MAX_QUIET_S`.
+grows by as much (:meth:`Liveness.heard`), at most :data:`MAX_QUIET_S`. Ordinary beats
+(or other messages) heard in that while do not shorten it: one can leave between the
+announcement and the silence itself, and ending the allowance then would take the peer
+for hung in the middle of the load it announced.
 """
 
 from __future__ import annotations
@@ -38,10 +41,13 @@ class Liveness:
         return now - last_heard > self.silence_s
 
     @staticmethod
-    def heard(at: float, quiet_s: object = 0.0) -> float:
+    def heard(at: float, quiet_s: object = 0.0, previous: float | None = None) -> float:
         """The ``last_heard`` to record for a beat that arrived ``at``, announcing
-        ``quiet_s`` seconds of silence to come (anything but a number >= 0 counts as 0)."""
+        ``quiet_s`` seconds of silence to come (anything but a number >= 0 counts as 0);
+        never earlier than the ``previous`` one (an announced silence still running)."""
         if isinstance(quiet_s, bool) or not isinstance(quiet_s, (int, float)) \
                 or not quiet_s > 0:
-            return at
-        return at + min(float(quiet_s), MAX_QUIET_S)
+            now = at
+        else:
+            now = at + min(float(quiet_s), MAX_QUIET_S)
+        return now if previous is None else max(previous, now)

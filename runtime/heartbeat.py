@@ -16,7 +16,7 @@ listening, beats are dropped.
 A child about to hold the GIL for seconds (the runner loading a model) calls
 :meth:`HeartbeatSender.announce_quiet` first: one beat goes out at once carrying
 ``quiet_s``, and the supervisor allows that much more silence after it
-(``protocol/liveness.py``). The next ordinary beat ends the quiet period.
+(``protocol/liveness.py``). Ordinary beats during that time do not end it early.
 
 Children learn the endpoint from ``UNIUN_SUPERVISOR_ENDPOINT`` (set by the supervisor).
 """

@@ -199,7 +199,9 @@ class Supervisor:
         """Record a beat; True if it is the child's first (it just came up).
 
         A beat announcing ``quiet_s`` (a model load ahead) counts as heard that much
-        later, so the silence it announced is not taken for a hang.
+        later, so the silence it announced is not taken for a hang; an ordinary beat does
+        not shorten it (protocol/liveness.py). The price: a hang inside the announced
+        window is seen when the window ends.
         """
         for child in self.children:
             if child.name == name and child.pid == pid:
@@ -209,7 +211,7 @@ class Supervisor:
                     child.up_since = at
                 if quiet_s:
                     logger.info("{} announces up to {:g} s without heartbeats", name, quiet_s)
-                child.last_beat = Liveness.heard(at, quiet_s)
+                child.last_beat = Liveness.heard(at, quiet_s, previous=child.last_beat)
                 return first
         return False
 

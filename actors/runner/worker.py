@@ -126,7 +126,9 @@ class RunnerWorker(pykka.ThreadingActor):
     # ---- pump thread callbacks (must not touch actor state but the stats tuple) ------
 
     def _on_frames(self, frames: Frames) -> None:
-        self._heard_at, self._silent = time.monotonic(), False
+        # Never earlier than an announced load's widening (_announce_quiet).
+        self._heard_at = Liveness.heard(time.monotonic(), previous=self._heard_at)
+        self._silent = False
         try:
             record = rp.decode(frames[-1])
         except rp.BadRecord as err:

@@ -182,14 +182,15 @@ class RunnerLinkActor(pykka.ThreadingActor):
         elif isinstance(record, rp.Hello):
             self._on_hello(identity, record)
         elif identity == self._peer:
-            self._last_seen = time.monotonic()
+            self._last_seen = Liveness.heard(time.monotonic(), previous=self._last_seen)
             self._host.tell(FromRunner(record))  # type: ignore[arg-type]
         else:
             logger.debug("report {} from a runner we do not work with; ignored", record.kind)
 
     def _on_heartbeat(self, identity: bytes, beat: rp.Heartbeat) -> None:
         if identity == self._peer:
-            self._last_seen = Liveness.heard(time.monotonic(), beat.quiet_s)
+            self._last_seen = Liveness.heard(time.monotonic(), beat.quiet_s,
+                                             previous=self._last_seen)
             stats = (beat.snapshots, beat.snapshot_bytes, beat.trimmed, beat.spilled)
             if stats != self._stats:
                 self._stats = stats

@@ -34,3 +34,12 @@ def test_the_supervisor_reads_quiet_s_from_a_beat_and_tolerates_junk() -> None:
     junk = _parse(msgpack.packb({"type": "heartbeat", "name": "runner", "pid": 7,
                                  "quiet_s": "forever"}))
     assert junk is not None and junk.quiet_s == 0.0  # still a beat, without the quiet
+
+
+def test_an_ordinary_beat_does_not_shorten_an_announced_silence() -> None:
+    """A beat can leave between the announcement and the load it announced; ending the
+    allowance then would restart the runner mid-load."""
+    announced = Liveness.heard(100.0, 12.0)
+    assert Liveness.heard(100.1, previous=announced) == 112.0
+    assert not Liveness(0.2, 8).dead(Liveness.heard(100.1, previous=announced), 110.0)
+    assert Liveness.heard(120.0, previous=announced) == 120.0  # after it, beats count again
