@@ -59,14 +59,15 @@ def main(config: RuntimeConfig) -> int:
 
         settings = dataclasses.replace(settings, observe=MetricSink().apply)
     security = server_security(settings.endpoint or default_endpoint(EMBED), "embedding pool")
-    settings = dataclasses.replace(settings, front_setup=security)
+    settings = dataclasses.replace(settings, front_setup=security,
+                                   front_teardown=security.stop if security else None)
     pool = EmbedPool(settings)
     # Beat only while the loop turns (it ticks every 0.1 s): a hung pool gets restarted.
     process.set_health_check(lambda: time.monotonic() - pool.last_tick < HUNG_AFTER_S)
     try:
         return pool.run(stop)
     finally:
-        if security is not None:
+        if security is not None:  # also when the pool never reached its shutdown
             security.stop()
 
 

@@ -88,6 +88,9 @@ class PoolSettings:
     limits: Limits = DEFAULT_LIMITS
     observe: Callable[[list[Observation]], None] | None = None  # MetricSink.apply
     front_setup: Callable[[zmq.Socket], None] | None = None  # before bind (CURVE on tcp)
+    # After the sockets close, before the context terminates: what front_setup started on
+    # this context (CURVE's ZAP authenticator) must end first, or the term waits forever.
+    front_teardown: Callable[[], None] | None = None
 
 
 @dataclass
@@ -404,6 +407,8 @@ class EmbedPool:
             (self.s.run_dir / PIDS_FILE).unlink(missing_ok=True)
         self.front.close(linger=1000)
         self.back.close(linger=0)
+        if self.s.front_teardown is not None:
+            self.s.front_teardown()
         self._ctx.term()
         self._back_path.unlink(missing_ok=True)
         if self.endpoint.startswith("ipc://"):  # libzmq leaves the file; clients check it

@@ -101,8 +101,13 @@ def test_curve_embedding_pool_serves_allowed_keys_only(tmp_path: Path, tiny_mode
         _, stranger_secret = create_pair(tmp_path / "elsewhere", "stranger")
         stranger = ClientCurve.from_files(stranger_secret, keys.server_public)
         for curve in (stranger, None):
-            with EmbedClient(endpoint, timeout=3, curve=curve) as pool:
+            # The refusal is a handshake that never completes; an accepted one takes
+            # milliseconds against this warm, idle pool, so a short wait cannot pass wrongly.
+            with EmbedClient(endpoint, timeout=3, connect_timeout=1.5, curve=curve) as pool:
                 with pytest.raises((Timeout, EmbedUnavailable)):
                     pool.embed(["a note for nobody"], timeout=3)
     finally:
         assert rt.stop() == 0, rt.logs()
+    # A graceful stop, not the supervisor's kill: CURVE's authenticator lives on the pool's
+    # context and must end before the context can.
+    assert "embedding pool stopped" in (rt.home / "logs" / "embed.log").read_text(), rt.logs()
