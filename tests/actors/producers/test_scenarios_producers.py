@@ -169,7 +169,7 @@ def test_scenario_8_background_ganas_run_in_their_own_process_exactly_once(make_
     """Backgrounded: the background-Gana process fires with its own session, the scheduler
     serves only what it had under the 25 % governor; back in foreground gana-cron fires
     again. Across both handovers every slot is fired once, and recorded once."""
-    every = 0.1  # minutes: a slot every 6 s
+    every = 0.05  # minutes: a slot every 3 s
     mesh = make_mesh("""
 [embed]
 enabled = false
