@@ -45,7 +45,7 @@ GANAS = """
 [[gana]]
 id = "ticker"
 prompt = "Report the news."
-every_minutes = 0.1
+every_minutes = 0.05
 max_new_tokens = 400
 """
 
