@@ -38,6 +38,7 @@ from uniun.protocol.liveness import Liveness
 
 ENDPOINT_ENV = "UNIUN_SUPERVISOR_ENDPOINT"
 MAX_BEAT_BYTES = 512  # a heartbeat is tiny; anything larger is not one of ours
+RETRY_S = 0.02  # a beat that found no connection is tried again this soon
 
 
 def supervisor_endpoint(run_dir: Path) -> str:
@@ -108,6 +109,7 @@ class HeartbeatSender:
         try:
             while not self._stop.is_set():
                 quiet, self._quiet_s = self._quiet_s, 0.0
+                wait_s = self.interval_s
                 if self._is_healthy():
                     try:
                         sock.send(msgpack.packb({**beat, "quiet_s": quiet}) if quiet
@@ -115,8 +117,13 @@ class HeartbeatSender:
                         if quiet:
                             self._sent.set()
                     except zmq.Again:
-                        pass  # supervisor not listening (yet); the next beat will try
-                self._wake.wait(self.interval_s)
+                        # Not connected yet (IMMEDIATE: connect is asynchronous, so the
+                        # first beat of every process lands here). Try again soon rather
+                        # than a whole interval later: the supervisor starts the next
+                        # child only on this child's first beat.
+                        self._quiet_s = max(self._quiet_s, quiet)
+                        wait_s = min(RETRY_S, self.interval_s)
+                self._wake.wait(wait_s)
                 self._wake.clear()
         finally:
             sock.close(0)
