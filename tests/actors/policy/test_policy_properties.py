@@ -16,6 +16,7 @@ that short random runs cross many windows, halvings and starvation bounds.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 from hypothesis import HealthCheck, settings
@@ -49,6 +50,7 @@ class Job:
     model: str
     target: int
     waiting_since: float
+    hint: bool = False       # foreground_hint: the note the user has open
     state: str = "waiting"   # waiting | held | running | ended
     produced: int = 0
 
@@ -70,6 +72,7 @@ class PolicyMachine(RuleBasedStateMachine):
         # (start, end, counted) intervals of T2 running while other work could run
         self.t2_intervals: list[tuple[float, float]] = []
         self.last_wake: float | None = None
+        self.foreground_kind: str | None = None
 
     # --- the host: decide after every input, check the answer, act -----------------------
     def decide(self) -> None:
@@ -160,7 +163,7 @@ class PolicyMachine(RuleBasedStateMachine):
             fields["deadline"] = self.clock.t + deadline
         tier = self.policy.submit(spec(job_id, kind, **fields))
         assert 0 <= tier <= 4
-        self.jobs[job_id] = Job(job_id, kind, model, tokens, self.clock.t)
+        self.jobs[job_id] = Job(job_id, kind, model, tokens, self.clock.t, hint)
 
     @precondition(lambda self: any(j.state != "ended" for j in self.jobs.values()))
     @rule(data=st.data())
@@ -179,6 +182,7 @@ class PolicyMachine(RuleBasedStateMachine):
     @rule(kind=st.sampled_from([None, "chat", "extract", "nataraj", "gana"]))
     def foreground(self, kind: str | None) -> None:
         self.policy.set_foreground(kind)
+        self.foreground_kind = kind
         self.decide()
 
     @rule(state=st.sampled_from(["foreground", "background"]))
@@ -201,13 +205,19 @@ class PolicyMachine(RuleBasedStateMachine):
         """One runner report ``dt`` seconds later, then a decision."""
         start = self.clock.t
         job_id = self.running
-        if job_id is not None and self.run_tier == 2 and self.stop is None \
-                and self.other_work_could_run():
+        if job_id is not None and self.run_tier == 2 and not self.hoisted(job_id) \
+                and self.stop is None and self.other_work_could_run():
             self.t2_intervals.append((start, start + dt))
         self.clock.advance(dt)
         if job_id is not None:
             self.step_runner(job_id, dt)
         self.decide()
+
+    def hoisted(self, job_id: str) -> bool:
+        """A T2 job whose note the user has opened since it was dispatched: it is T1 now
+        (DESIGN.md §3), which the budget does not preempt; its time is not T2's."""
+        job = self.jobs[job_id]
+        return job.kind == "extract" and job.hint and self.foreground_kind == "extract"
 
     def other_work_could_run(self) -> bool:
         status = self.policy.status()
@@ -328,7 +338,13 @@ class PolicyMachine(RuleBasedStateMachine):
         assert len(set(self.ended)) == len(self.ended)
 
 
+# Derandomized, so that every CI run checks the same 150 programs and a newcomer's run
+# cannot fail where the last one passed. UNIUN_PROPERTY_EXAMPLES=N explores N fresh
+# random programs instead (run it after changing the policy; a failure prints the
+# program to replay).
+_EXPLORE = int(os.environ.get("UNIUN_PROPERTY_EXAMPLES", "0"))
 PolicyMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=80, deadline=None,
+    max_examples=_EXPLORE or 150, stateful_step_count=80, deadline=None,
+    derandomize=not _EXPLORE, database=None,
     suppress_health_check=[HealthCheck.too_slow])
 TestPolicyProperties = PolicyMachine.TestCase
