@@ -38,7 +38,7 @@ from uniun.protocol.liveness import Liveness
 
 ENDPOINT_ENV = "UNIUN_SUPERVISOR_ENDPOINT"
 MAX_BEAT_BYTES = 512  # a heartbeat is tiny; anything larger is not one of ours
-RETRY_S = 0.02  # a beat that found no connection is tried again this soon
+RETRY_S = 0.02  # a beat that found no connection is tried again this soon, then doubling
 
 
 def supervisor_endpoint(run_dir: Path) -> str:
@@ -106,6 +106,7 @@ class HeartbeatSender:
         sock.connect(self.endpoint)
         beat = {"v": 1, "type": "heartbeat", "name": self.name, "pid": os.getpid()}
         payload = msgpack.packb(beat)
+        retry_s = RETRY_S
         try:
             while not self._stop.is_set():
                 quiet, self._quiet_s = self._quiet_s, 0.0
@@ -116,13 +117,16 @@ class HeartbeatSender:
                                   else payload, zmq.NOBLOCK)
                         if quiet:
                             self._sent.set()
+                        retry_s = RETRY_S
                     except zmq.Again:
                         # Not connected yet (IMMEDIATE: connect is asynchronous, so the
                         # first beat of every process lands here). Try again soon rather
                         # than a whole interval later: the supervisor starts the next
-                        # child only on this child's first beat.
+                        # child only on this child's first beat. Doubling, so a gone
+                        # supervisor is not polled 50 times a second.
                         self._quiet_s = max(self._quiet_s, quiet)
-                        wait_s = min(RETRY_S, self.interval_s)
+                        wait_s = min(retry_s, self.interval_s)
+                        retry_s *= 2
                 self._wake.wait(wait_s)
                 self._wake.clear()
         finally:
