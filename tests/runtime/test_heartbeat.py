@@ -8,18 +8,27 @@ child.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from uniun.runtime.heartbeat import HeartbeatMonitor, HeartbeatSender, supervisor_endpoint
+from uniun.runtime.heartbeat import (
+    Beat,
+    HeartbeatMonitor,
+    HeartbeatSender,
+    supervisor_endpoint,
+)
 
 LONG_INTERVAL_S = 60.0  # far longer than any wait below: only the first beat can arrive
 
 
-def _first_beat(monitor: HeartbeatMonitor, within_s: float):
+def _beat_where(monitor: HeartbeatMonitor, wanted: Callable[[Beat], bool],
+                within_s: float) -> Beat | None:
+    """The first beat heard within ``within_s`` for which ``wanted`` holds."""
     deadline = time.monotonic() + within_s
     while time.monotonic() < deadline:
         for beat in monitor.poll(0.1):
-            return beat
+            if wanted(beat):
+                return beat
     return None
 
 
@@ -30,7 +39,7 @@ def test_the_first_beat_arrives_without_waiting_out_an_interval(tmp_path: Path) 
     monitor = HeartbeatMonitor(endpoint)
     sender = HeartbeatSender("child", endpoint=endpoint, interval_s=LONG_INTERVAL_S).start()
     try:
-        beat = _first_beat(monitor, within_s=20.0)
+        beat = _beat_where(monitor, lambda _: True, within_s=20.0)
         assert beat is not None, "no beat within 20 s; the first one waited out the interval"
         assert beat.name == "child" and beat.quiet_s == 0.0
     finally:
@@ -46,11 +55,8 @@ def test_an_announced_silence_sent_before_the_connection_is_not_lost(tmp_path: P
     sender = HeartbeatSender("runner", endpoint=endpoint, interval_s=LONG_INTERVAL_S).start()
     try:
         assert sender.announce_quiet(30.0, wait_s=20.0)
-        beats = []
-        deadline = time.monotonic() + 20.0
-        while time.monotonic() < deadline and not any(b.quiet_s > 0 for b in beats):
-            beats.extend(monitor.poll(0.1))
-        assert any(25.0 < b.quiet_s <= 30.0 for b in beats), beats
+        beat = _beat_where(monitor, lambda b: b.quiet_s > 0, within_s=20.0)
+        assert beat is not None and 25.0 < beat.quiet_s <= 30.0, beat
     finally:
         sender.stop()
         monitor.close()
