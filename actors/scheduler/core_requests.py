@@ -70,7 +70,12 @@ class ClientRequests(CoreState):
                 raise ProtocolError(ErrorCode.INVALID_FIELD, "job_id: a different job with "
                                     "this id was already accepted", field="job_id",
                                     job_id=spec.job_id)
-            self._subscribe(fx, conn, req.id, known, after_seq=None)
+            # A re-sent submit from a connection that does not follow the job yet (a
+            # client whose reply was lost with a killed scheduler) has seen none of its
+            # tokens here: replay them, or its stream would start in the middle. A
+            # connection already subscribed has them, or has them coming.
+            fresh = known.final is None and conn not in known.subscribers
+            self._subscribe(fx, conn, req.id, known, after_seq=-1 if fresh else None)
             return
         if len(self.jobs) >= self.queue_cap:
             raise ProtocolError(ErrorCode.QUEUE_FULL, f"{len(self.jobs)} jobs are waiting "

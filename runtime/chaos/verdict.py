@@ -149,4 +149,6 @@ def render(verdict: dict[str, Any]) -> str:
         lines.append(f"UNRECOVERED: {f['kind']} {f['target']} pid {f['pid']}: {f['note']}")
     for name, ids in verdict["examples"].items():
         lines.append(f"{name}: {', '.join(ids)}")
+    for job_id, d in verdict.get("details", {}).items():
+        lines.append(f"  {job_id}: " + ", ".join(f"{k} {v}" for k, v in d.items()))
     return "\n".join(lines)

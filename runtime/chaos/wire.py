@@ -4,9 +4,9 @@ Deliberately not :class:`~uniun.protocol.client.Client`: that one deduplicates t
 ``seq`` and hides what the verdict must see (a token delivered twice, a second terminal
 event). This one records everything and recovers the way the protocol says a client
 may: when the scheduler goes away (monitor ``DISCONNECTED``) it opens a fresh socket,
-and on the next handshake re-sends every request still unanswered (same ids; ``submit``
-is idempotent by ``job_id``) and ``attach``es every open job with ``after_seq`` = the
-last token it holds. Single-threaded: the harness's loop calls :meth:`pump`.
+and on the next handshake ``attach``es every open job with ``after_seq`` = the last
+token it holds, then re-sends every request still unanswered (same ids; ``submit`` is
+idempotent by ``job_id``). Single-threaded: the harness's loop calls :meth:`pump`.
 """
 
 from __future__ import annotations
@@ -88,12 +88,18 @@ class ChaosWire(DealerConnection):
             for msg in list(self._pending.values()):
                 self._send(msg)
             return
-        # A (possibly new) scheduler: unanswered requests again, then every open job.
+        # A (possibly new) scheduler: every open job attached first, then the unanswered
+        # requests again. Attaches first, because an attach replays and subscribes in one
+        # step: a job whose submit went unanswered is either known (replayed, then the
+        # re-sent submit only acknowledges it) or not (``not_found``, then the submit
+        # creates it). The other order subscribed on the submit and replayed on the
+        # attach, so a token streamed between the two came twice (a CI run's duplicate).
         self._pending = {k: v for k, v in self._pending.items() if v["type"] != m.ATTACH}
-        for msg in list(self._pending.values()):
-            self._send(msg)
+        unanswered = list(self._pending.values())
         for hist in self.ledger.open_jobs():
             self.attach(hist.job_id, hist.last_seq)
+        for msg in unanswered:
+            self._send(msg)
 
     def _route(self, frame: bytes) -> None:
         msg = try_decode(frame, self._limits)

@@ -8,12 +8,19 @@ docs/chaos.md with its last result.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import msgpack
 import pytest
+import zmq
 
 from uniun.runtime.chaos.faults import Fault
 from uniun.runtime.chaos.harness import ChaosOptions, run_chaos
 from uniun.runtime.chaos.ledger import Ledger
 from uniun.runtime.chaos.verdict import judge, render
+from uniun.runtime.chaos.wire import ChaosWire
 from uniun.runtime.chaos.workload import WorkloadSettings
 
 
@@ -70,6 +77,57 @@ def test_a_chat_cut_off_by_a_runner_kill_is_allowed_its_runner_failed() -> None:
     assert verdict["ok"], verdict
     assert verdict["jobs"]["failed_as_allowed"] == 1
     assert verdict["recovery_s"]["kill:runner"] == {"n": 1, "p50": 1.5, "max": 1.5}
+
+
+def _pump_until(wire: ChaosWire, done: Callable[[], bool], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not done():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        wire.pump(0.05)
+
+
+def _read(router: zmq.Socket, n: int) -> list[tuple[bytes, dict]]:
+    out = []
+    for _ in range(n):
+        assert router.poll(20_000), f"only {len(out)} of {n} requests came"
+        conn, frame = router.recv_multipart()
+        out.append((conn, msgpack.unpackb(frame)))
+    return out
+
+
+def test_after_a_lost_scheduler_the_wire_attaches_open_jobs_before_re_sending_submits(
+        tmp_path: Path) -> None:
+    # A re-sent submit of a known job subscribes; an attach replays and subscribes. Sent
+    # submit-first, a token streamed between the two reached the client twice (a CI
+    # run's "duplicated"); attach-first, the scheduler replays once, then acknowledges.
+    endpoint = f"ipc://{tmp_path}/front.sock"
+    ctx = zmq.Context.instance()
+    router = ctx.socket(zmq.ROUTER)
+    router.bind(endpoint)
+    ledger = Ledger()
+    wire = ChaosWire(endpoint, ledger, time.monotonic)
+    try:
+        for job_id in ("streaming", "unanswered"):
+            wire.submit({"job_id": job_id, "kind": "extract", "prompt": "p"}, "bg0")
+        _pump_until(wire, lambda: wire.handshakes == 1, "the first handshake")
+        (conn, first), _ = _read(router, 2)
+        router.send_multipart([conn, msgpack.packb(
+            {"v": 1, "type": "accepted", "re": first["id"], "job_id": "streaming"})])
+        router.send_multipart([conn, msgpack.packb(
+            {"v": 1, "type": "token", "job_id": "streaming", "seq": 0, "text": "a"})])
+        _pump_until(wire, lambda: ledger.jobs["streaming"].tokens == {0: "a"}, "the token")
+
+        router.close(linger=0)  # the scheduler dies with the second submit unanswered
+        router = ctx.socket(zmq.ROUTER)
+        router.bind(endpoint)
+        _pump_until(wire, lambda: wire.handshakes == 2, "the handshake with a new scheduler")
+        sent = [msg for _, msg in _read(router, 3)]
+    finally:
+        wire.close()
+        router.close(linger=0)
+    assert [(m["type"], m.get("job_id") or m["job"]["job_id"], m.get("after_seq"))
+            for m in sent] == [("attach", "streaming", 0), ("attach", "unanswered", -1),
+                               ("submit", "unanswered", None)]
 
 
 @pytest.mark.integration

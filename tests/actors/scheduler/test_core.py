@@ -141,6 +141,19 @@ def test_a_resubmit_of_the_same_job_is_acknowledged_again_and_runs_once() -> Non
     assert len(terminal(d, A, "i")) == 1 and seqs(d.told(A, "i")) == [0, 1, 2, 3]
 
 
+def test_a_resubmit_from_a_new_connection_replays_the_tokens_streamed_so_far() -> None:
+    # A client whose submit reply was lost with a killed scheduler re-sends the submit on
+    # a fresh socket: it has none of the job's tokens, so they come again, then the rest.
+    d = started_job("extract", "i", 3, max_new_tokens=5)
+    again = d.submit(B, "i", "extract", max_new_tokens=5)
+    reply, *replayed = msgs(again, B)
+    assert reply["type"] == "accepted" and reply["streamed"] == 3
+    assert seqs(replayed) == [0, 1, 2] and "".join(e["text"] for e in replayed) == texts(3)
+    assert msgs(d.submit(B, "i", "extract", max_new_tokens=5), B, "token") == []  # has them
+    d.run()
+    assert seqs(d.told(B, "i")) == [0, 1, 2, 3, 4] and len(terminal(d, B, "i")) == 1
+
+
 def test_a_different_job_under_an_accepted_id_is_invalid_field_job_id_and_changes_nothing() -> None:
     d = started_job("extract", "i", 2, max_new_tokens=4)
     other = d.submit(B, "i", "extract", max_new_tokens=5)
