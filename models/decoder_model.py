@@ -30,9 +30,9 @@ from typing import Any
 import numpy as np
 from loguru import logger
 
+from uniun.models import qmatmul
 from uniun.models.kv import KVBuffer, KVCache
 from uniun.models.mapped_pages import release_code_pages, release_mapped_pages
-from uniun.models.onnx_ops import op_types
 from uniun.models.process_memory import rss_bytes, trim_heap, tune_malloc
 from uniun.models.tokenizer import load_tokenizer
 
@@ -112,10 +112,13 @@ class DecoderModel:
         # The code the imports ran once, then what building the session ran once, goes
         # back before it can add to the peak (models/mapped_pages.py).
         release_code_pages()
+        # Registers our kernel library if the graph uses it (KernelMissing names the fix).
+        self._graph_ops = qmatmul.prepare(options, self.model_dir / "model.onnx")
         self._sess = ort.InferenceSession(str(self.model_dir / "model.onnx"), options,
                                           providers=["CPUExecutionProvider"])
         trim_heap()
-        released = release_mapped_pages(self.model_dir) + release_code_pages()
+        released = release_mapped_pages(self.model_dir, read_in_place=(qmatmul.DATA_FILE,)) \
+            + release_code_pages()
         self._check_io()
         self.eos_ids = _eos_ids(self.model_dir, self.config, self.tokenizer)
         self.max_positions = int(self.config.get("max_position_embeddings") or 0) or None
@@ -170,7 +173,7 @@ class DecoderModel:
         builder 6 on, onnxruntime-genai exports): the op detects that past and present are
         one buffer and appends in place. Spelled-out attention concatenates instead.
         """
-        return "GroupQueryAttention" in op_types(self.model_dir / "model.onnx")
+        return "GroupQueryAttention" in self._graph_ops
 
     def unload(self) -> None:
         """Free the model (the caller's parked states stay valid as data)."""

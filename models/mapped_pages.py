@@ -45,6 +45,7 @@ __all__ = ["release_mapped_pages", "release_code_pages", "file_mappings", "code_
            "FileMapping"]
 
 _MADV_RANDOM = 1
+_MADV_WILLNEED = 3
 _MADV_DONTNEED = 4
 _code_evicted = False  # see release_code_pages
 
@@ -100,11 +101,29 @@ def code_mappings(smaps: str = "/proc/self/smaps") -> list[FileMapping]:
     return _mappings(lambda perms, path: perms == "r-xp" and ".so" in Path(path).name, smaps)
 
 
-def release_mapped_pages(folder: Path) -> int:
+def release_mapped_pages(folder: Path, *, read_in_place: tuple[str, ...] = ()) -> int:
     """Drop this process's clean mapped pages of the files in ``folder``, and evict the
     ranges the load left untouched from the page cache (see the module doc); the bytes
-    that were resident."""
-    return _release(file_mappings(folder), evict_touched=False)
+    that were resident.
+
+    Files named in ``read_in_place`` are what a kernel reads straight from the mapping on
+    every pass (``uniun.QMatMul``'s blocks, ``model.qblocks.data``): their mappings keep
+    their pages and their readahead, and are asked in (``MADV_WILLNEED``) so the first
+    pass does not wait for the disk.
+    """
+    mappings = file_mappings(folder)
+    kept = [m for m in mappings if Path(m.path).name in read_in_place]
+    _will_need(kept)
+    return _release([m for m in mappings if m not in kept], evict_touched=False)
+
+
+def _will_need(mappings: list[FileMapping]) -> None:
+    c = libc()
+    if c is None:
+        return
+    c.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
+    for m in mappings:
+        c.madvise(m.start, m.end - m.start, _MADV_WILLNEED)
 
 
 def release_code_pages() -> int:

@@ -19,12 +19,16 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from uniun.models import qmatmul
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Weight
+from uniun.models.convert.qmatmul_pack import PackedWeight, pack
 
 __all__ = ["GraphBuilder", "rope_tables", "attention_bias", "scaled", "attention", "kv_lengths",
-           "gqa_attention", "MS_DOMAIN", "add_bias", "head_norm", "activation", "scale_rows"]
+           "gqa_attention", "MS_DOMAIN", "QBLOCKS_SUFFIX", "add_bias", "head_norm", "activation",
+           "scale_rows"]
 
 MS_DOMAIN = "com.microsoft"
+QBLOCKS_SUFFIX = ".qblocks"  # initializers QMatMul reads; saved to a file of their own
 
 
 def rope_tables(config: DecoderConfig, base: float | None = None
@@ -44,9 +48,15 @@ def rope_tables(config: DecoderConfig, base: float | None = None
 
 
 class GraphBuilder:
-    """Collects nodes and initializers; names every intermediate uniquely."""
+    """Collects nodes and initializers; names every intermediate uniquely.
 
-    def __init__(self) -> None:
+    ``qmatmul``: write block-quantized weights that :func:`pack` holds exactly as
+    ``uniun.QMatMul`` nodes (our kernel, GGUF's own blocks); the rest, and every weight
+    when False, as ``MatMulNBits``.
+    """
+
+    def __init__(self, *, qmatmul: bool = False) -> None:
+        self.qmatmul = qmatmul
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self._count = 0
@@ -95,7 +105,9 @@ class GraphBuilder:
             return [self.linear(x, [w], f"{name}.{j}")[0] for j, w in enumerate(weights)]
         if quant:
             fused = BlockQuantized.concat(quant) if len(quant) > 1 else quant[0]
-            y = self._matmul_nbits(x, fused, name, residual)
+            packed = pack(fused) if self.qmatmul else None
+            y = (self._qmatmul(x, packed, name, residual) if packed is not None
+                 else self._matmul_nbits(x, fused, name, residual))
         else:
             w = np.concatenate(weights) if len(weights) > 1 else weights[0]
             w_t = self.const(f"{name}.weight_t", np.ascontiguousarray(w.T, dtype=np.float32))
@@ -106,6 +118,14 @@ class GraphBuilder:
             return [y]
         sizes = self.const(f"{name}.split", np.array([w.shape[0] for w in weights], np.int64))
         return self.op("Split", [y, sizes], f"{name}.part", outputs=len(weights), axis=-1)
+
+    def _qmatmul(self, x: str, w: PackedWeight, name: str, residual: str | None) -> str:
+        """``[residual +] x @ w.T`` in one ``uniun.QMatMul``: the whole Q4_1 dot product
+        (offset term included) and the residual add in one node."""
+        blocks = self.const(f"{name}{QBLOCKS_SUFFIX}", w.data)
+        inputs = [x, blocks] + ([residual] if residual is not None else [])
+        return self.op(qmatmul.OP_TYPE, inputs, name, domain=qmatmul.DOMAIN, K=w.k, N=w.n,
+                       format=w.format)[0]
 
     def _matmul_nbits(self, x: str, w: BlockQuantized, name: str,
                       residual: str | None = None) -> str:

@@ -40,9 +40,12 @@ from pathlib import Path
 import numpy as np
 import onnx
 from onnx import TensorProto, helper
+from onnx.external_data_helper import convert_model_to_external_data, set_external_data
 
+from uniun.models import qmatmul
 from uniun.models.convert.decoder_blocks import (
     MS_DOMAIN,
+    QBLOCKS_SUFFIX,
     GraphBuilder,
     activation,
     add_bias,
@@ -56,14 +59,15 @@ from uniun.models.convert.decoder_blocks import (
     scaled,
 )
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Progress, Weight
+from uniun.models.convert.qmatmul_pack import pack
 
 __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNAL_DATA_NAME"]
 
 OPSET = 23
 # Bumped whenever the graph this module writes changes; the store rebuilds models it
 # made with an older builder (see ``store.ensure_model``).
-BUILDER_VERSION = 8  # 6: GroupQueryAttention, last-position logits; 7: head in parts;
-# 8: the residual add joined with the Q4_1 correction in one Sum
+BUILDER_VERSION = 9  # 6: GroupQueryAttention, last-position logits; 7: head in parts;
+# 8: the residual add joined with the Q4_1 correction in one Sum; 9: uniun.QMatMul
 HEAD_PART_ROWS = 16384  # rows per LM-head part (see _head)
 EXTERNAL_DATA_NAME = "model.onnx.data"
 
@@ -88,7 +92,7 @@ def _io(config: DecoderConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Val
 
 def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                   progress: Progress | None = None, *,
-                  attention_op: str = "gqa") -> onnx.ModelProto:
+                  attention_op: str = "gqa", weight_op: str = "auto") -> onnx.ModelProto:
     """The decoder graph for ``config`` with ``weights`` (HF names) as initializers.
 
     ``progress(n)`` is called after each layer so long conversions can show a bar.
@@ -99,10 +103,16 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
     and sliding-window layers) are built with ``"matmul"`` whatever is asked: see
     :func:`uses_gqa`. ``logits`` holds the last position only: nothing reads the others,
     and the head over every prompt position was a fifth of a prefill's work.
+    ``weight_op``: ``"qmatmul"`` (block-quantized weights in GGUF's own Q4_0 / Q4_1 / Q8_0
+    blocks, our ``uniun.QMatMul`` kernel), ``"matmulnbits"`` (onnxruntime's
+    ``MatMulNBits``) or ``"auto"`` (QMatMul where its library runs its vector path here:
+    :func:`uniun.models.qmatmul.fast`).
     """
     if attention_op not in ("gqa", "matmul"):
         raise ValueError(f"attention_op must be gqa or matmul, not {attention_op!r}")
-    g = GraphBuilder()
+    if weight_op not in ("auto", "qmatmul", "matmulnbits"):
+        raise ValueError(f"weight_op must be auto, qmatmul or matmulnbits, not {weight_op!r}")
+    g = GraphBuilder(qmatmul=weight_op == "qmatmul" or (weight_op == "auto" and qmatmul.fast()))
     cfg = config
     eps = float(cfg.rms_norm_eps)
     cos, sin = rope_tables(cfg)
@@ -210,9 +220,10 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
 
     inputs, outputs = _io(cfg)
     graph = helper.make_graph(g.nodes, "uniun_decoder", inputs, outputs, g.initializers)
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", OPSET),
-                                                   helper.make_opsetid(MS_DOMAIN, 1)],
-                              producer_name="uniun")
+    opsets = [helper.make_opsetid("", OPSET), helper.make_opsetid(MS_DOMAIN, 1)]
+    if any(node.domain == qmatmul.DOMAIN for node in g.nodes):
+        opsets.append(helper.make_opsetid(qmatmul.DOMAIN, 1))
+    model = helper.make_model(graph, opset_imports=opsets, producer_name="uniun")
     model.ir_version = 10
     return model
 
@@ -226,8 +237,9 @@ def _head(g: GraphBuilder, x: str, head: Weight) -> str:
     Parts keep that transient to one part's size; the Concat of the logits costs ~20 us.
     """
     n = head.shape[0]
-    if not isinstance(head, BlockQuantized) or n <= HEAD_PART_ROWS:
-        return g.linear(x, [head], "lm_head")[0]
+    whole = g.qmatmul and isinstance(head, BlockQuantized) and pack(head) is not None
+    if not isinstance(head, BlockQuantized) or n <= HEAD_PART_ROWS or whole:
+        return g.linear(x, [head], "lm_head")[0]  # QMatMul prepacks nothing: no transient
     parts = [g.linear(x, [head.rows(start, min(start + HEAD_PART_ROWS, n))],
                       f"lm_head.{j}")[0]
              for j, start in enumerate(range(0, n, HEAD_PART_ROWS))]
@@ -252,15 +264,21 @@ def _norm(g: GraphBuilder, x: str, weights: Mapping[str, Weight], name: str, eps
 def save_decoder(model: onnx.ModelProto, folder: Path, *, external: bool) -> list[Path]:
     """Write ``model.onnx`` (plus ``model.onnx.data`` when ``external``) into ``folder``.
 
-    Large models keep weights in one external data file: the protobuf limit is 2 GB and
-    onnxruntime maps the data file instead of copying it.
+    Large models keep weights in external data files: the protobuf limit is 2 GB and
+    onnxruntime maps the data files instead of copying them. The blocks ``QMatMul`` reads
+    go to a file of their own (:data:`qmatmul.DATA_FILE`): the kernel reads them from the
+    mapping every pass, while the rest is copied into onnxruntime's own buffers at load,
+    and the runner treats the two files accordingly (``models/mapped_pages.py``).
     """
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "model.onnx"
-    if external:
-        onnx.save_model(model, str(path), save_as_external_data=True,
-                        all_tensors_to_one_file=True, location=EXTERNAL_DATA_NAME,
-                        size_threshold=1024)
-        return [path, folder / EXTERNAL_DATA_NAME]
+    if not external:
+        onnx.save_model(model, str(path))
+        return [path]
+    convert_model_to_external_data(model, all_tensors_to_one_file=True,
+                                   location=EXTERNAL_DATA_NAME, size_threshold=1024)
+    qblocks = [t for t in model.graph.initializer if t.name.endswith(QBLOCKS_SUFFIX)]
+    for tensor in qblocks:
+        set_external_data(tensor, qmatmul.DATA_FILE)
     onnx.save_model(model, str(path))
-    return [path]
+    return [path, folder / EXTERNAL_DATA_NAME] + ([folder / qmatmul.DATA_FILE] if qblocks else [])

@@ -16,12 +16,14 @@ import pytest
 
 from tests.models.numpy_reference import NumpyLlama
 from tests.models_cache import shared_store
+from uniun.models import qmatmul
 from uniun.models.convert.recipes import ensure_model
 
 
 def _session(folder: Path) -> ort.InferenceSession:
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
+    qmatmul.prepare(opts, folder / "model.onnx")
     return ort.InferenceSession(str(folder / "model.onnx"), opts,
                                 providers=["CPUExecutionProvider"])
 

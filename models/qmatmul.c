@@ -1,0 +1,576 @@
+/*
+ * uniun.QMatMul: Y = X @ W^T (+ R) for weights kept in GGUF's own block formats (Q4_0, Q4_1,
+ * Q8_0), as an onnxruntime custom operator.
+ *
+ * Why our own kernel (docs/models.md, "The QMatMul kernel"): onnxruntime's MatMulNBits has
+ * no exact form for a Q4_1 block (d * q + m needs a fractional zero point), so the graph
+ * ran a symmetric 4-bit matmul plus a correction matmul over block sums, and MLAS keeps a
+ * float32 scale and a float32 block sum per 32 weights: 133 MB read per SmolLM2 token
+ * where llama.cpp reads 96. Here a block is what the GGUF file holds, d and m in fp16, and
+ * one pass does the whole dot product the way llama.cpp does it: activations quantised to
+ * 8 bits per 32 (ggml's Q8_0 / Q8_1 rounding), integer dot products, a float scale per block.
+ *
+ * Layout (written by models/convert/qmatmul_pack.py): rows in groups of 16 (the last group
+ * padded with zero rows), and for each group and each 32-wide block along K:
+ *   Q4_0, Q4_1: 256 bytes of codes, 4 chunks of 64; in chunk c, byte 4r+i holds row r's
+ *               element 8c+i in its low nibble and element 8c+4+i in its high nibble;
+ *               then 16 fp16 scales d (one per row); Q4_1 then 16 fp16 minimums m.
+ *   Q8_0:       512 bytes of codes, 8 chunks of 64; in chunk c, byte 4r+i holds row r's
+ *               element 4c+i plus 128 (as an unsigned byte); then 16 fp16 scales.
+ * So one 64-byte load holds four consecutive elements of 16 rows, which is the shape of
+ * AVX-512 VNNI's vpdpbusd (16 lanes of 4 u8 x s8 products): the 16 outputs of a group
+ * accumulate in one register, with no horizontal sums.
+ *
+ * A row's result does not depend on how many rows share the call (each row is quantised
+ * and accumulated on its own, in the same order), so a position's logits are the same in
+ * a one-token and a many-token pass.
+ *
+ * The onnxruntime C API is used through its stable function table (OrtApi: append-only,
+ * slots never move); the few slots used are declared below by index, and registration
+ * checks a known slot before trusting the table.
+ */
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <math.h>
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define QMM_X86 1
+#endif
+
+#define EXPORT __attribute__((visibility("default")))
+
+/* ---- formats --------------------------------------------------------------------------- */
+
+enum { FMT_Q4_0 = 0, FMT_Q4_1 = 1, FMT_Q8_0 = 2 };
+enum { PATH_SCALAR = 0, PATH_AVX512 = 1 };
+
+#define GROUP 16  /* rows per group */
+#define QK 32     /* elements per block */
+
+static size_t block_bytes(int fmt) {
+  switch (fmt) {
+    case FMT_Q4_0: return 256 + 32;
+    case FMT_Q4_1: return 256 + 64;
+    case FMT_Q8_0: return 512 + 32;
+    default: return 0;
+  }
+}
+
+static float half_to_float(uint16_t h) {
+  _Float16 v;
+  memcpy(&v, &h, 2);
+  return (float)v;
+}
+
+static float round_to_half(float x) { return (float)(_Float16)x; }
+
+/* ---- activations: 8 bits per 32, as ggml's quantize_row_q8_1 ---------------------------- */
+
+/* One row of K floats -> q[K] int8, and per block: d (fp16-rounded scale), s (fp16 of
+ * d * sum q, Q4_1's offset term) and sum (the integer sum of q). */
+typedef struct {
+  int8_t* q;
+  float* d;
+  float* s;
+  int32_t* sum;
+} QuantRow;
+
+static void quantize_row_scalar(const float* x, int K, QuantRow r) {
+  for (int b = 0; b < K / QK; b++) {
+    const float* xb = x + b * QK;
+    float amax = 0.f;
+    for (int i = 0; i < QK; i++) {
+      float a = fabsf(xb[i]);
+      amax = a > amax ? a : amax;
+    }
+    const float d = amax / 127.f;
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    int sum = 0;
+    for (int i = 0; i < QK; i++) {
+      int v = (int)nearbyintf(xb[i] * id); /* nearest, ties to even: as cvtps2dq */
+      r.q[b * QK + i] = (int8_t)v;
+      sum += v;
+    }
+    r.d[b] = round_to_half(d);
+    r.s[b] = round_to_half(d * (float)sum);
+    r.sum[b] = sum;
+  }
+}
+
+#ifdef QMM_X86
+__attribute__((target("avx512f,avx512bw,avx512vl")))
+static void quantize_row_avx512(const float* x, int K, QuantRow r) {
+  for (int b = 0; b < K / QK; b++) {
+    __m512 v0 = _mm512_loadu_ps(x + b * QK), v1 = _mm512_loadu_ps(x + b * QK + 16);
+    __m512 a = _mm512_max_ps(_mm512_abs_ps(v0), _mm512_abs_ps(v1));
+    const float amax = _mm512_reduce_max_ps(a);
+    const float d = amax / 127.f;
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    const __m512 vid = _mm512_set1_ps(id);
+    __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(v0, vid));
+    __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
+    _mm_storeu_si128((__m128i*)(r.q + b * QK), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128((__m128i*)(r.q + b * QK + 16), _mm512_cvtepi32_epi8(q1));
+    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    r.d[b] = round_to_half(d);
+    r.s[b] = round_to_half(d * (float)sum);
+    r.sum[b] = sum;
+  }
+}
+#endif
+
+/* ---- the dot products ------------------------------------------------------------------- */
+
+typedef struct {
+  int fmt;
+  const uint8_t* w;  /* packed weights, [groups][K/32][block_bytes] */
+  int n, k;          /* output rows, inner size */
+  int m;             /* activation rows */
+  const int8_t* xq;  /* [m][k] */
+  const float* xd;   /* [m][k/32] */
+  const float* xs;
+  const int32_t* xsum;
+  const float* r;    /* [m][n] residual, or NULL */
+  float* y;          /* [m][n] */
+} Job;
+
+/* Rows of group g, scalar: the reference the vector path must match bit for bit in its
+ * integer part (the float accumulation order differs). */
+static void groups_scalar(const Job* j, int g0, int g1) {
+  const int nb = j->k / QK;
+  const size_t bb = block_bytes(j->fmt);
+  for (int g = g0; g < g1; g++) {
+    for (int row = 0; row < GROUP; row++) {
+      const int n = g * GROUP + row;
+      if (n >= j->n) break;
+      for (int mi = 0; mi < j->m; mi++) {
+        const int8_t* xq = j->xq + (size_t)mi * j->k;
+        float acc = j->r ? j->r[(size_t)mi * j->n + n] : 0.f;
+        for (int b = 0; b < nb; b++) {
+          const uint8_t* blk = j->w + ((size_t)g * nb + b) * bb;
+          const size_t xb = (size_t)mi * nb + b;
+          int32_t isum = 0;
+          uint16_t dh, mh;
+          if (j->fmt == FMT_Q8_0) {
+            for (int c = 0; c < 8; c++)
+              for (int i = 0; i < 4; i++)
+                isum += (int32_t)blk[64 * c + 4 * row + i] * xq[b * QK + 4 * c + i];
+            isum -= 128 * j->xsum[xb];
+            memcpy(&dh, blk + 512 + 2 * row, 2);
+          } else {
+            for (int c = 0; c < 4; c++)
+              for (int i = 0; i < 4; i++) {
+                const uint8_t byte = blk[64 * c + 4 * row + i];
+                isum += (int32_t)(byte & 15) * xq[b * QK + 8 * c + i];
+                isum += (int32_t)(byte >> 4) * xq[b * QK + 8 * c + 4 + i];
+              }
+            if (j->fmt == FMT_Q4_0) isum -= 8 * j->xsum[xb];
+            memcpy(&dh, blk + 256 + 2 * row, 2);
+          }
+          acc = fmaf((float)isum, half_to_float(dh) * j->xd[xb], acc);
+          if (j->fmt == FMT_Q4_1) {
+            memcpy(&mh, blk + 288 + 2 * row, 2);
+            acc = fmaf(half_to_float(mh), j->xs[xb], acc);
+          }
+        }
+        j->y[(size_t)mi * j->n + n] = acc;
+      }
+    }
+  }
+}
+
+#ifdef QMM_X86
+#define MT 4 /* activation rows per pass over a group's weights */
+
+__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
+static void groups_avx512(const Job* j, int g0, int g1) {
+  const int nb = j->k / QK;
+  const size_t bb = block_bytes(j->fmt);
+  const int fmt = j->fmt;
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int g = g0; g < g1; g++) {
+    const int left = j->n - g * GROUP;
+    const __mmask16 mask = left >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    const uint8_t* wg = j->w + (size_t)g * nb * bb;
+    for (int m0 = 0; m0 < j->m; m0 += MT) {
+      const int mt = j->m - m0 < MT ? j->m - m0 : MT;
+      __m512 acc[MT];
+      for (int t = 0; t < MT; t++)
+        acc[t] = (j->r && t < mt)
+                     ? _mm512_maskz_loadu_ps(mask, j->r + (size_t)(m0 + t) * j->n + g * GROUP)
+                     : _mm512_setzero_ps();
+      for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = wg + (size_t)b * bb;
+        __m512i w[8];
+        __m512 dw, mw = _mm512_setzero_ps();
+        if (fmt == FMT_Q8_0) {
+          for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(blk + 64 * c);
+          dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 512)));
+        } else {
+          for (int c = 0; c < 4; c++) {
+            const __m512i v = _mm512_loadu_si512(blk + 64 * c);
+            w[2 * c] = _mm512_and_si512(v, low);
+            w[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
+          }
+          dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 256)));
+          if (fmt == FMT_Q4_1)
+            mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 288)));
+        }
+        for (int t = 0; t < mt; t++) {
+          const size_t xb = (size_t)(m0 + t) * nb + b;
+          const int8_t* xq = j->xq + (size_t)(m0 + t) * j->k + b * QK;
+          int32_t g4[8];
+          memcpy(g4, xq, 32); /* the block's 8 groups of 4 activations */
+          __m512i isum = _mm512_setzero_si512();
+          if (fmt == FMT_Q8_0) {
+            for (int c = 0; c < 8; c++)
+              isum = _mm512_dpbusd_epi32(isum, w[c], _mm512_set1_epi32(g4[c]));
+            isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * j->xsum[xb]));
+          } else {
+            for (int c = 0; c < 4; c++) {
+              isum = _mm512_dpbusd_epi32(isum, w[2 * c], _mm512_set1_epi32(g4[2 * c]));
+              isum = _mm512_dpbusd_epi32(isum, w[2 * c + 1], _mm512_set1_epi32(g4[2 * c + 1]));
+            }
+            if (fmt == FMT_Q4_0)
+              isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(8 * j->xsum[xb]));
+          }
+          const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(j->xd[xb]));
+          acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
+          if (fmt == FMT_Q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(j->xs[xb]), acc[t]);
+        }
+      }
+      for (int t = 0; t < mt; t++)
+        _mm512_mask_storeu_ps(j->y + (size_t)(m0 + t) * j->n + g * GROUP, mask, acc[t]);
+    }
+  }
+}
+#endif
+
+static int best_path(void) {
+#ifdef QMM_X86
+  __builtin_cpu_init();
+  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+      __builtin_cpu_supports("f16c"))
+    return PATH_AVX512;
+#endif
+  return PATH_SCALAR;
+}
+
+static void quantize(int path, const float* x, int m, int k, QuantRow all) {
+  const int nb = k / QK;
+  for (int i = 0; i < m; i++) {
+    QuantRow r = {all.q + (size_t)i * k, all.d + (size_t)i * nb, all.s + (size_t)i * nb,
+                  all.sum + (size_t)i * nb};
+#ifdef QMM_X86
+    if (path == PATH_AVX512) {
+      quantize_row_avx512(x + (size_t)i * k, k, r);
+      continue;
+    }
+#endif
+    quantize_row_scalar(x + (size_t)i * k, k, r);
+  }
+}
+
+static void run_groups(int path, const Job* j, int g0, int g1) {
+#ifdef QMM_X86
+  if (path == PATH_AVX512) {
+    groups_avx512(j, g0, g1);
+    return;
+  }
+#endif
+  groups_scalar(j, g0, g1);
+}
+
+/* Scratch for the quantised activations: m * (k + 16 * k / 32) bytes. */
+static size_t scratch_bytes(int m, int k) { return (size_t)m * k + (size_t)m * (k / QK) * 12 + 64; }
+
+static QuantRow scratch_rows(void* buf, int m, int k) {
+  const size_t nb = (size_t)m * (k / QK);
+  char* p = buf;
+  QuantRow r;
+  r.d = (float*)p;
+  r.s = (float*)(p + nb * 4);
+  r.sum = (int32_t*)(p + nb * 8);
+  r.q = (int8_t*)(p + nb * 12);
+  return r;
+}
+
+/* For tests and benchmarks (ctypes): one call, single-threaded, on a chosen path (-1: the
+ * best this CPU has). Returns 0, or -1 for a bad argument or a path this CPU lacks. */
+EXPORT int uniun_qmatmul(int fmt, int path, const uint8_t* w, int n, int k, const float* x,
+                         int m, const float* r, float* y) {
+  if (block_bytes(fmt) == 0 || n <= 0 || k <= 0 || k % QK || m < 0) return -1;
+  if (path < 0) path = best_path();
+  if (path == PATH_AVX512 && best_path() != PATH_AVX512) return -1;
+  if (m == 0) return 0;
+  void* buf = malloc(scratch_bytes(m, k));
+  if (!buf) return -1;
+  QuantRow q = scratch_rows(buf, m, k);
+  quantize(path, x, m, k, q);
+  Job j = {fmt, w, n, k, m, q.q, q.d, q.s, q.sum, r, y};
+  run_groups(path, &j, 0, (n + GROUP - 1) / GROUP);
+  free(buf);
+  return 0;
+}
+
+/* The path this CPU runs: 0 scalar, 1 AVX-512 VNNI. */
+EXPORT int uniun_qmatmul_best_path(void) { return best_path(); }
+
+EXPORT size_t uniun_qmatmul_block_bytes(int fmt) { return block_bytes(fmt); }
+
+/* ---- onnxruntime ------------------------------------------------------------------------ */
+
+typedef struct OrtStatus OrtStatus;
+typedef struct OrtApi OrtApi;
+typedef struct OrtValue OrtValue;
+typedef struct OrtKernelInfo OrtKernelInfo;
+typedef struct OrtKernelContext OrtKernelContext;
+typedef struct OrtSessionOptions OrtSessionOptions;
+typedef struct OrtCustomOpDomain OrtCustomOpDomain;
+typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
+typedef struct OrtShapeInferContext OrtShapeInferContext;
+
+typedef struct OrtApiBase {
+  const OrtApi* (*GetApi)(uint32_t version);
+  const char* (*GetVersionString)(void);
+} OrtApiBase;
+
+/* onnxruntime's OrtCustomOp as of API version 16 (we fill the v16 fields only). */
+typedef struct OrtCustomOp {
+  uint32_t version;
+  void* (*CreateKernel)(const struct OrtCustomOp*, const OrtApi*, const OrtKernelInfo*);
+  const char* (*GetName)(const struct OrtCustomOp*);
+  const char* (*GetExecutionProviderType)(const struct OrtCustomOp*);
+  int (*GetInputType)(const struct OrtCustomOp*, size_t);
+  size_t (*GetInputTypeCount)(const struct OrtCustomOp*);
+  int (*GetOutputType)(const struct OrtCustomOp*, size_t);
+  size_t (*GetOutputTypeCount)(const struct OrtCustomOp*);
+  void (*KernelCompute)(void*, OrtKernelContext*);
+  void (*KernelDestroy)(void*);
+  int (*GetInputCharacteristic)(const struct OrtCustomOp*, size_t);
+  int (*GetOutputCharacteristic)(const struct OrtCustomOp*, size_t);
+  int (*GetInputMemoryType)(const struct OrtCustomOp*, size_t);
+  int (*GetVariadicInputMinArity)(const struct OrtCustomOp*);
+  int (*GetVariadicInputHomogeneity)(const struct OrtCustomOp*);
+  int (*GetVariadicOutputMinArity)(const struct OrtCustomOp*);
+  int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp*);
+  OrtStatus* (*CreateKernelV2)(const struct OrtCustomOp*, const OrtApi*, const OrtKernelInfo*,
+                               void**);
+  OrtStatus* (*KernelComputeV2)(void*, OrtKernelContext*);
+  OrtStatus* (*InferOutputShapeFn)(const struct OrtCustomOp*, OrtShapeInferContext*);
+} OrtCustomOp;
+
+#define ORT_API_VERSION_USED 17 /* onnxruntime 1.17+: KernelContext_ParallelFor */
+#define OP_STRUCT_VERSION 16    /* CreateKernelV2 / KernelComputeV2 return a status */
+#define TYPE_FLOAT 1
+#define TYPE_UINT8 2
+#define ORT_INVALID_ARGUMENT 2
+#define ORT_FAIL 1
+
+/* Slots of the OrtApi function table (onnxruntime_c_api.h, struct OrtApi, in order). */
+enum {
+  SLOT_CreateStatus = 0,
+  SLOT_CreateCustomOpDomain = 26,
+  SLOT_CustomOpDomain_Add = 27,
+  SLOT_AddCustomOpDomain = 28,
+  SLOT_GetTensorMutableData = 51,
+  SLOT_GetDimensionsCount = 61,
+  SLOT_GetDimensions = 62,
+  SLOT_GetTensorTypeAndShape = 65,
+  SLOT_KernelInfoGetAttribute_int64 = 86,
+  SLOT_KernelInfoGetAttribute_string = 87,
+  SLOT_KernelContext_GetInputCount = 88,
+  SLOT_KernelContext_GetInput = 90,
+  SLOT_KernelContext_GetOutput = 91,
+  SLOT_ReleaseStatus = 93,
+  SLOT_ReleaseTensorTypeAndShapeInfo = 99,
+  SLOT_GetBuildInfoString = 254,
+  SLOT_KernelContext_ParallelFor = 274,
+};
+
+static const OrtApi* g_api;
+
+#define API_FN(slot, type) ((type)((void* const*)g_api)[slot])
+
+static OrtStatus* status(int code, const char* msg) {
+  return API_FN(SLOT_CreateStatus, OrtStatus* (*)(int, const char*))(code, msg);
+}
+
+#define TRY(call)                   \
+  do {                              \
+    OrtStatus* st_ = (call);        \
+    if (st_) return st_;            \
+  } while (0)
+
+static OrtStatus* tensor_shape(const OrtValue* v, int64_t* dims, size_t* nd) {
+  OrtTensorTypeAndShapeInfo* info;
+  TRY(API_FN(SLOT_GetTensorTypeAndShape, OrtStatus* (*)(const OrtValue*,
+                                                         OrtTensorTypeAndShapeInfo**))(v, &info));
+  size_t count = 0;
+  OrtStatus* st = API_FN(SLOT_GetDimensionsCount,
+                         OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, size_t*))(info, &count);
+  if (!st && count > 8) st = status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: more than 8 dims");
+  if (!st)
+    st = API_FN(SLOT_GetDimensions, OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, int64_t*,
+                                                    size_t))(info, dims, count);
+  API_FN(SLOT_ReleaseTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*))(info);
+  *nd = count;
+  return st;
+}
+
+static OrtStatus* tensor_data(const OrtValue* v, void** out) {
+  return API_FN(SLOT_GetTensorMutableData, OrtStatus* (*)(OrtValue*, void**))((OrtValue*)v, out);
+}
+
+typedef struct {
+  int fmt, n, k, path;
+  void* scratch;
+  size_t scratch_size;
+} Kernel;
+
+typedef struct {
+  const Job* job;
+  int path, per_task, groups;
+} Tasks;
+
+static void run_task(void* data, size_t index) {
+  const Tasks* t = data;
+  const int g0 = (int)index * t->per_task;
+  const int g1 = g0 + t->per_task < t->groups ? g0 + t->per_task : t->groups;
+  if (g0 < g1) run_groups(t->path, t->job, g0, g1);
+}
+
+#define TASKS 8 /* work items per call, shared out by onnxruntime's intra-op pool */
+
+static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
+  Kernel* kn = kernel;
+  const OrtValue *xv = NULL, *wv = NULL, *rv = NULL;
+  size_t inputs = 0;
+  typedef OrtStatus* (*GetInput)(const OrtKernelContext*, size_t, const OrtValue**);
+  TRY(API_FN(SLOT_KernelContext_GetInputCount, OrtStatus* (*)(const OrtKernelContext*,
+                                                               size_t*))(ctx, &inputs));
+  TRY(API_FN(SLOT_KernelContext_GetInput, GetInput)(ctx, 0, &xv));
+  TRY(API_FN(SLOT_KernelContext_GetInput, GetInput)(ctx, 1, &wv));
+  if (inputs > 2) TRY(API_FN(SLOT_KernelContext_GetInput, GetInput)(ctx, 2, &rv));
+
+  int64_t dims[8], wdims[8], rdims[8];
+  size_t nd = 0, wnd = 0, rnd = 0;
+  TRY(tensor_shape(xv, dims, &nd));
+  if (nd < 1 || dims[nd - 1] != kn->k)
+    return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: X's last dimension is not K");
+  TRY(tensor_shape(wv, wdims, &wnd));
+  const int groups = (kn->n + GROUP - 1) / GROUP;
+  int64_t wbytes = 1;
+  for (size_t i = 0; i < wnd; i++) wbytes *= wdims[i];
+  if (wbytes != (int64_t)groups * (kn->k / QK) * (int64_t)block_bytes(kn->fmt))
+    return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: W's size does not match N, K, format");
+  int64_t m = 1;
+  for (size_t i = 0; i + 1 < nd; i++) m *= dims[i];
+  dims[nd - 1] = kn->n;
+  if (rv) {
+    TRY(tensor_shape(rv, rdims, &rnd));
+    if (rnd != nd || memcmp(rdims, dims, nd * sizeof(int64_t)) != 0)
+      return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: R's shape is not Y's");
+  }
+  OrtValue* yv = NULL;
+  TRY(API_FN(SLOT_KernelContext_GetOutput, OrtStatus* (*)(OrtKernelContext*, size_t,
+                                                           const int64_t*, size_t, OrtValue**))(
+      ctx, 0, dims, nd, &yv));
+  if (m == 0) return NULL;
+  void *x, *w, *y, *r = NULL;
+  TRY(tensor_data(xv, &x));
+  TRY(tensor_data(wv, &w));
+  TRY(tensor_data(yv, &y));
+  if (rv) TRY(tensor_data(rv, &r));
+
+  const size_t need = scratch_bytes((int)m, kn->k);
+  if (need > kn->scratch_size) {
+    free(kn->scratch);
+    kn->scratch = malloc(need);
+    kn->scratch_size = kn->scratch ? need : 0;
+    if (!kn->scratch) return status(ORT_FAIL, "uniun.QMatMul: out of memory");
+  }
+  QuantRow q = scratch_rows(kn->scratch, (int)m, kn->k);
+  quantize(kn->path, x, (int)m, kn->k, q);
+  Job job = {kn->fmt, w, kn->n, kn->k, (int)m, q.q, q.d, q.s, q.sum, r, y};
+  const int tasks = groups < TASKS ? groups : TASKS;
+  Tasks t = {&job, kn->path, (groups + tasks - 1) / tasks, groups};
+  return API_FN(SLOT_KernelContext_ParallelFor,
+                OrtStatus* (*)(const OrtKernelContext*, void (*)(void*, size_t), size_t, size_t,
+                               void*))(ctx, run_task, (size_t)tasks, 0, &t);
+}
+
+static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api,
+                                const OrtKernelInfo* info, void** out) {
+  (void)op;
+  (void)api;
+  int64_t n = 0, k = 0;
+  char fmt[16] = {0};
+  size_t fmt_size = sizeof fmt;
+  typedef OrtStatus* (*GetInt)(const OrtKernelInfo*, const char*, int64_t*);
+  TRY(API_FN(SLOT_KernelInfoGetAttribute_int64, GetInt)(info, "N", &n));
+  TRY(API_FN(SLOT_KernelInfoGetAttribute_int64, GetInt)(info, "K", &k));
+  TRY(API_FN(SLOT_KernelInfoGetAttribute_string, OrtStatus* (*)(const OrtKernelInfo*,
+                                                                 const char*, char*, size_t*))(
+      info, "format", fmt, &fmt_size));
+  int f = !strcmp(fmt, "q4_0") ? FMT_Q4_0 : !strcmp(fmt, "q4_1") ? FMT_Q4_1
+        : !strcmp(fmt, "q8_0") ? FMT_Q8_0 : -1;
+  if (f < 0) return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: format is not q4_0, q4_1 or q8_0");
+  if (n <= 0 || k <= 0 || k % QK || n > (1 << 30) || k > (1 << 20))
+    return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: bad N or K (K must be a multiple of 32)");
+  Kernel* kn = calloc(1, sizeof *kn);
+  if (!kn) return status(ORT_FAIL, "uniun.QMatMul: out of memory");
+  kn->fmt = f;
+  kn->n = (int)n;
+  kn->k = (int)k;
+  kn->path = best_path();
+  *out = kn;
+  return NULL;
+}
+
+static void destroy_kernel(void* kernel) {
+  Kernel* kn = kernel;
+  if (kn) free(kn->scratch);
+  free(kn);
+}
+
+static const char* op_name(const OrtCustomOp* op) { (void)op; return "QMatMul"; }
+static const char* op_provider(const OrtCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
+static int op_input_type(const OrtCustomOp* op, size_t i) { (void)op; return i == 1 ? TYPE_UINT8 : TYPE_FLOAT; }
+static size_t op_input_count(const OrtCustomOp* op) { (void)op; return 3; }
+static int op_output_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return TYPE_FLOAT; }
+static size_t op_output_count(const OrtCustomOp* op) { (void)op; return 1; }
+static int op_input_characteristic(const OrtCustomOp* op, size_t i) { (void)op; return i == 2 ? 1 : 0; }
+static int op_output_characteristic(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
+static int op_memory_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
+static int op_one(const OrtCustomOp* op) { (void)op; return 1; }
+
+static const OrtCustomOp qmatmul_op = {
+    OP_STRUCT_VERSION, NULL, op_name, op_provider, op_input_type, op_input_count,
+    op_output_type, op_output_count, NULL, destroy_kernel, op_input_characteristic,
+    op_output_characteristic, op_memory_type, op_one, op_one, op_one, op_one, create_kernel,
+    compute, NULL};
+
+static OrtCustomOpDomain* g_domain;
+
+/* onnxruntime calls this when a session's options register the library. */
+EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
+  const OrtApi* api = base->GetApi(ORT_API_VERSION_USED);
+  if (!api) return NULL; /* too old: the session then refuses the graph, naming the op */
+  g_api = api;
+  const char* build = API_FN(SLOT_GetBuildInfoString, const char* (*)(void))();
+  if (!build || strncmp(build, "ORT Build Info", 14) != 0)
+    return status(ORT_FAIL, "uniun.QMatMul: this onnxruntime's C API table is not the expected one");
+  if (!g_domain) {
+    TRY(API_FN(SLOT_CreateCustomOpDomain, OrtStatus* (*)(const char*, OrtCustomOpDomain**))(
+        "uniun", &g_domain));
+    TRY(API_FN(SLOT_CustomOpDomain_Add, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(
+        g_domain, &qmatmul_op));
+  }
+  return API_FN(SLOT_AddCustomOpDomain, OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*))(
+      options, g_domain);
+}

@@ -1,0 +1,124 @@
+"""The QMatMul kernel library: where it is, whether it runs here, and how a session gets it.
+
+``models/qmatmul.c`` is built by ``bin/setup`` (``pip install -e .``) into
+``models/_qmatmul*.so``: an onnxruntime custom-operator library (op ``uniun.QMatMul``:
+Q4_0 / Q4_1 / Q8_0 blocks as the GGUF file has them, activations in 8 bits, docs/models.md).
+It is optional: without a C compiler the install succeeds without it, and the converter
+then writes ``MatMulNBits`` graphs, as before.
+
+The converter uses it when :func:`fast` (the library is there and this CPU has the
+AVX-512 VNNI path; elsewhere the portable path would be slower than ``MatMulNBits``), and
+a session that loads a graph with the op registers the library (:func:`register`). Tests
+and benchmarks call the kernel directly through :func:`matmul`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib.machinery
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from uniun.models.onnx_ops import op_types
+
+__all__ = ["OP_TYPE", "DOMAIN", "DATA_FILE", "FORMATS", "KernelMissing", "library", "fast",
+           "path_name", "register", "prepare", "matmul"]
+
+OP_TYPE = "QMatMul"
+DOMAIN = "uniun"
+DATA_FILE = "model.qblocks.data"  # a converted model's QMatMul blocks (read in place)
+FORMATS = {"q4_0": 0, "q4_1": 1, "q8_0": 2}
+PATHS = {"scalar": 0, "avx512": 1}
+
+
+class KernelMissing(RuntimeError):
+    """A graph needs the QMatMul library and this installation was built without it."""
+
+
+@cache
+def library() -> Path | None:
+    """The built library next to this module, or None (not built)."""
+    here = Path(__file__).resolve().parent
+    for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+        candidate = here / f"_qmatmul{suffix}"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+@cache
+def _lib() -> ctypes.CDLL | None:
+    path = library()
+    if path is None:
+        return None
+    try:
+        lib = ctypes.CDLL(str(path))
+    except OSError:
+        return None
+    p = ctypes.c_void_p
+    lib.uniun_qmatmul.argtypes = [ctypes.c_int, ctypes.c_int, p, ctypes.c_int, ctypes.c_int, p,
+                                  ctypes.c_int, p, p]
+    lib.uniun_qmatmul.restype = ctypes.c_int
+    lib.uniun_qmatmul_best_path.restype = ctypes.c_int
+    lib.uniun_qmatmul_block_bytes.argtypes = [ctypes.c_int]
+    lib.uniun_qmatmul_block_bytes.restype = ctypes.c_size_t
+    return lib
+
+
+def path_name() -> str | None:
+    """The kernel path this CPU runs (``avx512`` or ``scalar``), None without the library."""
+    lib = _lib()
+    if lib is None:
+        return None
+    best = lib.uniun_qmatmul_best_path()
+    return next(name for name, code in PATHS.items() if code == best)
+
+
+def fast() -> bool:
+    """Whether converting to QMatMul pays here: the library loads and runs its vector path."""
+    return path_name() == "avx512"
+
+
+def register(options: Any) -> None:
+    """Add the library's ``uniun.QMatMul`` to onnxruntime ``SessionOptions``."""
+    path = library()
+    if path is None or _lib() is None:
+        raise KernelMissing(
+            "this model was converted for the QMatMul kernel (models/qmatmul.c), and "
+            "this installation has no build of it: run bin/setup with a C compiler installed "
+            "(gcc), or convert the model again here (it then uses MatMulNBits)")
+    options.register_custom_ops_library(str(path))
+
+
+def prepare(options: Any, model_file: Path) -> set[str]:
+    """Register the library on ``options`` if ``model_file``'s graph uses the op; the
+    graph's operator types (read without importing onnx: ``models/onnx_ops.py``)."""
+    ops = op_types(model_file)
+    if OP_TYPE in ops:
+        register(options)
+    return ops
+
+
+def matmul(data: np.ndarray, fmt: str, n: int, k: int, x: np.ndarray,
+           residual: np.ndarray | None = None, *, path: str | None = None) -> np.ndarray:
+    """``x @ W.T (+ residual)`` for packed ``data`` (one thread; ``path`` None: the best)."""
+    lib = _lib()
+    if lib is None:
+        raise KernelMissing("the QMatMul library is not built (run bin/setup)")
+    x = np.ascontiguousarray(x, np.float32).reshape(-1, k)
+    m = x.shape[0]
+    y = np.empty((m, n), np.float32)
+    r = None if residual is None else np.ascontiguousarray(residual, np.float32).reshape(m, n)
+    data = np.ascontiguousarray(data, np.uint8)
+    want = -(-n // 16) * (k // 32) * lib.uniun_qmatmul_block_bytes(FORMATS[fmt])
+    if data.size != want:
+        raise ValueError(f"QMatMul: {data.size} bytes of {fmt} weights, [{n}, {k}] needs {want}")
+    code = -1 if path is None else PATHS[path]
+    rc = lib.uniun_qmatmul(FORMATS[fmt], code, data.ctypes.data, n, k, x.ctypes.data, m,
+                           None if r is None else r.ctypes.data, y.ctypes.data)
+    if rc != 0:
+        raise ValueError(f"QMatMul refused: format {fmt}, n {n}, k {k}, path {path}")
+    return y

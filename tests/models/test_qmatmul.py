@@ -1,0 +1,164 @@
+"""The QMatMul kernel (models/qmatmul.c) against an independent numpy reference.
+
+The reference does llama.cpp's arithmetic in float64 from the unpacked blocks: the
+activations quantised to 8 bits per 32 (scale amax / 127 rounded to fp16, codes rounded
+to nearest even, Q8_1's fp16 ``d * sum``), integer dot products per block, then
+``d_w * d_x * isum (+ m_w * s_x)``. The kernel must agree to float32 rounding, on every
+path this CPU has, for every format, with rows that do not fill a group of 16, several
+activation rows, and a residual.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from uniun.models import qmatmul
+from uniun.models.convert.decoder_spec import BlockQuantized
+from uniun.models.convert.qmatmul_pack import pack
+
+FORMATS = ("q4_0", "q4_1", "q8_0")
+SHAPES = [(40, 64, 1), (37, 96, 5), (576, 576, 3), (16, 32, 9)]  # n, k, activation rows
+
+
+def _paths() -> list[str]:
+    return ["scalar"] + (["avx512"] if qmatmul.path_name() == "avx512" else [])
+
+
+def random_blocks(fmt: str, n: int, k: int, seed: int = 0) -> BlockQuantized:
+    """A weight as the GGUF importer hands it over (MatMulNBits' codes, fp16 scales)."""
+    rng = np.random.default_rng(seed)
+    blocks = k // 32
+    d = (rng.random((n, blocks), np.float32) * 0.02 + 1e-3).astype(np.float16).astype(np.float32)
+    if fmt == "q8_0":
+        q = rng.integers(-127, 128, (n, k))
+        return BlockQuantized((q + 128).astype(np.uint8).reshape(n, blocks, 32), d, None, 8, 32,
+                              (n, k))
+    q = rng.integers(0, 16, (n, k)).astype(np.uint8)
+    packed = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(n, blocks, 16)
+    offsets = None
+    if fmt == "q4_1":
+        m = (-rng.random((n, blocks), np.float32) * 0.1).astype(np.float16).astype(np.float32)
+        offsets = (m + np.float32(8) * d).astype(np.float32)
+    return BlockQuantized(packed, d, offsets, 4, 32, (n, k))
+
+
+def reference(w: BlockQuantized, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
+    """llama.cpp's Q4_0 / Q4_1 / Q8_0 x Q8 dot products, in float64."""
+    n, k = w.shape
+    blocks = k // 32
+    xb = x.reshape(-1, blocks, 32)
+    amax = np.abs(xb).max(-1)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    xq = np.rint(xb * inv[..., None]).astype(np.int64)  # ties to even, as cvtps2dq
+    d_x = (amax / np.float32(127)).astype(np.float16).astype(np.float64)
+    s_x = ((amax / np.float32(127)) * xq.sum(-1).astype(np.float32)).astype(np.float16)
+    if w.bits == 8:
+        codes = w.packed.reshape(n, blocks, 32).astype(np.int64) - 128
+    else:
+        codes = np.stack([w.packed & 15, w.packed >> 4], -1).reshape(n, blocks, 32)
+        codes = codes.astype(np.int64) - (8 if w.offsets is None else 0)
+    isum = np.einsum("nbi,mbi->mnb", codes, xq).astype(np.float64)
+    y = (isum * w.scales.astype(np.float64)[None] * d_x[:, None, :]).sum(-1)
+    if w.offsets is not None:
+        mins = (w.offsets - np.float32(8) * w.scales).astype(np.float64)
+        y += (mins[None] * s_x.astype(np.float64)[:, None, :]).sum(-1)
+    return y if residual is None else y + residual
+
+
+def test_the_kernel_library_is_built_and_names_its_path() -> None:
+    assert qmatmul.library() is not None, "bin/setup did not build models/qmatmul.c"
+    assert qmatmul.path_name() in ("avx512", "scalar")
+
+
+@pytest.mark.parametrize("path", _paths())
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_every_format_and_path_matches_llama_cpps_arithmetic(fmt: str, path: str) -> None:
+    rng = np.random.default_rng(1)
+    for n, k, m in SHAPES:
+        w = random_blocks(fmt, n, k, seed=n)
+        packed = pack(w)
+        assert packed is not None and packed.format == fmt
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        r = rng.standard_normal((m, n)).astype(np.float32)
+        for residual in (None, r):
+            got = qmatmul.matmul(packed.data, fmt, n, k, x, residual, path=path)
+            want = reference(w, x, residual)
+            np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+
+
+def test_a_row_does_not_depend_on_the_rows_beside_it() -> None:
+    """A position's logits are the same in a one-token and a many-token pass (batched
+    resume replays rely on it: models/decoder_model.py, exact_replay)."""
+    w = random_blocks("q4_1", 100, 192)
+    packed = pack(w)
+    assert packed is not None
+    x = np.random.default_rng(2).standard_normal((7, 192)).astype(np.float32)
+    together = qmatmul.matmul(packed.data, "q4_1", 100, 192, x)
+    for i in range(7):
+        alone = qmatmul.matmul(packed.data, "q4_1", 100, 192, x[i:i + 1])
+        assert np.array_equal(alone[0], together[i])
+
+
+def test_blocks_the_layout_cannot_hold_exactly_are_refused() -> None:
+    w = random_blocks("q4_1", 32, 64)
+    kquant = BlockQuantized(w.packed, w.scales * np.float32(1.0001), w.offsets, 4, 32, w.shape)
+    assert pack(kquant) is None  # a scale fp16 cannot hold (a K-quant's d * sc)
+    assert pack(BlockQuantized(w.packed, w.scales, w.offsets, 4, 64, (32, 64))) is None
+    eight = random_blocks("q8_0", 32, 64)
+    assert pack(BlockQuantized(eight.packed, eight.scales, eight.scales, 8, 32, (32, 64))) is None
+    with pytest.raises(ValueError, match="needs"):
+        qmatmul.matmul(np.zeros(10, np.uint8), "q4_1", 32, 64, np.zeros((1, 64), np.float32))
+
+
+def _graph(packed_data: np.ndarray, n: int, k: int, fmt: str) -> bytes:
+    node = helper.make_node("QMatMul", ["x", "w", "r"], ["y"], domain="uniun", K=k, N=n,
+                            format=fmt)
+    graph = helper.make_graph(
+        [node], "qmatmul", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", "s", k]),
+                            helper.make_tensor_value_info("r", TensorProto.FLOAT, ["b", "s", n])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)],
+        [numpy_helper.from_array(packed_data, "w")])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("uniun", 1)])
+    return model.SerializeToString()
+
+
+def test_onnxruntime_runs_the_op_on_its_threads_as_the_kernel_does(tmp_path: Path) -> None:
+    w = random_blocks("q4_1", 300, 576)
+    packed = pack(w)
+    assert packed is not None
+    path = tmp_path / "model.onnx"
+    path.write_bytes(_graph(packed.data, 300, 576, "q4_1"))
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    assert qmatmul.OP_TYPE in qmatmul.prepare(options, path)
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((2, 5, 576)).astype(np.float32)
+    r = rng.standard_normal((2, 5, 300)).astype(np.float32)
+    [y] = session.run(None, {"x": x, "r": r})
+    assert y.shape == (2, 5, 300)
+    assert np.array_equal(y.reshape(10, 300), qmatmul.matmul(packed.data, "q4_1", 300, 576, x, r))
+
+    wrong = tmp_path / "wrong.onnx"  # blocks of another N: refused with a reason, no crash
+    wrong.write_bytes(_graph(packed.data, 320, 576, "q4_1"))
+    bad = ort.InferenceSession(str(wrong), options, providers=["CPUExecutionProvider"])
+    with pytest.raises(Exception, match="W's size does not match"):
+        bad.run(None, {"x": x, "r": np.zeros((2, 5, 320), np.float32)})
+
+
+def test_a_graph_that_needs_the_library_says_how_to_get_it(tmp_path: Path,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    w = pack(random_blocks("q8_0", 16, 32))
+    assert w is not None
+    path = tmp_path / "model.onnx"
+    path.write_bytes(_graph(w.data, 16, 32, "q8_0"))
+    monkeypatch.setattr(qmatmul, "library", lambda: None)
+    with pytest.raises(qmatmul.KernelMissing, match="bin/setup"):
+        qmatmul.prepare(ort.SessionOptions(), path)
