@@ -1,22 +1,25 @@
 /*
- * uniun.QMatMul: Y = X @ W^T (+ R) for weights kept in GGUF's own block formats (Q4_0, Q4_1,
- * Q8_0), as an onnxruntime custom operator.
+ * uniun.QMatMul: Y = X @ W^T (+ R) for weights kept in GGUF's block formats, as an
+ * onnxruntime custom operator.
  *
- * Why our own kernel (docs/models.md, "The QMatMul kernel"): onnxruntime's MatMulNBits has
- * no exact form for a Q4_1 block (d * q + m needs a fractional zero point), so the graph
- * ran a symmetric 4-bit matmul plus a correction matmul over block sums, and MLAS keeps a
+ * Why our own kernel (docs/models.md, "Weight format"): onnxruntime's MatMulNBits has no
+ * exact form for a Q4_1 block (d * q + m needs a fractional zero point), so the graph ran
+ * a symmetric 4-bit matmul plus a correction matmul over block sums, and MLAS keeps a
  * float32 scale and a float32 block sum per 32 weights: 133 MB read per SmolLM2 token
  * where llama.cpp reads 96. Here a block is what the GGUF file holds, d and m in fp16, and
  * one pass does the whole dot product the way llama.cpp does it: activations quantised to
  * 8 bits per 32 (ggml's Q8_0 / Q8_1 rounding), integer dot products, a float scale per block.
+ * Blocks fp16 cannot hold exactly (K-quants) keep float32 scales and offsets (the "f"
+ * formats below).
  *
  * Layout (written by models/convert/qmatmul_pack.py): rows in groups of 16 (the last group
  * padded with zero rows), and for each group and each 32-wide block along K:
- *   Q4_0, Q4_1: 256 bytes of codes, 4 chunks of 64; in chunk c, byte 4r+i holds row r's
- *               element 8c+i in its low nibble and element 8c+4+i in its high nibble;
- *               then 16 fp16 scales d (one per row); Q4_1 then 16 fp16 minimums m.
- *   Q8_0:       512 bytes of codes, 8 chunks of 64; in chunk c, byte 4r+i holds row r's
- *               element 4c+i plus 128 (as an unsigned byte); then 16 fp16 scales.
+ *   4-bit codes: 256 bytes, 4 chunks of 64; in chunk c, byte 4r+i holds row r's element
+ *                8c+i in its low nibble and element 8c+4+i in its high nibble;
+ *   8-bit codes: 512 bytes, 8 chunks of 64; in chunk c, byte 4r+i holds row r's element
+ *                4c+i (as an unsigned byte: Q8_0's q + 128);
+ *   then the 16 rows' scales (fp16, or float32 for the "f" formats), then, for formats
+ *   with an offset, the 16 rows' offsets in the same type.
  * So one 64-byte load holds four consecutive elements of 16 rows, which is the shape of
  * AVX-512 VNNI's vpdpbusd (16 lanes of 4 u8 x s8 products): the 16 outputs of a group
  * accumulate in one register, with no horizontal sums.
@@ -44,19 +47,40 @@
 
 /* ---- formats --------------------------------------------------------------------------- */
 
-enum { FMT_Q4_0 = 0, FMT_Q4_1 = 1, FMT_Q8_0 = 2 };
+/* A block along K is 32 codes of 4 or 8 bits, a scale per row and, for some formats, an
+ * offset per row: value = (code - zp) * scale + offset. The fp16 formats are GGUF's own
+ * (Q4_0, Q4_1 with zp 0 and offset m, Q8_0; Q5_0 arrives as 8-bit codes q + 112); the
+ * "f" formats keep float32 scales and offsets, for blocks fp16 cannot hold exactly (a
+ * K-quant sub-block's d * sc, dmin * m; Q5_1, Q6_K's codes in 8 bits). */
+typedef struct {
+  const char* name;
+  int bits;    /* 4 or 8 */
+  int zp;      /* subtracted from each code */
+  int f32;     /* scales (and offsets) are float32, else fp16 */
+  int offset;  /* a per-row offset follows the scales */
+} Format;
+
+static const Format FORMATS[] = {
+    {"q4_0", 4, 8, 0, 0},  {"q4_1", 4, 0, 0, 1},  {"q8_0", 8, 128, 0, 0},
+    {"q4_0f", 4, 8, 1, 0}, {"q4_1f", 4, 8, 1, 1}, {"q8_0f", 8, 128, 1, 0},
+    {"q8_1f", 8, 128, 1, 1},
+};
+#define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
+enum { FMT_Q4_0 = 0, FMT_Q4_1 = 1, FMT_Q8_0 = 2, FMT_Q4_0F, FMT_Q4_1F, FMT_Q8_0F, FMT_Q8_1F };
 enum { PATH_SCALAR = 0, PATH_AVX512 = 1 };
 
 #define GROUP 16  /* rows per group */
 #define QK 32     /* elements per block */
 
+static int valid_format(int fmt) { return fmt >= 0 && fmt < N_FORMATS; }
+
+static size_t code_bytes(const Format* f) { return f->bits == 4 ? 256 : 512; }
+static size_t scale_bytes(const Format* f) { return GROUP * (f->f32 ? 4 : 2); }
+
 static size_t block_bytes(int fmt) {
-  switch (fmt) {
-    case FMT_Q4_0: return 256 + 32;
-    case FMT_Q4_1: return 256 + 64;
-    case FMT_Q8_0: return 512 + 32;
-    default: return 0;
-  }
+  if (!valid_format(fmt)) return 0;
+  const Format* f = &FORMATS[fmt];
+  return code_bytes(f) + scale_bytes(f) * (f->offset ? 2 : 1);
 }
 
 static float half_to_float(uint16_t h) {
@@ -137,11 +161,29 @@ typedef struct {
   float* y;          /* [m][n] */
 } Job;
 
-/* Rows of group g, scalar: the reference the vector path must match bit for bit in its
- * integer part (the float accumulation order differs). */
+static float scale_at(const Format* f, const uint8_t* p, int row) {
+  if (f->f32) {
+    float v;
+    memcpy(&v, p + 4 * row, 4);
+    return v;
+  }
+  uint16_t h;
+  memcpy(&h, p + 2 * row, 2);
+  return half_to_float(h);
+}
+
+/* The x-side factor of a block's offset term: ggml's Q8_1 s (fp16 of d * sum) for Q4_1,
+ * so that it is llama.cpp's arithmetic; d * sum in float32 for the float32 formats. */
+static float offset_factor(const Job* j, const Format* f, size_t xb) {
+  return f->f32 ? j->xd[xb] * (float)j->xsum[xb] : j->xs[xb];
+}
+
+/* Rows of groups [g0, g1), scalar: the portable path, and the reference the vector path
+ * must match in its integer part (the float accumulation order differs). */
 static void groups_scalar(const Job* j, int g0, int g1) {
+  const Format* f = &FORMATS[j->fmt];
   const int nb = j->k / QK;
-  const size_t bb = block_bytes(j->fmt);
+  const size_t bb = block_bytes(j->fmt), cb = code_bytes(f), sb = scale_bytes(f);
   for (int g = g0; g < g1; g++) {
     for (int row = 0; row < GROUP; row++) {
       const int n = g * GROUP + row;
@@ -153,13 +195,10 @@ static void groups_scalar(const Job* j, int g0, int g1) {
           const uint8_t* blk = j->w + ((size_t)g * nb + b) * bb;
           const size_t xb = (size_t)mi * nb + b;
           int32_t isum = 0;
-          uint16_t dh, mh;
-          if (j->fmt == FMT_Q8_0) {
+          if (f->bits == 8) {
             for (int c = 0; c < 8; c++)
               for (int i = 0; i < 4; i++)
                 isum += (int32_t)blk[64 * c + 4 * row + i] * xq[b * QK + 4 * c + i];
-            isum -= 128 * j->xsum[xb];
-            memcpy(&dh, blk + 512 + 2 * row, 2);
           } else {
             for (int c = 0; c < 4; c++)
               for (int i = 0; i < 4; i++) {
@@ -167,14 +206,10 @@ static void groups_scalar(const Job* j, int g0, int g1) {
                 isum += (int32_t)(byte & 15) * xq[b * QK + 8 * c + i];
                 isum += (int32_t)(byte >> 4) * xq[b * QK + 8 * c + 4 + i];
               }
-            if (j->fmt == FMT_Q4_0) isum -= 8 * j->xsum[xb];
-            memcpy(&dh, blk + 256 + 2 * row, 2);
           }
-          acc = fmaf((float)isum, half_to_float(dh) * j->xd[xb], acc);
-          if (j->fmt == FMT_Q4_1) {
-            memcpy(&mh, blk + 288 + 2 * row, 2);
-            acc = fmaf(half_to_float(mh), j->xs[xb], acc);
-          }
+          isum -= f->zp * j->xsum[xb];
+          acc = fmaf((float)isum, scale_at(f, blk + cb, row) * j->xd[xb], acc);
+          if (f->offset) acc = fmaf(scale_at(f, blk + cb + sb, row), offset_factor(j, f, xb), acc);
         }
         j->y[(size_t)mi * j->n + n] = acc;
       }
@@ -184,12 +219,20 @@ static void groups_scalar(const Job* j, int g0, int g1) {
 
 #ifdef QMM_X86
 #define MT 4 /* activation rows per pass over a group's weights */
+#define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
 
-__attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c")))
-static void groups_avx512(const Job* j, int g0, int g1) {
+AVX512 static inline __m512 load_scales(int f32, const uint8_t* p) {
+  return f32 ? _mm512_loadu_ps(p) : _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)p));
+}
+
+/* One format's loop; always inlined with constant (bits, zp, f32, offset), so each format
+ * gets its own code with the branches folded away. */
+AVX512 static inline __attribute__((always_inline)) void groups_avx512_as(
+    const Job* j, int g0, int g1, const int bits, const int zp, const int f32,
+    const int offset) {
   const int nb = j->k / QK;
-  const size_t bb = block_bytes(j->fmt);
-  const int fmt = j->fmt;
+  const size_t cb = bits == 4 ? 256 : 512, sb = GROUP * (f32 ? 4 : 2);
+  const size_t bb = cb + sb * (offset ? 2 : 1);
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int g = g0; g < g1; g++) {
     const int left = j->n - g * GROUP;
@@ -205,46 +248,50 @@ static void groups_avx512(const Job* j, int g0, int g1) {
       for (int b = 0; b < nb; b++) {
         const uint8_t* blk = wg + (size_t)b * bb;
         __m512i w[8];
-        __m512 dw, mw = _mm512_setzero_ps();
-        if (fmt == FMT_Q8_0) {
+        if (bits == 8) {
           for (int c = 0; c < 8; c++) w[c] = _mm512_loadu_si512(blk + 64 * c);
-          dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 512)));
         } else {
           for (int c = 0; c < 4; c++) {
             const __m512i v = _mm512_loadu_si512(blk + 64 * c);
             w[2 * c] = _mm512_and_si512(v, low);
             w[2 * c + 1] = _mm512_and_si512(_mm512_srli_epi16(v, 4), low);
           }
-          dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 256)));
-          if (fmt == FMT_Q4_1)
-            mw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i*)(blk + 288)));
         }
+        const __m512 dw = load_scales(f32, blk + cb);
+        const __m512 mw = offset ? load_scales(f32, blk + cb + sb) : _mm512_setzero_ps();
         for (int t = 0; t < mt; t++) {
           const size_t xb = (size_t)(m0 + t) * nb + b;
-          const int8_t* xq = j->xq + (size_t)(m0 + t) * j->k + b * QK;
           int32_t g4[8];
-          memcpy(g4, xq, 32); /* the block's 8 groups of 4 activations */
+          memcpy(g4, j->xq + (size_t)(m0 + t) * j->k + b * QK, 32); /* 8 groups of 4 */
+          /* Chunk c of 4-bit codes holds groups 2c (low nibbles) and 2c + 1 (high); of
+           * 8-bit codes, group c. Either way w[i] pairs with activation group i. */
           __m512i isum = _mm512_setzero_si512();
-          if (fmt == FMT_Q8_0) {
-            for (int c = 0; c < 8; c++)
-              isum = _mm512_dpbusd_epi32(isum, w[c], _mm512_set1_epi32(g4[c]));
-            isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(128 * j->xsum[xb]));
-          } else {
-            for (int c = 0; c < 4; c++) {
-              isum = _mm512_dpbusd_epi32(isum, w[2 * c], _mm512_set1_epi32(g4[2 * c]));
-              isum = _mm512_dpbusd_epi32(isum, w[2 * c + 1], _mm512_set1_epi32(g4[2 * c + 1]));
-            }
-            if (fmt == FMT_Q4_0)
-              isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(8 * j->xsum[xb]));
-          }
+          for (int i = 0; i < 8; i++)
+            isum = _mm512_dpbusd_epi32(isum, w[i], _mm512_set1_epi32(g4[i]));
+          if (zp) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(zp * j->xsum[xb]));
           const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(j->xd[xb]));
           acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
-          if (fmt == FMT_Q4_1) acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(j->xs[xb]), acc[t]);
+          if (offset) {
+            const float xo = f32 ? j->xd[xb] * (float)j->xsum[xb] : j->xs[xb];
+            acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(xo), acc[t]);
+          }
         }
       }
       for (int t = 0; t < mt; t++)
         _mm512_mask_storeu_ps(j->y + (size_t)(m0 + t) * j->n + g * GROUP, mask, acc[t]);
     }
+  }
+}
+
+AVX512 static void groups_avx512(const Job* j, int g0, int g1) {
+  switch (j->fmt) {
+    case FMT_Q4_0: groups_avx512_as(j, g0, g1, 4, 8, 0, 0); break;
+    case FMT_Q4_1: groups_avx512_as(j, g0, g1, 4, 0, 0, 1); break;
+    case FMT_Q8_0: groups_avx512_as(j, g0, g1, 8, 128, 0, 0); break;
+    case FMT_Q4_0F: groups_avx512_as(j, g0, g1, 4, 8, 1, 0); break;
+    case FMT_Q4_1F: groups_avx512_as(j, g0, g1, 4, 8, 1, 1); break;
+    case FMT_Q8_0F: groups_avx512_as(j, g0, g1, 8, 128, 1, 0); break;
+    default: groups_avx512_as(j, g0, g1, 8, 128, 1, 1); break;
   }
 }
 #endif
@@ -517,9 +564,12 @@ static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api,
   TRY(API_FN(SLOT_KernelInfoGetAttribute_string, OrtStatus* (*)(const OrtKernelInfo*,
                                                                  const char*, char*, size_t*))(
       info, "format", fmt, &fmt_size));
-  int f = !strcmp(fmt, "q4_0") ? FMT_Q4_0 : !strcmp(fmt, "q4_1") ? FMT_Q4_1
-        : !strcmp(fmt, "q8_0") ? FMT_Q8_0 : -1;
-  if (f < 0) return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: format is not q4_0, q4_1 or q8_0");
+  int f = -1;
+  for (int i = 0; i < N_FORMATS; i++)
+    if (!strcmp(fmt, FORMATS[i].name)) f = i;
+  if (f < 0)
+    return status(ORT_INVALID_ARGUMENT,
+                  "uniun.QMatMul: format is not q4_0, q4_1, q8_0, q4_0f, q4_1f, q8_0f or q8_1f");
   if (n <= 0 || k <= 0 || k % QK || n > (1 << 30) || k > (1 << 20))
     return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: bad N or K (K must be a multiple of 32)");
   Kernel* kn = calloc(1, sizeof *kn);

@@ -2,7 +2,7 @@
 
 ``models/qmatmul.c`` is built by ``bin/setup`` (``pip install -e .``) into
 ``models/_qmatmul*.so``: an onnxruntime custom-operator library (op ``uniun.QMatMul``:
-Q4_0 / Q4_1 / Q8_0 blocks as the GGUF file has them, activations in 8 bits, docs/models.md).
+4- and 8-bit blocks as the GGUF file has them, activations in 8 bits, docs/models.md).
 It is optional: without a C compiler the install succeeds without it, and the converter
 then writes ``MatMulNBits`` graphs, as before.
 
@@ -30,7 +30,10 @@ __all__ = ["OP_TYPE", "DOMAIN", "DATA_FILE", "FORMATS", "KernelMissing", "librar
 OP_TYPE = "QMatMul"
 DOMAIN = "uniun"
 DATA_FILE = "model.qblocks.data"  # a converted model's QMatMul blocks (read in place)
-FORMATS = {"q4_0": 0, "q4_1": 1, "q8_0": 2}
+# Codes (4 or 8 bits) minus a zero point, times a scale, plus an offset (qmatmul.c): the
+# fp16 formats are GGUF's Q4_0, Q4_1, Q8_0 (and Q5_0 as 8-bit codes); the "f" formats hold
+# float32 scales and offsets, for what fp16 cannot (K-quants, Q5_1).
+FORMATS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_0f": 3, "q4_1f": 4, "q8_0f": 5, "q8_1f": 6}
 PATHS = {"scalar": 0, "avx512": 1}
 
 

@@ -1,14 +1,23 @@
-"""Weights in the ``uniun.QMatMul`` layout: GGUF's own Q4_0 / Q4_1 / Q8_0 blocks, regrouped.
+"""Weights in the ``uniun.QMatMul`` layout: GGUF's blocks, regrouped for the kernel.
 
 Why apart from the graph builder: this is the one place that knows the byte layout the
-C kernel reads (``models/qmatmul.c`` documents it: rows in groups of 16; per
-group and 32-wide block, the codes of the 16 rows interleaved four elements at a time,
-then their fp16 scales and, for Q4_1, their fp16 minimums). Everything here is numpy and
-runs once, at conversion.
+C kernel reads (``models/qmatmul.c`` documents it: rows in groups of 16; per group and
+32-wide block, the codes of the 16 rows interleaved four elements at a time, then their
+scales and, where the format has one, their offsets). Everything here is numpy and runs
+once, at conversion.
 
-Only blocks the layout holds *exactly* are packed: a scale or minimum that fp16 cannot
-hold (a K-quant's ``d * sc`` product, or a folded 1/sqrt(head_dim) that underflows) makes
-:func:`pack` return ``None``, and the builder keeps ``MatMulNBits`` for that weight.
+Every block is kept exactly. A weight arrives as a :class:`BlockQuantized`, value =
+``(code - 2 ** (bits - 1)) * scale + offset``:
+
+- fp16 holds the scales (and Q4_1's ``m = offset - 8 * scale``): GGUF's own Q4_0, Q4_1,
+  Q8_0 (and Q5_0, whose codes arrive as 8-bit ``q + 112``): ``q4_0``, ``q4_1``, ``q8_0``,
+  read as llama.cpp reads them;
+- otherwise (a K-quant sub-block's ``d * sc`` and ``dmin * m``, Q5_1's ``m + 16 d``):
+  ``q4_0f``, ``q4_1f``, ``q8_0f``, ``q8_1f``, with float32 scales and offsets, the
+  importer's values as they are.
+
+:func:`pack` returns None only for what the kernel does not take (blocks other than 32
+along K, other bit widths); the builder keeps ``MatMulNBits`` for those.
 """
 
 from __future__ import annotations
@@ -19,11 +28,10 @@ import numpy as np
 
 from uniun.models.convert.decoder_spec import BlockQuantized
 
-__all__ = ["BLOCK", "FORMATS", "GROUP", "PackedWeight", "pack"]
+__all__ = ["PackedWeight", "pack", "GROUP", "BLOCK"]
 
 GROUP = 16  # rows per group
 BLOCK = 32  # elements per block along K
-FORMATS = ("q4_0", "q4_1", "q8_0")
 
 
 @dataclass(frozen=True)
@@ -43,7 +51,7 @@ def _fp16_exact(values: np.ndarray) -> np.ndarray | None:
 
 
 def _codes(w: BlockQuantized) -> np.ndarray:
-    """The unsigned codes [n, k] (4-bit: 0..15; 8-bit: q + 128), element order along k."""
+    """The unsigned codes [n, k] (4-bit: 0..15; 8-bit: 0..255), element order along k."""
     n, k = w.shape
     if w.bits == 8:
         return w.packed.reshape(n, -1)[:, :k]
@@ -59,44 +67,57 @@ def _by_group(a: np.ndarray, groups: int) -> np.ndarray:
     return a.reshape((groups, GROUP) + a.shape[1:])
 
 
+def _q4_1_mins(w: BlockQuantized, scales: np.ndarray) -> np.ndarray | None:
+    """Q4_1's fp16 ``m`` (value = d * q + m), if it gives back ``w.offsets`` exactly."""
+    assert w.offsets is not None
+    mins = _fp16_exact((w.offsets - np.float32(8) * w.scales).astype(np.float32))
+    if mins is None or not np.array_equal(
+            mins.astype(np.float32) + np.float32(8) * scales.astype(np.float32), w.offsets):
+        return None
+    return mins
+
+
+def _format(w: BlockQuantized) -> tuple[str, np.ndarray, np.ndarray | None]:
+    """The format that holds ``w`` exactly, its scales and offsets in that format's type."""
+    scales = np.asarray(w.scales, np.float32)
+    offsets = None if w.offsets is None else np.asarray(w.offsets, np.float32)
+    half = _fp16_exact(scales)
+    base = "q4" if w.bits == 4 else "q8"
+    if half is not None and offsets is None:
+        return f"{base}_0", half, None
+    if half is not None and w.bits == 4 and offsets is not None:
+        mins = _q4_1_mins(w, half)
+        if mins is not None:
+            return "q4_1", half, mins
+    return (f"{base}_0f" if offsets is None else f"{base}_1f"), scales, offsets
+
+
 def pack(w: BlockQuantized) -> PackedWeight | None:
-    """``w`` in the QMatMul layout, or None if the layout cannot hold it exactly."""
+    """``w`` in the QMatMul layout, or None if the kernel does not take it."""
     n, k = w.shape
     if w.block_size != BLOCK or k % BLOCK or w.bits not in (4, 8):
         return None
-    if w.bits == 8 and w.offsets is not None:
-        return None
-    scales = _fp16_exact(np.asarray(w.scales, np.float32))
-    if scales is None:
-        return None
-    mins = None
-    if w.offsets is not None:  # value = (q - 8) * d + offset = d * q + m, m = offset - 8 d
-        m = (np.asarray(w.offsets, np.float32) - np.float32(8) * w.scales).astype(np.float32)
-        mins = _fp16_exact(m)
-        if mins is None or not np.array_equal(
-                mins.astype(np.float32) + np.float32(8) * scales.astype(np.float32), w.offsets):
-            return None
+    fmt, scales, offsets = _format(w)
     groups, blocks = -(-n // GROUP), k // BLOCK
     codes = _by_group(_codes(w), groups)  # [g, 16, k]
     if w.bits == 8:
-        fmt = "q8_0"
         # [g, r, b, c, i] -> [g, b, c, r, i]: chunk c holds element 4c+i of the 16 rows
         body = codes.reshape(groups, GROUP, blocks, 8, 4).transpose(0, 2, 3, 1, 4)
         body = body.reshape(groups, blocks, 512)
     else:
-        fmt = "q4_0" if mins is None else "q4_1"
         # element 8c + 4h + i: h = 0 in the low nibble, h = 1 in the high one
         c = codes.reshape(groups, GROUP, blocks, 4, 2, 4).transpose(0, 2, 3, 1, 4, 5)
         body = (c[..., 0, :] | (c[..., 1, :] << 4)).astype(np.uint8)
         body = body.reshape(groups, blocks, 256)
-    parts = [body, _scales_by_block(scales, groups)]
-    if mins is not None:
-        parts.append(_scales_by_block(mins, groups))
+    parts = [body, _per_block(scales, groups)]
+    if offsets is not None:
+        parts.append(_per_block(offsets, groups))
     data = np.ascontiguousarray(np.concatenate(parts, axis=-1), np.uint8)
     return PackedWeight(data, fmt, n, k)
 
 
-def _scales_by_block(half: np.ndarray, groups: int) -> np.ndarray:
-    """fp16 [n, blocks] -> the bytes [groups, blocks, 32] of each block's 16 values."""
-    by = _by_group(half, groups).transpose(0, 2, 1)  # [g, b, 16]
-    return np.ascontiguousarray(by).view(np.uint8).reshape(groups, by.shape[1], 32)
+def _per_block(values: np.ndarray, groups: int) -> np.ndarray:
+    """[n, blocks] values (fp16 or float32) -> the bytes [groups, blocks, 16 * size] of each
+    block's 16 rows."""
+    by = np.ascontiguousarray(_by_group(values, groups).transpose(0, 2, 1))  # [g, b, 16]
+    return by.view(np.uint8).reshape(groups, by.shape[1], -1)

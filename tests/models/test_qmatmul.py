@@ -21,7 +21,7 @@ from uniun.models import qmatmul
 from uniun.models.convert.decoder_spec import BlockQuantized
 from uniun.models.convert.qmatmul_pack import pack
 
-FORMATS = ("q4_0", "q4_1", "q8_0")
+FORMATS = ("q4_0", "q4_1", "q8_0", "q4_0f", "q4_1f", "q8_0f", "q8_1f")
 SHAPES = [(40, 64, 1), (37, 96, 5), (576, 576, 3), (16, 32, 9)]  # n, k, activation rows
 
 
@@ -30,25 +30,35 @@ def _paths() -> list[str]:
 
 
 def random_blocks(fmt: str, n: int, k: int, seed: int = 0) -> BlockQuantized:
-    """A weight as the GGUF importer hands it over (MatMulNBits' codes, fp16 scales)."""
+    """A weight as the GGUF importer hands it over: fp16 scales for GGUF's own formats,
+    float32 ones (a K-quant's ``d * sc``) for the "f" formats."""
     rng = np.random.default_rng(seed)
     blocks = k // 32
-    d = (rng.random((n, blocks), np.float32) * 0.02 + 1e-3).astype(np.float16).astype(np.float32)
-    if fmt == "q8_0":
-        q = rng.integers(-127, 128, (n, k))
-        return BlockQuantized((q + 128).astype(np.uint8).reshape(n, blocks, 32), d, None, 8, 32,
-                              (n, k))
+    d = rng.random((n, blocks), np.float32) * np.float32(0.02) + np.float32(1e-3)
+    if not fmt.endswith("f"):
+        d = d.astype(np.float16).astype(np.float32)
+    offsets = None
+    if fmt in ("q4_1", "q4_1f", "q8_1f"):
+        m = -rng.random((n, blocks), np.float32) * np.float32(0.1)
+        if fmt == "q4_1":
+            m = m.astype(np.float16).astype(np.float32)
+        offsets = (m + np.float32(8) * d).astype(np.float32) if fmt == "q4_1" else m
+    if fmt.startswith("q8"):
+        codes = rng.integers(1, 256, (n, k)).astype(np.uint8)
+        return BlockQuantized(codes.reshape(n, blocks, 32), d, offsets, 8, 32, (n, k))
     q = rng.integers(0, 16, (n, k)).astype(np.uint8)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(n, blocks, 16)
-    offsets = None
-    if fmt == "q4_1":
-        m = (-rng.random((n, blocks), np.float32) * 0.1).astype(np.float16).astype(np.float32)
-        offsets = (m + np.float32(8) * d).astype(np.float32)
     return BlockQuantized(packed, d, offsets, 4, 32, (n, k))
 
 
-def reference(w: BlockQuantized, x: np.ndarray, residual: np.ndarray | None) -> np.ndarray:
-    """llama.cpp's Q4_0 / Q4_1 / Q8_0 x Q8 dot products, in float64."""
+def reference(w: BlockQuantized, fmt: str, x: np.ndarray,
+              residual: np.ndarray | None) -> np.ndarray:
+    """llama.cpp's dot products of these blocks with Q8 activations, in float64.
+
+    Activations: 8 bits per 32, scale amax / 127 kept in fp16, codes rounded to nearest
+    even. Q4_1 is llama.cpp's ``d * isum * d_x + m * s_x`` with Q8_1's fp16 ``s_x``; every
+    other format is ``(code - zero point) . x_q * scale * d_x (+ offset * d_x * sum x_q)``.
+    """
     n, k = w.shape
     blocks = k // 32
     xb = x.reshape(-1, blocks, 32)
@@ -57,17 +67,22 @@ def reference(w: BlockQuantized, x: np.ndarray, residual: np.ndarray | None) -> 
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     xq = np.rint(xb * inv[..., None]).astype(np.int64)  # ties to even, as cvtps2dq
     d_x = (amax / np.float32(127)).astype(np.float16).astype(np.float64)
-    s_x = ((amax / np.float32(127)) * xq.sum(-1).astype(np.float32)).astype(np.float16)
     if w.bits == 8:
-        codes = w.packed.reshape(n, blocks, 32).astype(np.int64) - 128
+        codes = w.packed.reshape(n, blocks, 32).astype(np.int64)
     else:
         codes = np.stack([w.packed & 15, w.packed >> 4], -1).reshape(n, blocks, 32)
-        codes = codes.astype(np.int64) - (8 if w.offsets is None else 0)
+        codes = codes.astype(np.int64)
+    scales = w.scales.astype(np.float64)
+    if fmt == "q4_1":
+        s_x = ((amax / np.float32(127)) * xq.sum(-1).astype(np.float32)).astype(np.float16)
+        offsets, x_offset = w.offsets - np.float32(8) * w.scales, s_x.astype(np.float64)
+    else:
+        codes = codes - 2 ** (w.bits - 1)
+        offsets, x_offset = w.offsets, d_x * xq.sum(-1)
     isum = np.einsum("nbi,mbi->mnb", codes, xq).astype(np.float64)
-    y = (isum * w.scales.astype(np.float64)[None] * d_x[:, None, :]).sum(-1)
-    if w.offsets is not None:
-        mins = (w.offsets - np.float32(8) * w.scales).astype(np.float64)
-        y += (mins[None] * s_x.astype(np.float64)[:, None, :]).sum(-1)
+    y = (isum * scales[None] * d_x[:, None, :]).sum(-1)
+    if offsets is not None:
+        y += (offsets.astype(np.float64)[None] * x_offset[:, None, :]).sum(-1)
     return y if residual is None else y + residual
 
 
@@ -88,7 +103,7 @@ def test_every_format_and_path_matches_llama_cpps_arithmetic(fmt: str, path: str
         r = rng.standard_normal((m, n)).astype(np.float32)
         for residual in (None, r):
             got = qmatmul.matmul(packed.data, fmt, n, k, x, residual, path=path)
-            want = reference(w, x, residual)
+            want = reference(w, fmt, x, residual)
             np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
 
 
@@ -105,13 +120,15 @@ def test_a_row_does_not_depend_on_the_rows_beside_it() -> None:
         assert np.array_equal(alone[0], together[i])
 
 
-def test_blocks_the_layout_cannot_hold_exactly_are_refused() -> None:
+def test_blocks_fp16_cannot_hold_keep_float32_scales_and_others_are_refused() -> None:
     w = random_blocks("q4_1", 32, 64)
     kquant = BlockQuantized(w.packed, w.scales * np.float32(1.0001), w.offsets, 4, 32, w.shape)
-    assert pack(kquant) is None  # a scale fp16 cannot hold (a K-quant's d * sc)
+    packed = pack(kquant)  # a scale fp16 cannot hold (a K-quant's d * sc): float32 scales
+    assert packed is not None and packed.format == "q4_1f"
+    x = np.random.default_rng(4).standard_normal((2, 64)).astype(np.float32)
+    np.testing.assert_allclose(qmatmul.matmul(packed.data, "q4_1f", 32, 64, x),
+                               reference(kquant, "q4_1f", x, None), rtol=2e-6, atol=1e-5)
     assert pack(BlockQuantized(w.packed, w.scales, w.offsets, 4, 64, (32, 64))) is None
-    eight = random_blocks("q8_0", 32, 64)
-    assert pack(BlockQuantized(eight.packed, eight.scales, eight.scales, 8, 32, (32, 64))) is None
     with pytest.raises(ValueError, match="needs"):
         qmatmul.matmul(np.zeros(10, np.uint8), "q4_1", 32, 64, np.zeros((1, 64), np.float32))
 
