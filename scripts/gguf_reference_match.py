@@ -57,6 +57,7 @@ def main() -> None:
     from transformers import AutoTokenizer
 
     from tests.models.numpy_reference import load_gguf
+    from uniun.models import qmatmul
 
     ap = argparse.ArgumentParser()
     ap.add_argument("gguf", type=Path)
@@ -69,6 +70,7 @@ def main() -> None:
     tok = AutoTokenizer.from_pretrained(str(args.folder))
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = 2
+    qmatmul.prepare(opts, args.folder / "model.onnx")
     sess = ort.InferenceSession(str(args.folder / "model.onnx"), opts,
                                 providers=["CPUExecutionProvider"])
     ref = load_gguf(args.gguf)

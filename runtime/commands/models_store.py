@@ -63,6 +63,7 @@ def _import_gguf(args: argparse.Namespace) -> int:
     import time
 
     from uniun.models.convert.gguf_import import import_gguf
+    from uniun.models.onnx_ops import op_types
 
     started = time.monotonic()
     store = _store()
@@ -70,8 +71,10 @@ def _import_gguf(args: argparse.Namespace) -> int:
                        progress=sys.stderr.isatty())
     manifest = store.manifest(path.name)
     size = sum(f["size"] for f in manifest.get("files", {}).values())
+    ops = op_types(path / "model.onnx")
+    kernels = " and ".join(k for k in ("QMatMul", "MatMulNBits") if k in ops) or "float32"
     print(f"{path.name}: {path}\n  {manifest.get('architecture')}, weights "
-          f"{manifest.get('weight_format')} (mapped exactly onto MatMulNBits / float32; "
+          f"{manifest.get('weight_format')} (kept exactly, run by {kernels}; "
           f"5-bit codes stored in 8 bits), {size / 1e6:.1f} MB, "
           f"{time.monotonic() - started:.1f} s")
     return 0

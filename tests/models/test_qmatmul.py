@@ -56,8 +56,9 @@ def reference(w: BlockQuantized, fmt: str, x: np.ndarray,
     """llama.cpp's dot products of these blocks with Q8 activations, in float64.
 
     Activations: 8 bits per 32, scale amax / 127 kept in fp16, codes rounded to nearest
-    even. Q4_1 is llama.cpp's ``d * isum * d_x + m * s_x`` with Q8_1's fp16 ``s_x``; every
-    other format is ``(code - zero point) . x_q * scale * d_x (+ offset * d_x * sum x_q)``.
+    even. Q4_1 is llama.cpp's ``d * isum * d_x + m * s_x``, with ``s_x = d_x * sum x_q`` in
+    float (llama.cpp rounds it to fp16: see qmatmul.c); every other format is
+    ``(code - zero point) . x_q * scale * d_x (+ offset * d_x * sum x_q)``.
     """
     n, k = w.shape
     blocks = k // 32
@@ -73,12 +74,12 @@ def reference(w: BlockQuantized, fmt: str, x: np.ndarray,
         codes = np.stack([w.packed & 15, w.packed >> 4], -1).reshape(n, blocks, 32)
         codes = codes.astype(np.int64)
     scales = w.scales.astype(np.float64)
-    if fmt == "q4_1":
-        s_x = ((amax / np.float32(127)) * xq.sum(-1).astype(np.float32)).astype(np.float16)
-        offsets, x_offset = w.offsets - np.float32(8) * w.scales, s_x.astype(np.float64)
+    offsets = w.offsets
+    if fmt == "q4_1":  # d * q + m, m = offset - 8 d
+        offsets = w.offsets - np.float32(8) * w.scales
     else:
         codes = codes - 2 ** (w.bits - 1)
-        offsets, x_offset = w.offsets, d_x * xq.sum(-1)
+    x_offset = d_x * xq.sum(-1)
     isum = np.einsum("nbi,mbi->mnb", codes, xq).astype(np.float64)
     y = (isum * scales[None] * d_x[:, None, :]).sum(-1)
     if offsets is not None:
