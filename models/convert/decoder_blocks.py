@@ -50,9 +50,8 @@ def rope_tables(config: DecoderConfig, base: float | None = None
 class GraphBuilder:
     """Collects nodes and initializers; names every intermediate uniquely.
 
-    ``qmatmul``: write block-quantized weights that :func:`pack` holds exactly as
-    ``uniun.QMatMul`` nodes (our kernel, GGUF's own blocks); the rest, and every weight
-    when False, as ``MatMulNBits``.
+    ``qmatmul``: write the block-quantized weights our kernel takes (:func:`pack`) as
+    ``uniun.QMatMul`` nodes; the rest, and every weight when False, as ``MatMulNBits``.
     """
 
     def __init__(self, *, qmatmul: bool = False) -> None:
@@ -120,8 +119,8 @@ class GraphBuilder:
         return self.op("Split", [y, sizes], f"{name}.part", outputs=len(weights), axis=-1)
 
     def _qmatmul(self, x: str, w: PackedWeight, name: str, residual: str | None) -> str:
-        """``[residual +] x @ w.T`` in one ``uniun.QMatMul``: the whole Q4_1 dot product
-        (offset term included) and the residual add in one node."""
+        """``[residual +] x @ w.T`` in one ``uniun.QMatMul``: the whole dot product (a Q4_1
+        block's offset term included) and the residual add in one node."""
         blocks = self.const(f"{name}{QBLOCKS_SUFFIX}", w.data)
         inputs = [x, blocks] + ([residual] if residual is not None else [])
         return self.op(qmatmul.OP_TYPE, inputs, name, domain=qmatmul.DOMAIN, K=w.k, N=w.n,

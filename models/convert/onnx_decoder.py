@@ -59,7 +59,7 @@ from uniun.models.convert.decoder_blocks import (
     scaled,
 )
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Progress, Weight
-from uniun.models.convert.qmatmul_pack import pack
+from uniun.models.convert.qmatmul_pack import packable
 
 __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNAL_DATA_NAME"]
 
@@ -103,10 +103,10 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
     and sliding-window layers) are built with ``"matmul"`` whatever is asked: see
     :func:`uses_gqa`. ``logits`` holds the last position only: nothing reads the others,
     and the head over every prompt position was a fifth of a prefill's work.
-    ``weight_op``: ``"qmatmul"`` (block-quantized weights in GGUF's own Q4_0 / Q4_1 / Q8_0
-    blocks, our ``uniun.QMatMul`` kernel), ``"matmulnbits"`` (onnxruntime's
-    ``MatMulNBits``) or ``"auto"`` (QMatMul where its library runs its vector path here:
-    :func:`uniun.models.qmatmul.fast`).
+    ``weight_op``: ``"qmatmul"`` (4- and 8-bit block-quantized weights in GGUF's blocks,
+    our ``uniun.QMatMul`` kernel; what it does not take stays on ``MatMulNBits``),
+    ``"matmulnbits"`` (onnxruntime's ``MatMulNBits`` for all) or ``"auto"`` (QMatMul where
+    its library runs its vector path here: :func:`uniun.models.qmatmul.fast`).
     """
     if attention_op not in ("gqa", "matmul"):
         raise ValueError(f"attention_op must be gqa or matmul, not {attention_op!r}")
@@ -237,7 +237,7 @@ def _head(g: GraphBuilder, x: str, head: Weight) -> str:
     Parts keep that transient to one part's size; the Concat of the logits costs ~20 us.
     """
     n = head.shape[0]
-    whole = g.qmatmul and isinstance(head, BlockQuantized) and pack(head) is not None
+    whole = g.qmatmul and isinstance(head, BlockQuantized) and packable(head)
     if not isinstance(head, BlockQuantized) or n <= HEAD_PART_ROWS or whole:
         return g.linear(x, [head], "lm_head")[0]  # QMatMul prepacks nothing: no transient
     parts = [g.linear(x, [head.rows(start, min(start + HEAD_PART_ROWS, n))],
@@ -281,4 +281,5 @@ def save_decoder(model: onnx.ModelProto, folder: Path, *, external: bool) -> lis
     for tensor in qblocks:
         set_external_data(tensor, qmatmul.DATA_FILE)
     onnx.save_model(model, str(path))
-    return [path, folder / EXTERNAL_DATA_NAME] + ([folder / qmatmul.DATA_FILE] if qblocks else [])
+    written = [path, folder / EXTERNAL_DATA_NAME]
+    return written + [folder / qmatmul.DATA_FILE] if qblocks else written

@@ -16,8 +16,9 @@ Every block is kept exactly. A weight arrives as a :class:`BlockQuantized`, valu
   ``q4_0f``, ``q4_1f``, ``q8_0f``, ``q8_1f``, with float32 scales and offsets, the
   importer's values as they are.
 
-:func:`pack` returns None only for what the kernel does not take (blocks other than 32
-along K, other bit widths); the builder keeps ``MatMulNBits`` for those.
+:func:`pack` returns None only for what the kernel does not take (:func:`packable`: blocks
+other than 32 along K, such as Q6_K's 16; other bit widths); the builder keeps
+``MatMulNBits`` for those.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 
 from uniun.models.convert.decoder_spec import BlockQuantized
 
-__all__ = ["PackedWeight", "pack", "GROUP", "BLOCK"]
+__all__ = ["PackedWeight", "pack", "packable", "GROUP", "BLOCK"]
 
 GROUP = 16  # rows per group
 BLOCK = 32  # elements per block along K
@@ -92,11 +93,16 @@ def _format(w: BlockQuantized) -> tuple[str, np.ndarray, np.ndarray | None]:
     return (f"{base}_0f" if offsets is None else f"{base}_1f"), scales, offsets
 
 
+def packable(w: BlockQuantized) -> bool:
+    """Whether the kernel takes ``w``: 4- or 8-bit codes in 32-wide blocks along K."""
+    return w.block_size == BLOCK and w.shape[1] % BLOCK == 0 and w.bits in (4, 8)
+
+
 def pack(w: BlockQuantized) -> PackedWeight | None:
     """``w`` in the QMatMul layout, or None if the kernel does not take it."""
-    n, k = w.shape
-    if w.block_size != BLOCK or k % BLOCK or w.bits not in (4, 8):
+    if not packable(w):
         return None
+    n, k = w.shape
     fmt, scales, offsets = _format(w)
     groups, blocks = -(-n // GROUP), k // BLOCK
     codes = _by_group(_codes(w), groups)  # [g, 16, k]

@@ -70,6 +70,23 @@ def test_read_pages_are_given_back_and_untouched_ones_come_back_page_by_page(
         assert [loaded[i] for i in rows] == [data[i] for i in rows]
 
 
+def test_a_file_read_in_place_keeps_its_pages(tmp_path: Path) -> None:
+    """QMatMul reads its blocks from the mapping every pass: they are not given back."""
+    with mapped_file(tmp_path, "model.qblocks.data") as (data, blocks, _), \
+            mapped_file(tmp_path) as (other_data, copied, _):
+        assert blocks[:] == data[:HALF] and copied[:] == other_data[:HALF]
+        kept = sum(m.rss_kb for m in file_mappings(tmp_path)
+                   if m.path.endswith("model.qblocks.data"))
+        assert kept >= HALF // 1024 // 2
+        release_mapped_pages(tmp_path, read_in_place=("model.qblocks.data",))
+        after = {Path(m.path).name: 0 for m in file_mappings(tmp_path)}
+        for m in file_mappings(tmp_path):
+            after[Path(m.path).name] += m.rss_kb
+        assert after["model.qblocks.data"] >= kept  # still resident
+        assert after["weights.bin"] < HALF // 1024 // 4  # the copied one was given back
+        assert blocks[HALF - 1] == data[HALF - 1]
+
+
 def test_a_mapping_with_written_pages_is_left_alone(tmp_path: Path) -> None:
     """MADV_DONTNEED would throw a private written page away: the write must survive."""
     with mapped_file(tmp_path) as (data, loaded, _):
