@@ -46,10 +46,11 @@ class CostModel:
     prefill_ms_per_token: float = 3.4
     decode_ms_per_token: float = 9.3
     # `uniun-runtime bench-swaps` on this 2-core machine, quiet (docs/models.md "Swap
-    # benchmark"): 24 swaps SmolLM2-135M <-> Gemma 3 270M, 0.65-0.88 s to SmolLM2 and
-    # 1.84-3.43 s to Gemma; 1.6 s is the median of the two policies' mean swap. (15.0
-    # before: measured at load average 11-20, and 42 s of it a pull the bench timed.)
-    swap_s: float = 1.6
+    # benchmark"), builder 9 (the QMatMul kernel): 28 swaps SmolLM2-135M <-> Gemma 3
+    # 270M, the two policies' mean swap 0.85 and 0.88 s; 0.87 s is their median. (1.6 with
+    # builder 8's prepacked MatMulNBits weights; 15.0 before that: measured at load
+    # average 11-20, and 42 s of it a pull the bench timed.)
+    swap_s: float = 0.87
     # The runner prefills in chunks of this many tokens and can stop between them.
     prefill_chunk_tokens: int = 64
 
