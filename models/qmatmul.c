@@ -19,7 +19,8 @@
  *   8-bit codes: 512 bytes, 8 chunks of 64; in chunk c, byte 4r+i holds row r's element
  *                4c+i (as an unsigned byte: Q8_0's q + 128);
  *   then the 16 rows' scales (fp16, or float32 for the "f" formats), then, for formats
- *   with an offset, the 16 rows' offsets in the same type.
+ *   with an offset, the 16 rows' offsets in the same type (for "q8_0h", the 16 rows'
+ *   scales of the block's second 16 elements).
  * So one 64-byte load holds four consecutive elements of 16 rows, which is the shape of
  * AVX-512 VNNI's vpdpbusd (16 lanes of 4 u8 x s8 products): the 16 outputs of a group
  * accumulate in one register, with no horizontal sums.
@@ -51,22 +52,26 @@
  * offset per row: value = (code - zp) * scale + offset. The fp16 formats are GGUF's own
  * (Q4_0, Q4_1 with zp 0 and offset m, Q8_0; Q5_0 arrives as 8-bit codes q + 112); the
  * "f" formats keep float32 scales and offsets, for blocks fp16 cannot hold exactly (a
- * K-quant sub-block's d * sc, dmin * m; Q5_1, Q6_K's codes in 8 bits). */
+ * K-quant sub-block's d * sc, dmin * m; Q5_1). "q8_0h" is Q6_K's shape: 8-bit codes
+ * (q + 96) with a float32 scale per 16 elements, two per block, the first half's 16 rows
+ * then the second's. */
 typedef struct {
   const char* name;
   int bits;    /* 4 or 8 */
   int zp;      /* subtracted from each code */
   int f32;     /* scales (and offsets) are float32, else fp16 */
   int offset;  /* a per-row offset follows the scales */
+  int halves;  /* a scale per 16 elements (8-bit codes, no offset) */
 } Format;
 
 static const Format FORMATS[] = {
-    {"q4_0", 4, 8, 0, 0},  {"q4_1", 4, 0, 0, 1},  {"q8_0", 8, 128, 0, 0},
-    {"q4_0f", 4, 8, 1, 0}, {"q4_1f", 4, 8, 1, 1}, {"q8_0f", 8, 128, 1, 0},
-    {"q8_1f", 8, 128, 1, 1},
+    {"q4_0", 4, 8, 0, 0, 0},  {"q4_1", 4, 0, 0, 1, 0},  {"q8_0", 8, 128, 0, 0, 0},
+    {"q4_0f", 4, 8, 1, 0, 0}, {"q4_1f", 4, 8, 1, 1, 0}, {"q8_0f", 8, 128, 1, 0, 0},
+    {"q8_1f", 8, 128, 1, 1, 0}, {"q8_0h", 8, 128, 1, 0, 1},
 };
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
-enum { FMT_Q4_0 = 0, FMT_Q4_1 = 1, FMT_Q8_0 = 2, FMT_Q4_0F, FMT_Q4_1F, FMT_Q8_0F, FMT_Q8_1F };
+enum { FMT_Q4_0 = 0, FMT_Q4_1 = 1, FMT_Q8_0 = 2, FMT_Q4_0F, FMT_Q4_1F, FMT_Q8_0F, FMT_Q8_1F,
+       FMT_Q8_0H };
 enum { PATH_SCALAR = 0, PATH_AVX512 = 1 };
 
 #define GROUP 16  /* rows per group */
@@ -80,7 +85,7 @@ static size_t scale_bytes(const Format* f) { return GROUP * (f->f32 ? 4 : 2); }
 static size_t block_bytes(int fmt) {
   if (!valid_format(fmt)) return 0;
   const Format* f = &FORMATS[fmt];
-  return code_bytes(f) + scale_bytes(f) * (f->offset ? 2 : 1);
+  return code_bytes(f) + scale_bytes(f) * (f->offset || f->halves ? 2 : 1);
 }
 
 static float half_to_float(uint16_t h) {
@@ -94,11 +99,13 @@ static float round_to_half(float x) { return (float)(_Float16)x; }
 /* ---- activations: 8 bits per 32, as ggml's quantize_row_q8_0 ---------------------------- */
 
 /* One row of K floats -> q[K] int8, and per block: d (the scale, rounded to fp16 as ggml
- * stores it) and sum (the integer sum of q, for zero points and offsets). */
+ * stores it) and the integer sum of q, for zero points and offsets: per 32 (sum) and per
+ * 16 (sum16, for the formats with a scale per 16). */
 typedef struct {
   int8_t* q;
   float* d;
   int32_t* sum;
+  int32_t* sum16;
 } QuantRow;
 
 static void quantize_row_scalar(const float* x, int K, QuantRow r) {
@@ -111,14 +118,16 @@ static void quantize_row_scalar(const float* x, int K, QuantRow r) {
     }
     const float d = amax / 127.f;
     const float id = amax != 0.f ? 127.f / amax : 0.f;
-    int sum = 0;
+    int half[2] = {0, 0};
     for (int i = 0; i < QK; i++) {
       int v = (int)nearbyintf(xb[i] * id); /* nearest, ties to even: as cvtps2dq */
       r.q[b * QK + i] = (int8_t)v;
-      sum += v;
+      half[i / 16] += v;
     }
     r.d[b] = round_to_half(d);
-    r.sum[b] = sum;
+    r.sum16[2 * b] = half[0];
+    r.sum16[2 * b + 1] = half[1];
+    r.sum[b] = half[0] + half[1];
   }
 }
 
@@ -136,9 +145,10 @@ static void quantize_row_avx512(const float* x, int K, QuantRow r) {
     __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(v1, vid));
     _mm_storeu_si128((__m128i*)(r.q + b * QK), _mm512_cvtepi32_epi8(q0));
     _mm_storeu_si128((__m128i*)(r.q + b * QK + 16), _mm512_cvtepi32_epi8(q1));
-    const int sum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
     r.d[b] = round_to_half(d);
-    r.sum[b] = sum;
+    r.sum16[2 * b] = _mm512_reduce_add_epi32(q0);
+    r.sum16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
+    r.sum[b] = r.sum16[2 * b] + r.sum16[2 * b + 1];
   }
 }
 #endif
@@ -152,7 +162,8 @@ typedef struct {
   int m;             /* activation rows */
   const int8_t* xq;  /* [m][k] */
   const float* xd;   /* [m][k/32] */
-  const int32_t* xsum;
+  const int32_t* xsum;   /* [m][k/32] */
+  const int32_t* xsum16; /* [m][k/16] */
   const float* r;    /* [m][n] residual, or NULL */
   float* y;          /* [m][n] */
 } Job;
@@ -192,6 +203,16 @@ static void groups_scalar(const Job* j, int g0, int g1) {
           const uint8_t* blk = j->w + ((size_t)g * nb + b) * bb;
           const size_t xb = (size_t)mi * nb + b;
           int32_t isum = 0;
+          if (f->halves) { /* two sums, one per 16, each with its scale */
+            for (int h = 0; h < 2; h++) {
+              int32_t part = -f->zp * j->xsum16[2 * xb + h];
+              for (int c = 4 * h; c < 4 * h + 4; c++)
+                for (int i = 0; i < 4; i++)
+                  part += (int32_t)blk[64 * c + 4 * row + i] * xq[b * QK + 4 * c + i];
+              acc = fmaf((float)part, scale_at(f, blk + cb + h * sb, row) * j->xd[xb], acc);
+            }
+            continue;
+          }
           if (f->bits == 8) {
             for (int c = 0; c < 8; c++)
               for (int i = 0; i < 4; i++)
@@ -226,10 +247,10 @@ AVX512 static inline __m512 load_scales(int f32, const uint8_t* p) {
  * gets its own code with the branches folded away. */
 AVX512 static inline __attribute__((always_inline)) void groups_avx512_as(
     const Job* j, int g0, int g1, const int bits, const int zp, const int f32,
-    const int offset) {
+    const int offset, const int halves) {
   const int nb = j->k / QK;
   const size_t cb = bits == 4 ? 256 : 512, sb = GROUP * (f32 ? 4 : 2);
-  const size_t bb = cb + sb * (offset ? 2 : 1);
+  const size_t bb = cb + sb * (offset || halves ? 2 : 1);
   const __m512i low = _mm512_set1_epi8(0x0F);
   for (int g = g0; g < g1; g++) {
     const int left = j->n - g * GROUP;
@@ -255,18 +276,31 @@ AVX512 static inline __attribute__((always_inline)) void groups_avx512_as(
           }
         }
         const __m512 dw = load_scales(f32, blk + cb);
-        const __m512 mw = offset ? load_scales(f32, blk + cb + sb) : _mm512_setzero_ps();
+        /* the offsets, or (halves) the second half's scales */
+        const __m512 mw = offset || halves ? load_scales(f32, blk + cb + sb) : _mm512_setzero_ps();
         for (int t = 0; t < mt; t++) {
           const size_t xb = (size_t)(m0 + t) * nb + b;
           int32_t g4[8];
           memcpy(g4, j->xq + (size_t)(m0 + t) * j->k + b * QK, 32); /* 8 groups of 4 */
           /* Chunk c of 4-bit codes holds groups 2c (low nibbles) and 2c + 1 (high); of
            * 8-bit codes, group c. Either way w[i] pairs with activation group i. */
+          const __m512 xd = _mm512_set1_ps(j->xd[xb]);
+          if (halves) { /* Q6_K: a scale per 16, so a sum per half */
+            __m512i lo = _mm512_set1_epi32(-zp * j->xsum16[2 * xb]);
+            __m512i hi = _mm512_set1_epi32(-zp * j->xsum16[2 * xb + 1]);
+            for (int i = 0; i < 4; i++) {
+              lo = _mm512_dpbusd_epi32(lo, w[i], _mm512_set1_epi32(g4[i]));
+              hi = _mm512_dpbusd_epi32(hi, w[4 + i], _mm512_set1_epi32(g4[4 + i]));
+            }
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo), _mm512_mul_ps(dw, xd), acc[t]);
+            acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi), _mm512_mul_ps(mw, xd), acc[t]);
+            continue;
+          }
           __m512i isum = _mm512_setzero_si512();
           for (int i = 0; i < 8; i++)
             isum = _mm512_dpbusd_epi32(isum, w[i], _mm512_set1_epi32(g4[i]));
           if (zp) isum = _mm512_sub_epi32(isum, _mm512_set1_epi32(zp * j->xsum[xb]));
-          const __m512 scale = _mm512_mul_ps(dw, _mm512_set1_ps(j->xd[xb]));
+          const __m512 scale = _mm512_mul_ps(dw, xd);
           acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), scale, acc[t]);
           if (offset) {
             acc[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(offset_factor(j, xb)), acc[t]);
@@ -281,13 +315,14 @@ AVX512 static inline __attribute__((always_inline)) void groups_avx512_as(
 
 AVX512 static void groups_avx512(const Job* j, int g0, int g1) {
   switch (j->fmt) {
-    case FMT_Q4_0: groups_avx512_as(j, g0, g1, 4, 8, 0, 0); break;
-    case FMT_Q4_1: groups_avx512_as(j, g0, g1, 4, 0, 0, 1); break;
-    case FMT_Q8_0: groups_avx512_as(j, g0, g1, 8, 128, 0, 0); break;
-    case FMT_Q4_0F: groups_avx512_as(j, g0, g1, 4, 8, 1, 0); break;
-    case FMT_Q4_1F: groups_avx512_as(j, g0, g1, 4, 8, 1, 1); break;
-    case FMT_Q8_0F: groups_avx512_as(j, g0, g1, 8, 128, 1, 0); break;
-    default: groups_avx512_as(j, g0, g1, 8, 128, 1, 1); break;
+    case FMT_Q4_0: groups_avx512_as(j, g0, g1, 4, 8, 0, 0, 0); break;
+    case FMT_Q4_1: groups_avx512_as(j, g0, g1, 4, 0, 0, 1, 0); break;
+    case FMT_Q8_0: groups_avx512_as(j, g0, g1, 8, 128, 0, 0, 0); break;
+    case FMT_Q4_0F: groups_avx512_as(j, g0, g1, 4, 8, 1, 0, 0); break;
+    case FMT_Q4_1F: groups_avx512_as(j, g0, g1, 4, 8, 1, 1, 0); break;
+    case FMT_Q8_0F: groups_avx512_as(j, g0, g1, 8, 128, 1, 0, 0); break;
+    case FMT_Q8_1F: groups_avx512_as(j, g0, g1, 8, 128, 1, 1, 0); break;
+    default: groups_avx512_as(j, g0, g1, 8, 128, 1, 0, 1); break;
   }
 }
 #endif
@@ -306,7 +341,8 @@ static int best_path(void) {
 static void quantize(int path, const float* x, int m, int k, QuantRow all) {
   const int nb = k / QK;
   for (int i = 0; i < m; i++) {
-    QuantRow r = {all.q + (size_t)i * k, all.d + (size_t)i * nb, all.sum + (size_t)i * nb};
+    QuantRow r = {all.q + (size_t)i * k, all.d + (size_t)i * nb, all.sum + (size_t)i * nb,
+                  all.sum16 + (size_t)i * 2 * nb};
 #ifdef QMM_X86
     if (path == PATH_AVX512) {
       quantize_row_avx512(x + (size_t)i * k, k, r);
@@ -328,8 +364,10 @@ static void run_groups(int path, const Job* j, int g0, int g1) {
 }
 
 /* Scratch for the quantised activations: per row, k codes and, per block, a float scale
- * and an int32 sum. */
-static size_t scratch_bytes(int m, int k) { return (size_t)m * k + (size_t)m * (k / QK) * 8 + 64; }
+ * and three int32 sums (the block's and its halves'). */
+static size_t scratch_bytes(int m, int k) {
+  return (size_t)m * k + (size_t)m * (k / QK) * 16 + 64;
+}
 
 static QuantRow scratch_rows(void* buf, int m, int k) {
   const size_t nb = (size_t)m * (k / QK);
@@ -337,7 +375,8 @@ static QuantRow scratch_rows(void* buf, int m, int k) {
   QuantRow r;
   r.d = (float*)p;
   r.sum = (int32_t*)(p + nb * 4);
-  r.q = (int8_t*)(p + nb * 8);
+  r.sum16 = (int32_t*)(p + nb * 8);
+  r.q = (int8_t*)(p + nb * 16);
   return r;
 }
 
@@ -353,7 +392,7 @@ EXPORT int uniun_qmatmul(int fmt, int path, const uint8_t* w, int n, int k, cons
   if (!buf) return -1;
   QuantRow q = scratch_rows(buf, m, k);
   quantize(path, x, m, k, q);
-  Job j = {fmt, w, n, k, m, q.q, q.d, q.sum, r, y};
+  Job j = {fmt, w, n, k, m, q.q, q.d, q.sum, q.sum16, r, y};
   run_groups(path, &j, 0, (n + GROUP - 1) / GROUP);
   free(buf);
   return 0;
@@ -538,7 +577,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   }
   QuantRow q = scratch_rows(kn->scratch, (int)m, kn->k);
   quantize(kn->path, x, (int)m, kn->k, q);
-  Job job = {kn->fmt, w, kn->n, kn->k, (int)m, q.q, q.d, q.sum, r, y};
+  Job job = {kn->fmt, w, kn->n, kn->k, (int)m, q.q, q.d, q.sum, q.sum16, r, y};
   const int tasks = groups < TASKS ? groups : TASKS;
   Tasks t = {&job, kn->path, (groups + tasks - 1) / tasks, groups};
   return API_FN(SLOT_KernelContext_ParallelFor,
@@ -564,7 +603,8 @@ static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api,
     if (!strcmp(fmt, FORMATS[i].name)) f = i;
   if (f < 0)
     return status(ORT_INVALID_ARGUMENT,
-                  "uniun.QMatMul: format is not q4_0, q4_1, q8_0, q4_0f, q4_1f, q8_0f or q8_1f");
+                  "uniun.QMatMul: format is not q4_0, q4_1, q8_0, q4_0f, q4_1f, q8_0f, q8_1f "
+                  "or q8_0h");
   if (n <= 0 || k <= 0 || k % QK || n > (1 << 30) || k > (1 << 20))
     return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: bad N or K (K must be a multiple of 32)");
   Kernel* kn = calloc(1, sizeof *kn);

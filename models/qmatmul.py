@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from loguru import logger
 
 from uniun.models.onnx_ops import op_types
 
@@ -32,8 +33,10 @@ DOMAIN = "uniun"
 DATA_FILE = "model.qblocks.data"  # a converted model's QMatMul blocks (read in place)
 # Codes (4 or 8 bits) minus a zero point, times a scale, plus an offset (qmatmul.c): the
 # fp16 formats are GGUF's Q4_0, Q4_1, Q8_0 (and Q5_0 as 8-bit codes); the "f" formats hold
-# float32 scales and offsets, for what fp16 cannot (K-quants, Q5_1).
-FORMATS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_0f": 3, "q4_1f": 4, "q8_0f": 5, "q8_1f": 6}
+# float32 scales and offsets, for what fp16 cannot (K-quants, Q5_1); "q8_0h" is Q6_K's
+# shape, a float32 scale per 16.
+FORMATS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_0f": 3, "q4_1f": 4, "q8_0f": 5, "q8_1f": 6,
+           "q8_0h": 7}
 PATHS = {"scalar": 0, "avx512": 1}
 
 
@@ -102,6 +105,11 @@ def prepare(options: Any, model_file: Path) -> set[str]:
     ops = op_types(model_file)
     if OP_TYPE in ops:
         register(options)
+        if not fast():
+            logger.warning("{} was converted for QMatMul's AVX-512 VNNI path, which this CPU "
+                           "lacks: it runs on the portable C path, slower than MatMulNBits; "
+                           "convert it again here (models pull --force, or models import)",
+                           model_file.parent.name)
     return ops
 
 

@@ -14,11 +14,12 @@ Every block is kept exactly. A weight arrives as a :class:`BlockQuantized`, valu
   read as llama.cpp reads them;
 - otherwise (a K-quant sub-block's ``d * sc`` and ``dmin * m``, Q5_1's ``m + 16 d``):
   ``q4_0f``, ``q4_1f``, ``q8_0f``, ``q8_1f``, with float32 scales and offsets, the
-  importer's values as they are.
+  importer's values as they are;
+- Q6_K's 16-wide sub-blocks (8-bit codes ``q + 96``, no offset): ``q8_0h``, two float32
+  scales per 32-wide block.
 
-:func:`pack` returns None only for what the kernel does not take (:func:`packable`: blocks
-other than 32 along K, such as Q6_K's 16; other bit widths); the builder keeps
-``MatMulNBits`` for those.
+:func:`pack` returns None only for what the kernel does not take (:func:`packable`: other
+block widths or bit widths); the builder keeps ``MatMulNBits`` for those.
 """
 
 from __future__ import annotations
@@ -94,8 +95,13 @@ def _format(w: BlockQuantized) -> tuple[str, np.ndarray, np.ndarray | None]:
 
 
 def packable(w: BlockQuantized) -> bool:
-    """Whether the kernel takes ``w``: 4- or 8-bit codes in 32-wide blocks along K."""
-    return w.block_size == BLOCK and w.shape[1] % BLOCK == 0 and w.bits in (4, 8)
+    """Whether the kernel takes ``w``: 4- or 8-bit codes in 32-wide blocks along K, or
+    8-bit codes without offsets in 16-wide ones (Q6_K)."""
+    if w.shape[1] % BLOCK:
+        return False
+    if w.block_size == BLOCK // 2:
+        return w.bits == 8 and w.offsets is None
+    return w.block_size == BLOCK and w.bits in (4, 8)
 
 
 def pack(w: BlockQuantized) -> PackedWeight | None:
@@ -103,8 +109,11 @@ def pack(w: BlockQuantized) -> PackedWeight | None:
     if not packable(w):
         return None
     n, k = w.shape
-    fmt, scales, offsets = _format(w)
     groups, blocks = -(-n // GROUP), k // BLOCK
+    if w.block_size == BLOCK // 2:  # Q6_K: a float32 scale per 16, two per block
+        fmt, scales, offsets = "q8_0h", np.asarray(w.scales, np.float32), None
+    else:
+        fmt, scales, offsets = _format(w)
     codes = _by_group(_codes(w), groups)  # [g, 16, k]
     if w.bits == 8:
         # [g, r, b, c, i] -> [g, b, c, r, i]: chunk c holds element 4c+i of the 16 rows
@@ -115,15 +124,17 @@ def pack(w: BlockQuantized) -> PackedWeight | None:
         c = codes.reshape(groups, GROUP, blocks, 4, 2, 4).transpose(0, 2, 3, 1, 4, 5)
         body = (c[..., 0, :] | (c[..., 1, :] << 4)).astype(np.uint8)
         body = body.reshape(groups, blocks, 256)
-    parts = [body, _per_block(scales, groups)]
+    parts = [body, _per_block(scales, groups, blocks)]
     if offsets is not None:
-        parts.append(_per_block(offsets, groups))
+        parts.append(_per_block(offsets, groups, blocks))
     data = np.ascontiguousarray(np.concatenate(parts, axis=-1), np.uint8)
     return PackedWeight(data, fmt, n, k)
 
 
-def _per_block(values: np.ndarray, groups: int) -> np.ndarray:
-    """[n, blocks] values (fp16 or float32) -> the bytes [groups, blocks, 16 * size] of each
-    block's 16 rows."""
-    by = np.ascontiguousarray(_by_group(values, groups).transpose(0, 2, 1))  # [g, b, 16]
-    return by.view(np.uint8).reshape(groups, by.shape[1], -1)
+def _per_block(values: np.ndarray, groups: int, blocks: int) -> np.ndarray:
+    """Per-row values (fp16 or float32) [n, blocks] -> the bytes [groups, blocks, 16 * size]
+    of each block's 16 rows; or [n, 2 * blocks] (a value per 16 elements) -> per block, the
+    16 rows' values of its first 16 elements, then of its second 16."""
+    halves = values.reshape(values.shape[0], blocks, -1)  # [n, b, 1 or 2]
+    by = _by_group(halves, groups).transpose(0, 2, 3, 1)  # [g, b, half, 16]
+    return np.ascontiguousarray(by).view(np.uint8).reshape(groups, by.shape[1], -1)

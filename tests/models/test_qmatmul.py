@@ -21,7 +21,7 @@ from uniun.models import qmatmul
 from uniun.models.convert.decoder_spec import BlockQuantized
 from uniun.models.convert.qmatmul_pack import pack
 
-FORMATS = ("q4_0", "q4_1", "q8_0", "q4_0f", "q4_1f", "q8_0f", "q8_1f")
+FORMATS = ("q4_0", "q4_1", "q8_0", "q4_0f", "q4_1f", "q8_0f", "q8_1f", "q8_0h")
 SHAPES = [(40, 64, 1), (37, 96, 5), (576, 576, 3), (16, 32, 9)]  # n, k, activation rows
 
 
@@ -31,11 +31,13 @@ def _paths() -> list[str]:
 
 def random_blocks(fmt: str, n: int, k: int, seed: int = 0) -> BlockQuantized:
     """A weight as the GGUF importer hands it over: fp16 scales for GGUF's own formats,
-    float32 ones (a K-quant's ``d * sc``) for the "f" formats."""
+    float32 ones (a K-quant's ``d * sc``) for the "f" formats, a scale per 16 for Q6_K's
+    "q8_0h"."""
     rng = np.random.default_rng(seed)
-    blocks = k // 32
+    block = 16 if fmt == "q8_0h" else 32
+    blocks = k // block
     d = rng.random((n, blocks), np.float32) * np.float32(0.02) + np.float32(1e-3)
-    if not fmt.endswith("f"):
+    if fmt in ("q4_0", "q4_1", "q8_0"):
         d = d.astype(np.float16).astype(np.float32)
     offsets = None
     if fmt in ("q4_1", "q4_1f", "q8_1f"):
@@ -45,7 +47,7 @@ def random_blocks(fmt: str, n: int, k: int, seed: int = 0) -> BlockQuantized:
         offsets = (m + np.float32(8) * d).astype(np.float32) if fmt == "q4_1" else m
     if fmt.startswith("q8"):
         codes = rng.integers(1, 256, (n, k)).astype(np.uint8)
-        return BlockQuantized(codes.reshape(n, blocks, 32), d, offsets, 8, 32, (n, k))
+        return BlockQuantized(codes.reshape(n, blocks, block), d, offsets, 8, block, (n, k))
     q = rng.integers(0, 16, (n, k)).astype(np.uint8)
     packed = (q[:, 0::2] | (q[:, 1::2] << 4)).reshape(n, blocks, 16)
     return BlockQuantized(packed, d, offsets, 4, 32, (n, k))
@@ -61,15 +63,17 @@ def reference(w: BlockQuantized, fmt: str, x: np.ndarray,
     ``(code - zero point) . x_q * scale * d_x (+ offset * d_x * sum x_q)``.
     """
     n, k = w.shape
-    blocks = k // 32
-    xb = x.reshape(-1, blocks, 32)
+    blocks, per32 = k // w.block_size, 32 // w.block_size  # weight blocks, and per 32
+    xb = x.reshape(-1, k // 32, 32)
     amax = np.abs(xb).max(-1)
     with np.errstate(divide="ignore"):
         inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
     xq = np.rint(xb * inv[..., None]).astype(np.int64)  # ties to even, as cvtps2dq
     d_x = (amax / np.float32(127)).astype(np.float16).astype(np.float64)
+    xq = xq.reshape(-1, blocks, w.block_size)  # along the weight's blocks
+    d_x = np.repeat(d_x, per32, axis=-1)
     if w.bits == 8:
-        codes = w.packed.reshape(n, blocks, 32).astype(np.int64)
+        codes = w.packed.reshape(n, blocks, w.block_size).astype(np.int64)
     else:
         codes = np.stack([w.packed & 15, w.packed >> 4], -1).reshape(n, blocks, 32)
         codes = codes.astype(np.int64)
