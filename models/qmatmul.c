@@ -72,7 +72,7 @@ static const Format FORMATS[] = {
 #define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
 enum { FMT_Q4_0 = 0, FMT_Q4_1 = 1, FMT_Q8_0 = 2, FMT_Q4_0F, FMT_Q4_1F, FMT_Q8_0F, FMT_Q8_1F,
        FMT_Q8_0H };
-enum { PATH_SCALAR = 0, PATH_AVX512 = 1 };
+enum { PATH_SCALAR = 0, PATH_AVX512 = 1, PATH_AVX2 = 2 };
 
 #define GROUP 16  /* rows per group */
 #define QK 32     /* elements per block */
@@ -327,16 +327,165 @@ AVX512 static void groups_avx512(const Job* j, int g0, int g1) {
 }
 #endif
 
-static int best_path(void) {
+#ifdef QMM_X86
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 static inline __m256 load8_scales(int f32, const uint8_t* p) {
+  return f32 ? _mm256_loadu_ps((const float*)p)
+             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+
+/* The AVX2 path, for CPUs without AVX-512 VNNI: the same layout, each 64-byte chunk as
+ * two 8-row halves. No vpdpbusd: vpmaddubsw (u8 x s8 pairs to int16) then vpmaddwd
+ * (pairs to int32). 4-bit codes: a pair is at most 15 * 127 * 2, so a block's eight
+ * products add up in int16 before the widening. 8-bit codes: the code minus 128 as a
+ * signed byte, multiplied as |w| x sign(x, w) (at most 128 * 127 * 2 per pair), which
+ * also applies the zero point. One activation row at a time: 16 ymm registers do not
+ * hold a block's expanded weights for several. */
+AVX2 static inline __attribute__((always_inline)) void groups_avx2_as(
+    const Job* j, int g0, int g1, const int bits, const int zp, const int f32,
+    const int offset, const int halves) {
+  const int nb = j->k / QK;
+  const size_t cb = bits == 4 ? 256 : 512, sb = GROUP * (f32 ? 4 : 2), hb = sb / 2;
+  const size_t bb = cb + sb * (offset || halves ? 2 : 1);
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
+  for (int g = g0; g < g1; g++) {
+    const int left = j->n - g * GROUP < GROUP ? j->n - g * GROUP : GROUP;
+    const uint8_t* wg = j->w + (size_t)g * nb * bb;
+    for (int mi = 0; mi < j->m; mi++) {
+      float out[GROUP] = {0};
+      if (j->r) memcpy(out, j->r + (size_t)mi * j->n + g * GROUP, (size_t)left * 4);
+      __m256 acc0 = _mm256_loadu_ps(out), acc1 = _mm256_loadu_ps(out + 8);
+      for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = wg + (size_t)b * bb;
+        const size_t xb = (size_t)mi * nb + b;
+        int32_t g4[8];
+        memcpy(g4, j->xq + (size_t)mi * j->k + b * QK, 32);
+        __m256i s[2][2]; /* [half of the block][rows 0-7, 8-15] */
+        if (bits == 4) {
+          __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+          for (int c = 0; c < 4; c++) {
+            const __m256i v0 = _mm256_loadu_si256((const __m256i*)(blk + 64 * c));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i*)(blk + 64 * c + 32));
+            const __m256i xa = _mm256_set1_epi32(g4[2 * c]), xh = _mm256_set1_epi32(g4[2 * c + 1]);
+            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(_mm256_and_si256(v0, low), xa));
+            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(v0, 4), low), xh));
+            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(_mm256_and_si256(v1, low), xa));
+            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(v1, 4), low), xh));
+          }
+          const __m256i z = _mm256_set1_epi32(zp * j->xsum[xb]);
+          s[0][0] = _mm256_sub_epi32(_mm256_madd_epi16(p0, ones), z);
+          s[0][1] = _mm256_sub_epi32(_mm256_madd_epi16(p1, ones), z);
+        } else {
+          s[0][0] = s[0][1] = s[1][0] = s[1][1] = _mm256_setzero_si256();
+          for (int c = 0; c < 8; c++) {
+            const int h = halves && c >= 4;
+            const __m256i xa = _mm256_set1_epi32(g4[c]);
+            for (int r = 0; r < 2; r++) {
+              const __m256i w = _mm256_xor_si256(
+                  _mm256_loadu_si256((const __m256i*)(blk + 64 * c + 32 * r)), flip);
+              const __m256i pr = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xa, w));
+              s[h][r] = _mm256_add_epi32(s[h][r], _mm256_madd_epi16(pr, ones));
+            }
+          }
+        }
+        const __m256 xd = _mm256_set1_ps(j->xd[xb]);
+        for (int h = 0; h < (halves ? 2 : 1); h++) {
+          const uint8_t* sc = blk + cb + h * sb;
+          acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][0]),
+                                 _mm256_mul_ps(load8_scales(f32, sc), xd), acc0);
+          acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][1]),
+                                 _mm256_mul_ps(load8_scales(f32, sc + hb), xd), acc1);
+        }
+        if (offset) {
+          const __m256 xo = _mm256_set1_ps(offset_factor(j, xb));
+          acc0 = _mm256_fmadd_ps(load8_scales(f32, blk + cb + sb), xo, acc0);
+          acc1 = _mm256_fmadd_ps(load8_scales(f32, blk + cb + sb + hb), xo, acc1);
+        }
+      }
+      _mm256_storeu_ps(out, acc0);
+      _mm256_storeu_ps(out + 8, acc1);
+      memcpy(j->y + (size_t)mi * j->n + g * GROUP, out, (size_t)left * 4);
+    }
+  }
+}
+
+AVX2 static void groups_avx2(const Job* j, int g0, int g1) {
+  switch (j->fmt) {
+    case FMT_Q4_0: groups_avx2_as(j, g0, g1, 4, 8, 0, 0, 0); break;
+    case FMT_Q4_1: groups_avx2_as(j, g0, g1, 4, 0, 0, 1, 0); break;
+    case FMT_Q8_0: groups_avx2_as(j, g0, g1, 8, 128, 0, 0, 0); break;
+    case FMT_Q4_0F: groups_avx2_as(j, g0, g1, 4, 8, 1, 0, 0); break;
+    case FMT_Q4_1F: groups_avx2_as(j, g0, g1, 4, 8, 1, 1, 0); break;
+    case FMT_Q8_0F: groups_avx2_as(j, g0, g1, 8, 128, 1, 0, 0); break;
+    case FMT_Q8_1F: groups_avx2_as(j, g0, g1, 8, 128, 1, 1, 0); break;
+    default: groups_avx2_as(j, g0, g1, 8, 128, 1, 0, 1); break;
+  }
+}
+#endif
+
+static int supports(int path) {
+  if (path == PATH_SCALAR) return 1;
 #ifdef QMM_X86
   __builtin_cpu_init();
-  if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-      __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
-      __builtin_cpu_supports("f16c"))
-    return PATH_AVX512;
+  if (path == PATH_AVX512)
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni") &&
+           __builtin_cpu_supports("f16c");
+  if (path == PATH_AVX2)
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
 #endif
-  return PATH_SCALAR;
+  return 0;
 }
+
+static int best_path(void) {
+  return supports(PATH_AVX512) ? PATH_AVX512 : supports(PATH_AVX2) ? PATH_AVX2 : PATH_SCALAR;
+}
+
+/* The path a session's kernels run: the best this CPU has, or UNIUN_QMATMUL_PATH
+ * (scalar, avx2, avx512) where this CPU has it: for measuring one path against another. */
+static int session_path(void) {
+  const char* want = getenv("UNIUN_QMATMUL_PATH");
+  int path = !want ? -1 : !strcmp(want, "scalar") ? PATH_SCALAR : !strcmp(want, "avx2") ? PATH_AVX2
+           : !strcmp(want, "avx512") ? PATH_AVX512 : -1;
+  return path >= 0 && supports(path) ? path : best_path();
+}
+
+#ifdef QMM_X86
+AVX2 static void quantize_row_avx2(const float* x, int K, QuantRow r) {
+  const __m256 sign = _mm256_set1_ps(-0.0f);
+  for (int b = 0; b < K / QK; b++) {
+    __m256 v[4], a = _mm256_setzero_ps();
+    for (int i = 0; i < 4; i++) {
+      v[i] = _mm256_loadu_ps(x + b * QK + 8 * i);
+      a = _mm256_max_ps(a, _mm256_andnot_ps(sign, v[i]));
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+    const float d = amax / 127.f;
+    const float id = amax != 0.f ? 127.f / amax : 0.f;
+    const __m256 vid = _mm256_set1_ps(id);
+    int32_t q[QK];
+    for (int i = 0; i < 4; i++)
+      _mm256_storeu_si256((__m256i*)(q + 8 * i), _mm256_cvtps_epi32(_mm256_mul_ps(v[i], vid)));
+    int half[2] = {0, 0};
+    for (int i = 0; i < QK; i++) {
+      r.q[b * QK + i] = (int8_t)q[i];
+      half[i / 16] += q[i];
+    }
+    r.d[b] = round_to_half(d);
+    r.sum16[2 * b] = half[0];
+    r.sum16[2 * b + 1] = half[1];
+    r.sum[b] = half[0] + half[1];
+  }
+}
+#endif
 
 static void quantize(int path, const float* x, int m, int k, QuantRow all) {
   const int nb = k / QK;
@@ -348,6 +497,10 @@ static void quantize(int path, const float* x, int m, int k, QuantRow all) {
       quantize_row_avx512(x + (size_t)i * k, k, r);
       continue;
     }
+    if (path == PATH_AVX2) {
+      quantize_row_avx2(x + (size_t)i * k, k, r);
+      continue;
+    }
 #endif
     quantize_row_scalar(x + (size_t)i * k, k, r);
   }
@@ -357,6 +510,10 @@ static void run_groups(int path, const Job* j, int g0, int g1) {
 #ifdef QMM_X86
   if (path == PATH_AVX512) {
     groups_avx512(j, g0, g1);
+    return;
+  }
+  if (path == PATH_AVX2) {
+    groups_avx2(j, g0, g1);
     return;
   }
 #endif
@@ -386,7 +543,7 @@ EXPORT int uniun_qmatmul(int fmt, int path, const uint8_t* w, int n, int k, cons
                          int m, const float* r, float* y) {
   if (block_bytes(fmt) == 0 || n <= 0 || k <= 0 || k % QK || m < 0) return -1;
   if (path < 0) path = best_path();
-  if (path == PATH_AVX512 && best_path() != PATH_AVX512) return -1;
+  if (!supports(path)) return -1;
   if (m == 0) return 0;
   void* buf = malloc(scratch_bytes(m, k));
   if (!buf) return -1;
@@ -398,8 +555,11 @@ EXPORT int uniun_qmatmul(int fmt, int path, const uint8_t* w, int n, int k, cons
   return 0;
 }
 
-/* The path this CPU runs: 0 scalar, 1 AVX-512 VNNI. */
+/* The path this CPU runs: 0 scalar, 1 AVX-512 VNNI, 2 AVX2. */
 EXPORT int uniun_qmatmul_best_path(void) { return best_path(); }
+
+/* Whether this CPU runs path 0 scalar, 1 AVX-512 VNNI, 2 AVX2. */
+EXPORT int uniun_qmatmul_supports(int path) { return supports(path); }
 
 EXPORT size_t uniun_qmatmul_block_bytes(int fmt) { return block_bytes(fmt); }
 
@@ -612,7 +772,7 @@ static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api,
   kn->fmt = f;
   kn->n = (int)n;
   kn->k = (int)k;
-  kn->path = best_path();
+  kn->path = session_path();
   *out = kn;
   return NULL;
 }

@@ -26,7 +26,7 @@ SHAPES = [(40, 64, 1), (37, 96, 5), (576, 576, 3), (16, 32, 9)]  # n, k, activat
 
 
 def _paths() -> list[str]:
-    return ["scalar"] + (["avx512"] if qmatmul.path_name() == "avx512" else [])
+    return qmatmul.paths() or ["scalar"]  # (no library: the tests below say so)
 
 
 def random_blocks(fmt: str, n: int, k: int, seed: int = 0) -> BlockQuantized:
@@ -93,7 +93,8 @@ def reference(w: BlockQuantized, fmt: str, x: np.ndarray,
 
 def test_the_kernel_library_is_built_and_names_its_path() -> None:
     assert qmatmul.library() is not None, "bin/setup did not build models/qmatmul.c"
-    assert qmatmul.path_name() in ("avx512", "scalar")
+    assert qmatmul.path_name() in ("avx512", "avx2", "scalar")
+    assert "scalar" in qmatmul.paths() and qmatmul.path_name() in qmatmul.paths()
 
 
 @pytest.mark.parametrize("path", _paths())
