@@ -63,8 +63,9 @@ def _lib() -> ctypes.CDLL | None:
         return None
     try:
         lib = ctypes.CDLL(str(path))
-    except OSError:
-        return None
+        lib.uniun_qmatmul_supports  # noqa: B018 - a build older than this module lacks it
+    except (OSError, AttributeError):
+        return None  # not loadable, or stale: KernelMissing then says to run bin/setup
     p = ctypes.c_void_p
     lib.uniun_qmatmul.argtypes = [ctypes.c_int, ctypes.c_int, p, ctypes.c_int, ctypes.c_int, p,
                                   ctypes.c_int, p, p]
