@@ -54,7 +54,21 @@
  * "f" formats keep float32 scales and offsets, for blocks fp16 cannot hold exactly (a
  * K-quant sub-block's d * sc, dmin * m; Q5_1). "q8_0h" is Q6_K's shape: 8-bit codes
  * (q + 96) with a float32 scale per 16 elements, two per block, the first half's 16 rows
- * then the second's. */
+ * then the second's.
+ *
+ * The list, once: name, code bits, zero point, float32 scales, offset, scale per 16. The
+ * Format table, the format numbers (their order is the Python side's FORMATS) and the
+ * vector paths' dispatch are all made from it. */
+#define QMM_FORMATS(X)                 \
+  X(Q4_0, "q4_0", 4, 8, 0, 0, 0)       \
+  X(Q4_1, "q4_1", 4, 0, 0, 1, 0)       \
+  X(Q8_0, "q8_0", 8, 128, 0, 0, 0)     \
+  X(Q4_0F, "q4_0f", 4, 8, 1, 0, 0)     \
+  X(Q4_1F, "q4_1f", 4, 8, 1, 1, 0)     \
+  X(Q8_0F, "q8_0f", 8, 128, 1, 0, 0)   \
+  X(Q8_1F, "q8_1f", 8, 128, 1, 1, 0)   \
+  X(Q8_0H, "q8_0h", 8, 128, 1, 0, 1)
+
 typedef struct {
   const char* name;
   int bits;    /* 4 or 8 */
@@ -64,14 +78,16 @@ typedef struct {
   int halves;  /* a scale per 16 elements (8-bit codes, no offset) */
 } Format;
 
-static const Format FORMATS[] = {
-    {"q4_0", 4, 8, 0, 0, 0},  {"q4_1", 4, 0, 0, 1, 0},  {"q8_0", 8, 128, 0, 0, 0},
-    {"q4_0f", 4, 8, 1, 0, 0}, {"q4_1f", 4, 8, 1, 1, 0}, {"q8_0f", 8, 128, 1, 0, 0},
-    {"q8_1f", 8, 128, 1, 1, 0}, {"q8_0h", 8, 128, 1, 0, 1},
-};
-#define N_FORMATS ((int)(sizeof FORMATS / sizeof FORMATS[0]))
-enum { FMT_Q4_0 = 0, FMT_Q4_1 = 1, FMT_Q8_0 = 2, FMT_Q4_0F, FMT_Q4_1F, FMT_Q8_0F, FMT_Q8_1F,
-       FMT_Q8_0H };
+#define AS_ENUM(id, name, bits, zp, f32, offset, halves) FMT_##id,
+#define AS_ROW(id, name, bits, zp, f32, offset, halves) {name, bits, zp, f32, offset, halves},
+enum { QMM_FORMATS(AS_ENUM) N_FORMATS };
+static const Format FORMATS[] = {QMM_FORMATS(AS_ROW)};
+
+/* A case calling PATH_FN(j, g0, g1, <the format's constants>): each format gets its own
+ * copy of the always-inlined loop, with its branches folded away. */
+#define AS_CASE(id, name, bits, zp, f32, offset, halves) \
+  case FMT_##id: PATH_FN(j, g0, g1, bits, zp, f32, offset, halves); break;
+
 enum { PATH_SCALAR = 0, PATH_AVX512 = 1, PATH_AVX2 = 2 };
 
 #define GROUP 16  /* rows per group */
@@ -314,16 +330,9 @@ AVX512 static inline __attribute__((always_inline)) void groups_avx512_as(
 }
 
 AVX512 static void groups_avx512(const Job* j, int g0, int g1) {
-  switch (j->fmt) {
-    case FMT_Q4_0: groups_avx512_as(j, g0, g1, 4, 8, 0, 0, 0); break;
-    case FMT_Q4_1: groups_avx512_as(j, g0, g1, 4, 0, 0, 1, 0); break;
-    case FMT_Q8_0: groups_avx512_as(j, g0, g1, 8, 128, 0, 0, 0); break;
-    case FMT_Q4_0F: groups_avx512_as(j, g0, g1, 4, 8, 1, 0, 0); break;
-    case FMT_Q4_1F: groups_avx512_as(j, g0, g1, 4, 8, 1, 1, 0); break;
-    case FMT_Q8_0F: groups_avx512_as(j, g0, g1, 8, 128, 1, 0, 0); break;
-    case FMT_Q8_1F: groups_avx512_as(j, g0, g1, 8, 128, 1, 1, 0); break;
-    default: groups_avx512_as(j, g0, g1, 8, 128, 1, 0, 1); break;
-  }
+#define PATH_FN groups_avx512_as
+  switch (j->fmt) { QMM_FORMATS(AS_CASE) }
+#undef PATH_FN
 }
 #endif
 
@@ -414,16 +423,9 @@ AVX2 static inline __attribute__((always_inline)) void groups_avx2_as(
 }
 
 AVX2 static void groups_avx2(const Job* j, int g0, int g1) {
-  switch (j->fmt) {
-    case FMT_Q4_0: groups_avx2_as(j, g0, g1, 4, 8, 0, 0, 0); break;
-    case FMT_Q4_1: groups_avx2_as(j, g0, g1, 4, 0, 0, 1, 0); break;
-    case FMT_Q8_0: groups_avx2_as(j, g0, g1, 8, 128, 0, 0, 0); break;
-    case FMT_Q4_0F: groups_avx2_as(j, g0, g1, 4, 8, 1, 0, 0); break;
-    case FMT_Q4_1F: groups_avx2_as(j, g0, g1, 4, 8, 1, 1, 0); break;
-    case FMT_Q8_0F: groups_avx2_as(j, g0, g1, 8, 128, 1, 0, 0); break;
-    case FMT_Q8_1F: groups_avx2_as(j, g0, g1, 8, 128, 1, 1, 0); break;
-    default: groups_avx2_as(j, g0, g1, 8, 128, 1, 0, 1); break;
-  }
+#define PATH_FN groups_avx2_as
+  switch (j->fmt) { QMM_FORMATS(AS_CASE) }
+#undef PATH_FN
 }
 #endif
 
