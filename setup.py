@@ -9,5 +9,5 @@ converted with onnxruntime's MatMulNBits instead (docs/models.md, "The QMatMul k
 from setuptools import Extension, setup
 
 setup(ext_modules=[Extension(
-    "uniun.models._qmatmul", sources=["models/qmatmul.c"], libraries=["m"], optional=True,
+    "uniun.models._qmatmul", sources=["models/qmatmul.c", "models/ggml_ops.c", "models/ggml_ort.c"], libraries=["m"], optional=True,
     extra_compile_args=["-O3", "-std=gnu11", "-fvisibility=hidden"])])

@@ -170,10 +170,11 @@ class DecoderModel:
         """Whether the graph can write ``present`` into the ``past`` buffer it was fed.
 
         True for graphs whose attention is ``com.microsoft.GroupQueryAttention`` (ours from
-        builder 6 on, onnxruntime-genai exports): the op detects that past and present are
-        one buffer and appends in place. Spelled-out attention concatenates instead.
+        builder 6 on, onnxruntime-genai exports) or our ``uniun.GgmlAttention``: the op
+        detects that past and present are one buffer and appends in place. Spelled-out
+        attention concatenates instead.
         """
-        return "GroupQueryAttention" in self._graph_ops
+        return bool({"GroupQueryAttention", "GgmlAttention"} & self._graph_ops)
 
     def unload(self) -> None:
         """Free the model (the caller's parked states stay valid as data)."""

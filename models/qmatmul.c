@@ -122,6 +122,7 @@ typedef struct {
   float* d;
   int32_t* sum;
   int32_t* sum16;
+  float* s; /* ggml's Q8_1 s: fp16(unrounded d * sum), for ggml arithmetic */
 } QuantRow;
 
 static void quantize_row_scalar(const float* x, int K, QuantRow r) {
@@ -144,6 +145,7 @@ static void quantize_row_scalar(const float* x, int K, QuantRow r) {
     r.sum16[2 * b] = half[0];
     r.sum16[2 * b + 1] = half[1];
     r.sum[b] = half[0] + half[1];
+    r.s[b] = round_to_half(d * (float)r.sum[b]);
   }
 }
 
@@ -165,6 +167,7 @@ static void quantize_row_avx512(const float* x, int K, QuantRow r) {
     r.sum16[2 * b] = _mm512_reduce_add_epi32(q0);
     r.sum16[2 * b + 1] = _mm512_reduce_add_epi32(q1);
     r.sum[b] = r.sum16[2 * b] + r.sum16[2 * b + 1];
+    r.s[b] = round_to_half(d * (float)r.sum[b]);
   }
 }
 #endif
@@ -180,8 +183,10 @@ typedef struct {
   const float* xd;   /* [m][k/32] */
   const int32_t* xsum;   /* [m][k/32] */
   const int32_t* xsum16; /* [m][k/16] */
+  const float* xs;   /* [m][k/32] ggml's Q8_1 s */
   const float* r;    /* [m][n] residual, or NULL */
   float* y;          /* [m][n] */
+  int ggml;          /* llama.cpp's accumulation order (q4_1, q8_0): see groups_ggml */
 } Job;
 
 static float scale_at(const Format* f, const uint8_t* p, int row) {
@@ -246,6 +251,63 @@ static void groups_scalar(const Job* j, int g0, int g1) {
           if (f->offset) acc = fmaf(scale_at(f, blk + cb + sb, row), offset_factor(j, xb), acc);
         }
         j->y[(size_t)mi * j->n + n] = acc;
+      }
+    }
+  }
+}
+
+/* ---- llama.cpp's order (Job.ggml) ----------------------------------------------------- */
+
+/* ggml's vec_dot_q4_1_q8_1 / vec_dot_q8_0_q8_0 as its x86 build runs them (the AVX2 code,
+ * which AVX-512 CPUs also run): a block's 32 products are summed in 8 lanes of 4 (exact,
+ * integers), each lane accumulates d_w * d_x * lane over the blocks with a fused
+ * multiply-add, and the 8 lanes are added at the end in hsum_float_8's order; Q4_1's
+ * offset terms m * s (s = fp16(d * sum), Q8_1's) accumulate apart, added last. With the
+ * rest of llama.cpp's arithmetic (ggml_ops.c) this gives llama.cpp's logits bit for bit.
+ * Formats: q4_1 and q8_0 (the ones ggml's x86 build does not repack). */
+static float hsum8(const float a[8]) {
+  return ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]));
+}
+
+static int ggml_format(int fmt) { return fmt == FMT_Q4_1 || fmt == FMT_Q8_0; }
+
+/* the integer sums of the 8 lanes of one row's block: lane c is elements 4c .. 4c + 3 */
+static void block_lanes(const Format* f, const uint8_t* blk, int row, const int8_t* x,
+                        int32_t lane[8]) {
+  for (int c = 0; c < 8; c++) {
+    int32_t sum = 0;
+    for (int i = 0; i < 4; i++) {
+      const uint8_t byte = f->bits == 8 ? blk[64 * c + 4 * row + i]
+                                        : blk[64 * (c / 2) + 4 * row + i];
+      const int code = f->bits == 8 ? byte : (c % 2 ? byte >> 4 : byte & 15);
+      sum += (code - f->zp) * x[4 * c + i];
+    }
+    lane[c] = sum;
+  }
+}
+
+static void groups_ggml_scalar(const Job* j, int g0, int g1) {
+  const Format* f = &FORMATS[j->fmt];
+  const int nb = j->k / QK;
+  const size_t bb = block_bytes(j->fmt), cb = code_bytes(f), sb = scale_bytes(f);
+  for (int g = g0; g < g1; g++) {
+    for (int row = 0; row < GROUP; row++) {
+      const int n = g * GROUP + row;
+      if (n >= j->n) break;
+      for (int mi = 0; mi < j->m; mi++) {
+        float acc[8] = {0}, summs = 0.f;
+        for (int b = 0; b < nb; b++) {
+          const uint8_t* blk = j->w + ((size_t)g * nb + b) * bb;
+          const size_t xb = (size_t)mi * nb + b;
+          int32_t lane[8];
+          block_lanes(f, blk, row, j->xq + (size_t)mi * j->k + b * QK, lane);
+          const float d = scale_at(f, blk + cb, row) * j->xd[xb];
+          for (int c = 0; c < 8; c++) acc[c] = fmaf(d, (float)lane[c], acc[c]);
+          if (f->offset) summs = fmaf(scale_at(f, blk + cb + sb, row), j->xs[xb], summs);
+        }
+        float y = hsum8(acc) + summs;
+        if (j->r) y = y + j->r[(size_t)mi * j->n + n];
+        j->y[(size_t)mi * j->n + n] = y;
       }
     }
   }
@@ -333,6 +395,65 @@ AVX512 static void groups_avx512(const Job* j, int g0, int g1) {
 #define PATH_FN groups_avx512_as
   switch (j->fmt) { QMM_FORMATS(AS_CASE) }
 #undef PATH_FN
+}
+
+/* groups_ggml_scalar's arithmetic, 16 rows at a time: one vpdpbusd per lane gives the 16
+ * rows' integer sums of that lane, so each of the 8 lanes has its own accumulator. */
+AVX512 static inline __attribute__((always_inline)) void groups_ggml_avx512_as(
+    const Job* j, int g0, int g1, const int bits, const int offset) {
+  const int nb = j->k / QK;
+  const size_t cb = bits == 4 ? 256 : 512, sb = GROUP * 2;
+  const size_t bb = cb + sb * (offset ? 2 : 1);
+  const __m512i low = _mm512_set1_epi8(0x0F);
+  for (int g = g0; g < g1; g++) {
+    const int left = j->n - g * GROUP;
+    const __mmask16 mask = left >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
+    const uint8_t* wg = j->w + (size_t)g * nb * bb;
+    for (int mi = 0; mi < j->m; mi++) {
+      __m512 acc[8], summs = _mm512_setzero_ps();
+      for (int c = 0; c < 8; c++) acc[c] = _mm512_setzero_ps();
+      const int8_t* xrow = j->xq + (size_t)mi * j->k;
+      for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = wg + (size_t)b * bb;
+        const size_t xb = (size_t)mi * nb + b;
+        int32_t g4[8];
+        memcpy(g4, xrow + b * QK, 32);
+        const __m512 d = _mm512_mul_ps(load_scales(0, blk + cb), _mm512_set1_ps(j->xd[xb]));
+        for (int c = 0; c < 8; c++) {
+          __m512i w;
+          if (bits == 8) {
+            w = _mm512_loadu_si512(blk + 64 * c);
+          } else {
+            const __m512i v = _mm512_loadu_si512(blk + 64 * (c / 2));
+            w = c % 2 ? _mm512_and_si512(_mm512_srli_epi16(v, 4), low) : _mm512_and_si512(v, low);
+          }
+          __m512i lane = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_set1_epi32(g4[c]));
+          if (bits == 8) { /* codes are q + 128: take 128 * (the lane's four x) back */
+            const int8_t* x4 = xrow + b * QK + 4 * c;
+            lane = _mm512_sub_epi32(lane, _mm512_set1_epi32(128 * (x4[0] + x4[1] + x4[2] + x4[3])));
+          }
+          acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), acc[c]);
+        }
+        if (offset)
+          summs = _mm512_fmadd_ps(load_scales(0, blk + cb + sb), _mm512_set1_ps(j->xs[xb]), summs);
+      }
+      __m512 y = _mm512_add_ps(
+          _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6])),
+          _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7])));
+      y = _mm512_add_ps(y, summs);
+      float* out = j->y + (size_t)mi * j->n + g * GROUP;
+      if (j->r)
+        y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, j->r + (size_t)mi * j->n + g * GROUP));
+      _mm512_mask_storeu_ps(out, mask, y);
+    }
+  }
+}
+
+AVX512 static void groups_ggml_avx512(const Job* j, int g0, int g1) {
+  if (j->fmt == FMT_Q4_1)
+    groups_ggml_avx512_as(j, g0, g1, 4, 1);
+  else
+    groups_ggml_avx512_as(j, g0, g1, 8, 0);
 }
 #endif
 
@@ -485,6 +606,7 @@ AVX2 static void quantize_row_avx2(const float* x, int K, QuantRow r) {
     r.sum16[2 * b] = half[0];
     r.sum16[2 * b + 1] = half[1];
     r.sum[b] = half[0] + half[1];
+    r.s[b] = round_to_half(d * (float)r.sum[b]);
   }
 }
 #endif
@@ -493,7 +615,7 @@ static void quantize(int path, const float* x, int m, int k, QuantRow all) {
   const int nb = k / QK;
   for (int i = 0; i < m; i++) {
     QuantRow r = {all.q + (size_t)i * k, all.d + (size_t)i * nb, all.sum + (size_t)i * nb,
-                  all.sum16 + (size_t)i * 2 * nb};
+                  all.sum16 + (size_t)i * 2 * nb, all.s + (size_t)i * nb};
 #ifdef QMM_X86
     if (path == PATH_AVX512) {
       quantize_row_avx512(x + (size_t)i * k, k, r);
@@ -509,6 +631,16 @@ static void quantize(int path, const float* x, int m, int k, QuantRow all) {
 }
 
 static void run_groups(int path, const Job* j, int g0, int g1) {
+  if (j->ggml) {
+#ifdef QMM_X86
+    if (path == PATH_AVX512) {
+      groups_ggml_avx512(j, g0, g1);
+      return;
+    }
+#endif
+    groups_ggml_scalar(j, g0, g1);
+    return;
+  }
 #ifdef QMM_X86
   if (path == PATH_AVX512) {
     groups_avx512(j, g0, g1);
@@ -525,7 +657,7 @@ static void run_groups(int path, const Job* j, int g0, int g1) {
 /* Scratch for the quantised activations: per row, k codes and, per block, a float scale
  * and three int32 sums (the block's and its halves'). */
 static size_t scratch_bytes(int m, int k) {
-  return (size_t)m * k + (size_t)m * (k / QK) * 16 + 64;
+  return (size_t)m * k + (size_t)m * (k / QK) * 20 + 64;
 }
 
 static QuantRow scratch_rows(void* buf, int m, int k) {
@@ -535,15 +667,17 @@ static QuantRow scratch_rows(void* buf, int m, int k) {
   r.d = (float*)p;
   r.sum = (int32_t*)(p + nb * 4);
   r.sum16 = (int32_t*)(p + nb * 8);
-  r.q = (int8_t*)(p + nb * 16);
+  r.s = (float*)(p + nb * 16);
+  r.q = (int8_t*)(p + nb * 20);
   return r;
 }
 
 /* For tests and benchmarks (ctypes): one call, single-threaded, on a chosen path (-1: the
  * best this CPU has). Returns 0, or -1 for a bad argument or a path this CPU lacks. */
 EXPORT int uniun_qmatmul(int fmt, int path, const uint8_t* w, int n, int k, const float* x,
-                         int m, const float* r, float* y) {
+                         int m, const float* r, float* y, int ggml) {
   if (block_bytes(fmt) == 0 || n <= 0 || k <= 0 || k % QK || m < 0) return -1;
+  if (ggml && !ggml_format(fmt)) return -1;
   if (path < 0) path = best_path();
   if (!supports(path)) return -1;
   if (m == 0) return 0;
@@ -551,7 +685,7 @@ EXPORT int uniun_qmatmul(int fmt, int path, const uint8_t* w, int n, int k, cons
   if (!buf) return -1;
   QuantRow q = scratch_rows(buf, m, k);
   quantize(path, x, m, k, q);
-  Job j = {fmt, w, n, k, m, q.q, q.d, q.sum, q.sum16, r, y};
+  Job j = {fmt, w, n, k, m, q.q, q.d, q.sum, q.sum16, q.s, r, y, ggml};
   run_groups(path, &j, 0, (n + GROUP - 1) / GROUP);
   free(buf);
   return 0;
@@ -567,110 +701,12 @@ EXPORT size_t uniun_qmatmul_block_bytes(int fmt) { return block_bytes(fmt); }
 
 /* ---- onnxruntime ------------------------------------------------------------------------ */
 
-typedef struct OrtStatus OrtStatus;
-typedef struct OrtApi OrtApi;
-typedef struct OrtValue OrtValue;
-typedef struct OrtKernelInfo OrtKernelInfo;
-typedef struct OrtKernelContext OrtKernelContext;
-typedef struct OrtSessionOptions OrtSessionOptions;
-typedef struct OrtCustomOpDomain OrtCustomOpDomain;
-typedef struct OrtTensorTypeAndShapeInfo OrtTensorTypeAndShapeInfo;
-typedef struct OrtShapeInferContext OrtShapeInferContext;
+#include "ort_abi.h"
 
-typedef struct OrtApiBase {
-  const OrtApi* (*GetApi)(uint32_t version);
-  const char* (*GetVersionString)(void);
-} OrtApiBase;
-
-/* onnxruntime's OrtCustomOp as of API version 16 (we fill the v16 fields only). */
-typedef struct OrtCustomOp {
-  uint32_t version;
-  void* (*CreateKernel)(const struct OrtCustomOp*, const OrtApi*, const OrtKernelInfo*);
-  const char* (*GetName)(const struct OrtCustomOp*);
-  const char* (*GetExecutionProviderType)(const struct OrtCustomOp*);
-  int (*GetInputType)(const struct OrtCustomOp*, size_t);
-  size_t (*GetInputTypeCount)(const struct OrtCustomOp*);
-  int (*GetOutputType)(const struct OrtCustomOp*, size_t);
-  size_t (*GetOutputTypeCount)(const struct OrtCustomOp*);
-  void (*KernelCompute)(void*, OrtKernelContext*);
-  void (*KernelDestroy)(void*);
-  int (*GetInputCharacteristic)(const struct OrtCustomOp*, size_t);
-  int (*GetOutputCharacteristic)(const struct OrtCustomOp*, size_t);
-  int (*GetInputMemoryType)(const struct OrtCustomOp*, size_t);
-  int (*GetVariadicInputMinArity)(const struct OrtCustomOp*);
-  int (*GetVariadicInputHomogeneity)(const struct OrtCustomOp*);
-  int (*GetVariadicOutputMinArity)(const struct OrtCustomOp*);
-  int (*GetVariadicOutputHomogeneity)(const struct OrtCustomOp*);
-  OrtStatus* (*CreateKernelV2)(const struct OrtCustomOp*, const OrtApi*, const OrtKernelInfo*,
-                               void**);
-  OrtStatus* (*KernelComputeV2)(void*, OrtKernelContext*);
-  OrtStatus* (*InferOutputShapeFn)(const struct OrtCustomOp*, OrtShapeInferContext*);
-} OrtCustomOp;
-
-#define ORT_API_VERSION_USED 17 /* onnxruntime 1.17+: KernelContext_ParallelFor */
-#define OP_STRUCT_VERSION 16    /* CreateKernelV2 / KernelComputeV2 return a status */
-#define TYPE_FLOAT 1
-#define TYPE_UINT8 2
-#define ORT_INVALID_ARGUMENT 2
-#define ORT_FAIL 1
-
-/* Slots of the OrtApi function table (onnxruntime_c_api.h, struct OrtApi, in order). */
-enum {
-  SLOT_CreateStatus = 0,
-  SLOT_CreateCustomOpDomain = 26,
-  SLOT_CustomOpDomain_Add = 27,
-  SLOT_AddCustomOpDomain = 28,
-  SLOT_GetTensorMutableData = 51,
-  SLOT_GetDimensionsCount = 61,
-  SLOT_GetDimensions = 62,
-  SLOT_GetTensorTypeAndShape = 65,
-  SLOT_KernelInfoGetAttribute_int64 = 86,
-  SLOT_KernelInfoGetAttribute_string = 87,
-  SLOT_KernelContext_GetInputCount = 88,
-  SLOT_KernelContext_GetInput = 90,
-  SLOT_KernelContext_GetOutput = 91,
-  SLOT_ReleaseStatus = 93,
-  SLOT_ReleaseTensorTypeAndShapeInfo = 99,
-  SLOT_GetBuildInfoString = 254,
-  SLOT_KernelContext_ParallelFor = 274,
-};
-
-static const OrtApi* g_api;
-
-#define API_FN(slot, type) ((type)((void* const*)g_api)[slot])
-
-static OrtStatus* status(int code, const char* msg) {
-  return API_FN(SLOT_CreateStatus, OrtStatus* (*)(int, const char*))(code, msg);
-}
-
-#define TRY(call)                   \
-  do {                              \
-    OrtStatus* st_ = (call);        \
-    if (st_) return st_;            \
-  } while (0)
-
-static OrtStatus* tensor_shape(const OrtValue* v, int64_t* dims, size_t* nd) {
-  OrtTensorTypeAndShapeInfo* info;
-  TRY(API_FN(SLOT_GetTensorTypeAndShape, OrtStatus* (*)(const OrtValue*,
-                                                         OrtTensorTypeAndShapeInfo**))(v, &info));
-  size_t count = 0;
-  OrtStatus* st = API_FN(SLOT_GetDimensionsCount,
-                         OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, size_t*))(info, &count);
-  if (!st && count > 8) st = status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: more than 8 dims");
-  if (!st)
-    st = API_FN(SLOT_GetDimensions, OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, int64_t*,
-                                                    size_t))(info, dims, count);
-  API_FN(SLOT_ReleaseTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*))(info);
-  *nd = count;
-  return st;
-}
-
-static OrtStatus* tensor_data(const OrtValue* v, void** out) {
-  return API_FN(SLOT_GetTensorMutableData, OrtStatus* (*)(OrtValue*, void**))((OrtValue*)v, out);
-}
+const OrtApi* uniun_ort_api;
 
 typedef struct {
-  int fmt, n, k, path;
+  int fmt, n, k, path, ggml;
   void* scratch;
   size_t scratch_size;
 } Kernel;
@@ -739,7 +775,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   }
   QuantRow q = scratch_rows(kn->scratch, (int)m, kn->k);
   quantize(kn->path, x, (int)m, kn->k, q);
-  Job job = {kn->fmt, w, kn->n, kn->k, (int)m, q.q, q.d, q.sum, q.sum16, r, y};
+  Job job = {kn->fmt, w, kn->n, kn->k, (int)m, q.q, q.d, q.sum, q.sum16, q.s, r, y, kn->ggml};
   const int tasks = groups < TASKS ? groups : TASKS;
   Tasks t = {&job, kn->path, (groups + tasks - 1) / tasks, groups};
   return API_FN(SLOT_KernelContext_ParallelFor,
@@ -769,8 +805,17 @@ static OrtStatus* create_kernel(const OrtCustomOp* op, const OrtApi* api,
                   "or q8_0h");
   if (n <= 0 || k <= 0 || k % QK || n > (1 << 30) || k > (1 << 20))
     return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: bad N or K (K must be a multiple of 32)");
+  int64_t ggml = 0; /* optional: llama.cpp's summation order */
+  OrtStatus* absent = API_FN(SLOT_KernelInfoGetAttribute_int64, GetInt)(info, "ggml", &ggml);
+  if (absent) {
+    API_FN(SLOT_ReleaseStatus, void (*)(OrtStatus*))(absent);
+    ggml = 0;
+  }
+  if (ggml && !ggml_format(f))
+    return status(ORT_INVALID_ARGUMENT, "uniun.QMatMul: ggml=1 takes formats q4_1 and q8_0");
   Kernel* kn = calloc(1, sizeof *kn);
   if (!kn) return status(ORT_FAIL, "uniun.QMatMul: out of memory");
+  kn->ggml = ggml != 0;
   kn->fmt = f;
   kn->n = (int)n;
   kn->k = (int)k;
@@ -808,7 +853,7 @@ static OrtCustomOpDomain* g_domain;
 EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase* base) {
   const OrtApi* api = base->GetApi(ORT_API_VERSION_USED);
   if (!api) return NULL; /* too old: the session then refuses the graph, naming the op */
-  g_api = api;
+  uniun_ort_api = api;
   const char* build = API_FN(SLOT_GetBuildInfoString, const char* (*)(void))();
   if (!build || strncmp(build, "ORT Build Info", 14) != 0)
     return status(ORT_FAIL, "uniun.QMatMul: this onnxruntime's C API table is not the expected one");
@@ -817,6 +862,11 @@ EXPORT OrtStatus* RegisterCustomOps(OrtSessionOptions* options, const OrtApiBase
         "uniun", &g_domain));
     TRY(API_FN(SLOT_CustomOpDomain_Add, OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(
         g_domain, &qmatmul_op));
+    size_t count = 0;
+    const OrtCustomOp* const* ggml_ops = uniun_ggml_ort_ops(&count);
+    for (size_t i = 0; i < count; i++)
+      TRY(API_FN(SLOT_CustomOpDomain_Add,
+                 OrtStatus* (*)(OrtCustomOpDomain*, const OrtCustomOp*))(g_domain, ggml_ops[i]));
   }
   return API_FN(SLOT_AddCustomOpDomain, OrtStatus* (*)(OrtSessionOptions*, OrtCustomOpDomain*))(
       options, g_domain);

@@ -26,8 +26,8 @@ from loguru import logger
 
 from uniun.models.onnx_ops import op_types
 
-__all__ = ["OP_TYPE", "DOMAIN", "DATA_FILE", "FORMATS", "KernelMissing", "library", "fast",
-           "path_name", "paths", "register", "prepare", "matmul"]
+__all__ = ["OP_TYPE", "DOMAIN", "DATA_FILE", "FORMATS", "GGML_OPS", "KernelMissing", "library",
+           "fast", "ggml_fast", "path_name", "paths", "register", "prepare", "matmul"]
 
 OP_TYPE = "QMatMul"
 DOMAIN = "uniun"
@@ -39,6 +39,7 @@ DATA_FILE = "model.qblocks.data"  # a converted model's QMatMul blocks (read in 
 FORMATS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_0f": 3, "q4_1f": 4, "q8_0f": 5, "q8_1f": 6,
            "q8_0h": 7}
 PATHS = {"scalar": 0, "avx512": 1, "avx2": 2}
+GGML_OPS = {"GgmlRmsNorm", "GgmlRope", "GgmlSwiGlu", "GgmlAttention"}  # models/ggml_ort.c
 
 
 class KernelMissing(RuntimeError):
@@ -63,12 +64,12 @@ def _lib() -> ctypes.CDLL | None:
         return None
     try:
         lib = ctypes.CDLL(str(path))
-        lib.uniun_qmatmul_supports  # noqa: B018 - a build older than this module lacks it
+        lib.uniun_ggml_attention  # noqa: B018 - a build older than this module lacks it
     except (OSError, AttributeError):
         return None  # not loadable, or stale: KernelMissing then says to run bin/setup
     p = ctypes.c_void_p
     lib.uniun_qmatmul.argtypes = [ctypes.c_int, ctypes.c_int, p, ctypes.c_int, ctypes.c_int, p,
-                                  ctypes.c_int, p, p]
+                                  ctypes.c_int, p, p, ctypes.c_int]
     lib.uniun_qmatmul.restype = ctypes.c_int
     lib.uniun_qmatmul_best_path.restype = ctypes.c_int
     lib.uniun_qmatmul_supports.argtypes = [ctypes.c_int]
@@ -106,6 +107,14 @@ def fast() -> bool:
     return path_name() in ("avx512", "avx2")
 
 
+def ggml_fast() -> bool:
+    """Whether llama.cpp's arithmetic (``models/convert/ggml_decoder.py``) runs fast here:
+    QMatMul's ggml order has an AVX-512 VNNI path only (elsewhere it runs the portable
+    one), and the ggml operators need AVX2, FMA and F16C."""
+    lib = _lib()
+    return lib is not None and path_name() == "avx512" and bool(lib.uniun_ggml_supported())
+
+
 def register(options: Any) -> None:
     """Add the library's ``uniun.QMatMul`` to onnxruntime ``SessionOptions``."""
     path = library()
@@ -121,7 +130,7 @@ def prepare(options: Any, model_file: Path) -> set[str]:
     """Register the library on ``options`` if ``model_file``'s graph uses the op; the
     graph's operator types (read without importing onnx: ``models/onnx_ops.py``)."""
     ops = op_types(model_file)
-    if OP_TYPE in ops:
+    if OP_TYPE in ops or GGML_OPS & ops:
         register(options)
         if not fast():
             logger.warning("{} was converted for QMatMul's vector paths (AVX-512 VNNI, "
@@ -132,8 +141,10 @@ def prepare(options: Any, model_file: Path) -> set[str]:
 
 
 def matmul(data: np.ndarray, fmt: str, n: int, k: int, x: np.ndarray,
-           residual: np.ndarray | None = None, *, path: str | None = None) -> np.ndarray:
-    """``x @ W.T (+ residual)`` for packed ``data`` (one thread; ``path`` None: the best)."""
+           residual: np.ndarray | None = None, *, path: str | None = None,
+           ggml: bool = False) -> np.ndarray:
+    """``x @ W.T (+ residual)`` for packed ``data`` (one thread; ``path`` None: the best;
+    ``ggml``: llama.cpp's summation order, formats q4_1 and q8_0)."""
     lib = _lib()
     if lib is None:
         raise KernelMissing("the QMatMul library is not built (run bin/setup)")
@@ -147,7 +158,8 @@ def matmul(data: np.ndarray, fmt: str, n: int, k: int, x: np.ndarray,
         raise ValueError(f"QMatMul: {data.size} bytes of {fmt} weights, [{n}, {k}] needs {want}")
     code = -1 if path is None else PATHS[path]
     rc = lib.uniun_qmatmul(FORMATS[fmt], code, data.ctypes.data, n, k, x.ctypes.data, m,
-                           None if r is None else r.ctypes.data, y.ctypes.data)
+                           None if r is None else r.ctypes.data, y.ctypes.data, int(ggml))
     if rc != 0:
-        raise ValueError(f"QMatMul refused: format {fmt}, n {n}, k {k}, path {path}")
+        raise ValueError(f"QMatMul refused: format {fmt}, n {n}, k {k}, path {path}, "
+                         f"ggml {ggml}")
     return y

@@ -52,10 +52,12 @@ class GraphBuilder:
 
     ``qmatmul``: write the block-quantized weights our kernel takes (:func:`pack`) as
     ``uniun.QMatMul`` nodes; the rest, and every weight when False, as ``MatMulNBits``.
+    ``ggml``: those nodes sum in llama.cpp's order (``ggml=1``; see ``ggml_decoder``).
     """
 
-    def __init__(self, *, qmatmul: bool = False) -> None:
-        self.qmatmul = qmatmul
+    def __init__(self, *, qmatmul: bool = False, ggml: bool = False) -> None:
+        self.qmatmul = qmatmul or ggml
+        self.ggml = ggml
         self.nodes: list[onnx.NodeProto] = []
         self.initializers: list[TensorProto] = []
         self._count = 0
@@ -123,8 +125,9 @@ class GraphBuilder:
         block's offset term included) and the residual add in one node."""
         blocks = self.const(f"{name}{QBLOCKS_SUFFIX}", w.data)
         inputs = [x, blocks] + ([residual] if residual is not None else [])
+        extra = {"ggml": 1} if self.ggml else {}
         return self.op(qmatmul.OP_TYPE, inputs, name, domain=qmatmul.DOMAIN, K=w.k, N=w.n,
-                       format=w.format)[0]
+                       format=w.format, **extra)[0]
 
     def _matmul_nbits(self, x: str, w: BlockQuantized, name: str,
                       residual: str | None = None) -> str:

@@ -59,6 +59,7 @@ from uniun.models.convert.decoder_blocks import (
     scaled,
 )
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Progress, Weight
+from uniun.models.convert.ggml_decoder import ggml_layers, ggml_unsupported
 from uniun.models.convert.qmatmul_pack import packable
 
 __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNAL_DATA_NAME"]
@@ -66,8 +67,9 @@ __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNA
 OPSET = 23
 # Bumped whenever the graph this module writes changes; the store rebuilds models it
 # made with an older builder (see ``store.ensure_model``).
-BUILDER_VERSION = 9  # 6: GroupQueryAttention, last-position logits; 7: head in parts;
-# 8: the residual add joined with the Q4_1 correction in one Sum; 9: uniun.QMatMul
+BUILDER_VERSION = 10  # 6: GroupQueryAttention, last-position logits; 7: head in parts;
+# 8: the residual add joined with the Q4_1 correction in one Sum; 9: uniun.QMatMul;
+# 10: llama.cpp's arithmetic (ggml_decoder) where it applies
 HEAD_PART_ROWS = 16384  # rows per LM-head part (see _head)
 EXTERNAL_DATA_NAME = "model.onnx.data"
 
@@ -92,7 +94,8 @@ def _io(config: DecoderConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.Val
 
 def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                   progress: Progress | None = None, *,
-                  attention_op: str = "gqa", weight_op: str = "auto") -> onnx.ModelProto:
+                  attention_op: str = "gqa", weight_op: str = "auto",
+                  arith: str = "auto") -> onnx.ModelProto:
     """The decoder graph for ``config`` with ``weights`` (HF names) as initializers.
 
     ``progress(n)`` is called after each layer so long conversions can show a bar.
@@ -107,12 +110,22 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
     our ``uniun.QMatMul`` kernel; what it does not take stays on ``MatMulNBits``),
     ``"matmulnbits"`` (onnxruntime's ``MatMulNBits`` for all) or ``"auto"`` (QMatMul where
     its library runs its vector path here: :func:`uniun.models.qmatmul.fast`).
+    ``arith``: ``"ggml"`` (llama.cpp's arithmetic, bit for bit: :mod:`ggml_decoder`; an
+    error for a model it does not apply to), ``"onnx"`` (the graph above) or ``"auto"``
+    (ggml where it applies and this CPU runs its kernels fast: :func:`qmatmul.ggml_fast`).
     """
     if attention_op not in ("gqa", "matmul"):
         raise ValueError(f"attention_op must be gqa or matmul, not {attention_op!r}")
     if weight_op not in ("auto", "qmatmul", "matmulnbits"):
         raise ValueError(f"weight_op must be auto, qmatmul or matmulnbits, not {weight_op!r}")
-    g = GraphBuilder(qmatmul=weight_op == "qmatmul" or (weight_op == "auto" and qmatmul.fast()))
+    if arith not in ("auto", "ggml", "onnx"):
+        raise ValueError(f"arith must be auto, ggml or onnx, not {arith!r}")
+    why_not = ggml_unsupported(config, weights) if arith != "onnx" else "arith onnx"
+    if arith == "ggml" and why_not:
+        raise ValueError(f"llama.cpp's arithmetic does not apply: {why_not}")
+    ggml = arith == "ggml" or (arith == "auto" and not why_not and qmatmul.ggml_fast())
+    g = GraphBuilder(qmatmul=weight_op == "qmatmul" or (weight_op == "auto" and qmatmul.fast()),
+                     ggml=ggml)
     cfg = config
     eps = float(cfg.rms_norm_eps)
     cos, sin = rope_tables(cfg)
@@ -139,6 +152,8 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
         hidden = g.op("Gather", [g.const("model.embed_tokens.weight", embed), "input_ids"],
                       "embed", axis=0)[0]
     hidden = scale_rows(g, hidden, cfg.embedding_scale)
+    if ggml:
+        return _finish(g, cfg, weights, ggml_layers(g, cfg, weights, hidden, progress))
     gqa = attention_op == "gqa" and uses_gqa(cfg)
     scale = cfg.attention_scale()
     if gqa:
@@ -209,7 +224,13 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
     last = g.op("Slice", [hidden, g.const("last_start", np.array([-1], np.int64)),
                           g.const("last_end", np.array([2 ** 62], np.int64)),
                           g.const("last_axis", np.array([1], np.int64))], "last_pos")[0]
-    normed = _norm(g, last, weights, "model.norm.weight", eps, "final_norm")
+    return _finish(g, cfg, weights, _norm(g, last, weights, "model.norm.weight", eps,
+                                          "final_norm"))
+
+
+def _finish(g: GraphBuilder, cfg: DecoderConfig, weights: Mapping[str, Weight],
+            normed: str) -> onnx.ModelProto:
+    """The LM head over the last position's normed state, the I/O, and the model."""
     head = weights.get("lm_head.weight")
     if head is None:
         if not cfg.tie_word_embeddings:

@@ -30,7 +30,7 @@ import numpy as np
 
 from uniun.models.convert.decoder_spec import BlockQuantized
 
-__all__ = ["PackedWeight", "pack", "packable", "GROUP", "BLOCK"]
+__all__ = ["PackedWeight", "format_of", "pack", "packable", "GROUP", "BLOCK"]
 
 GROUP = 16  # rows per group
 BLOCK = 32  # elements per block along K
@@ -102,6 +102,13 @@ def packable(w: BlockQuantized) -> bool:
     if w.block_size == BLOCK // 2:
         return w.bits == 8 and w.offsets is None
     return w.block_size == BLOCK and w.bits in (4, 8)
+
+
+def format_of(w: BlockQuantized) -> str | None:
+    """The format :func:`pack` would write ``w`` in (without packing it), or None."""
+    if not packable(w):
+        return None
+    return "q8_0h" if w.block_size == BLOCK // 2 else _format(w)[0]
 
 
 def pack(w: BlockQuantized) -> PackedWeight | None:

@@ -1,0 +1,292 @@
+/* llama.cpp's arithmetic, reproduced bit for bit: RMSNorm, RoPE, SwiGLU and attention as
+ * ggml's CPU backend computes them when built for AVX-512 (GGML_NATIVE on such a CPU).
+ *
+ * Why: on a small quantised model, 8-bit activation quantisation turns a last-bit
+ * difference into a flipped code, and greedy text drifts from llama.cpp's within 20
+ * tokens on half the prompts even when every op is "correct": llama.cpp disagrees with
+ * itself that often when only its flash-attention or batch setting changes (issue 10,
+ * docs/models.md). The only way to give a user llama.cpp's tokens for llama.cpp's file is
+ * to do the same float operations in the same order. Each function names the ggml code it
+ * follows (ggml-cpu/ops.cpp, vec.cpp, vec.h, llamafile/sgemm.cpp, llama.cpp's vendored
+ * copy in llama-cpp-python 0.3.36; MIT licence, (c) the ggml authors).
+ *
+ * Order matters in three places, and is spelled out here rather than left to a compiler:
+ * - sums: ggml's vector reductions (_mm512_reduce_add_ps, its 4-accumulator dot product,
+ *   tinyBLAS's one accumulator per output) are written out lane by lane (reduce16);
+ * - fused multiply-adds: fmaf() exactly where ggml's build fuses, and nowhere else
+ *   (this file is compiled with fp-contract off);
+ * - fp16: K, V, the query and the softmax output are rounded to fp16 where ggml stores or
+ *   converts them (its KV cache is fp16, and its fp16 matmul converts the other side).
+ *
+ * The vector loops use AVX2 + FMA; uniun_ggml_supported() says whether this CPU has them.
+ */
+#pragma GCC optimize("fp-contract=off")
+
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+
+#if defined(__x86_64__) || defined(_M_X64)
+#include <immintrin.h>
+#define VEC __attribute__((target("avx2,fma,f16c")))
+#else
+#define VEC
+#endif
+
+#define EXPORT __attribute__((visibility("default")))
+
+static float round_half(float x) { return (float)(_Float16)x; }
+
+/* _mm512_reduce_add_ps's order (GCC's avx512fintrin.h): halves, quarters, then pairs. */
+static float reduce16(const float v[16]) {
+  float t3[8], t6[4];
+  for (int i = 0; i < 8; i++) t3[i] = v[8 + i] + v[i];
+  for (int i = 0; i < 4; i++) t6[i] = t3[4 + i] + t3[i];
+  return (t6[0] + t6[2]) + (t6[1] + t6[3]);
+}
+
+EXPORT int uniun_ggml_supported(void) {
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+         __builtin_cpu_supports("f16c");
+#else
+  return 0;
+#endif
+}
+
+/* ---- RMSNorm: ggml_compute_forward_rms_norm_f32, then ggml_mul by the weight ---------- */
+
+VEC EXPORT void uniun_ggml_rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
+                                float eps) {
+  for (int64_t r = 0; r < rows; r++) {
+    const float* xr = x + r * n;
+    float* yr = y + r * n;
+    double sum = 0.0;
+    for (int i = 0; i < n; i++) sum += (double)(xr[i] * xr[i]);
+    const float mean = (float)(sum / n);
+    const float scale = 1.0f / sqrtf(mean + eps);
+    for (int i = 0; i < n; i++) yr[i] = (xr[i] * scale) * w[i];
+  }
+}
+
+/* ---- RoPE: ggml_rope_cache_init + rotate_pairs (no YaRN, no frequency factors) ---------- */
+
+/* x, y: [tokens][heads][dim]. interleaved: ggml's NORMAL mode (pairs 2i, 2i+1: llama's
+ * GGUF row order), else NEOX (pairs i, i + dim/2). */
+VEC EXPORT void uniun_ggml_rope(const float* x, const int64_t* pos, float* y, int64_t tokens,
+                            int heads, int dim, float base, int interleaved) {
+  const float theta_scale = powf(base, -2.0f / dim);
+  float* cache = malloc(sizeof(float) * dim);
+  if (!cache) return;
+  for (int64_t t = 0; t < tokens; t++) {
+    float theta = (float)pos[t];
+    for (int i0 = 0; i0 < dim; i0 += 2) {
+      cache[i0] = cosf(theta);
+      cache[i0 + 1] = sinf(theta);
+      theta *= theta_scale;
+    }
+    for (int h = 0; h < heads; h++) {
+      const float* src = x + (t * heads + h) * dim;
+      float* dst = y + (t * heads + h) * dim;
+      const int offset = interleaved ? 1 : dim / 2;
+      for (int i0 = 0; i0 < dim; i0 += 2) {
+        const int ic = interleaved ? i0 : i0 / 2;
+        const float c = cache[i0], s = cache[i0 + 1];
+        const float x0 = src[ic], x1 = src[ic + offset];
+        dst[ic] = fmaf(x0, c, -(x1 * s));
+        dst[ic + offset] = fmaf(x0, s, x1 * c);
+      }
+    }
+  }
+  free(cache);
+}
+
+/* ---- exp and SiLU: vec.h's ggml_v_expf / ggml_v_silu, AVX-512 flavour ------------------ */
+
+/* One lane of ggml_v_expf (__m512): polynomial on the reduced argument, then scalef. */
+VEC static float v_expf(float x) {
+  const float r = 0x1.8p23f;
+  const float z = fmaf(x, 0x1.715476p+0f, r);
+  const float n = z - r;
+  const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+  if (fabsf(n) > 192.f) return n <= 0.f ? 0.f : INFINITY;
+  const float u = b * b;
+  const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                            fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                       u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+  return scalbnf(j, (int)n); /* scalef: j * 2^n, rounded once */
+}
+
+/* ggml_v_expf over 8 lanes; a lane outside scalef's plain range goes through v_expf. */
+VEC static __m256 v_expf8(__m256 x) {
+  const __m256 r = _mm256_set1_ps(0x1.8p23f);
+  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
+  const __m256 n = _mm256_sub_ps(z, r);
+  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+  const __m256 u = _mm256_mul_ps(b, b);
+  const __m256 j = _mm256_fmadd_ps(
+      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b,
+                                      _mm256_set1_ps(0x1.573e2ep-5f)),
+                      u,
+                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b,
+                                      _mm256_set1_ps(0x1.fffdb6p-2f))),
+      u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
+  /* 2^n is a normal float for n in [-125, 127], and j * 2^n then rounds as scalef does
+   * (j in [0.7, 1.5]: the product stays normal down to n = -125). */
+  const __m256 lo = _mm256_set1_ps(-125.f), hi = _mm256_set1_ps(127.f);
+  const int inside = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(n, lo, _CMP_GE_OQ),
+                                                      _mm256_cmp_ps(n, hi, _CMP_LE_OQ)));
+  if (inside == 0xFF) {
+    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
+                                                         _mm256_set1_epi32(127)), 23);
+    return _mm256_mul_ps(j, _mm256_castsi256_ps(e));
+  }
+  float xs[8], out[8];
+  _mm256_storeu_ps(xs, x);
+  for (int i = 0; i < 8; i++) out[i] = v_expf(xs[i]);
+  return _mm256_loadu_ps(out);
+}
+
+/* ggml_vec_swiglu_f32: silu(g) * u, silu(x) = x / (1 + exp(-x)). n: any length (ggml's
+ * scalar tail uses libm's expf; this one too). */
+VEC static void swiglu_vec(const float* g, const float* u, float* y, int64_t n) {
+  int64_t i = 0;
+  const int64_t whole = n - n % 16; /* ggml's vector loop takes 16 at a time */
+  const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
+  for (; i + 8 <= whole; i += 8) {
+    const __m256 x = _mm256_loadu_ps(g + i);
+    const __m256 e = v_expf8(_mm256_sub_ps(zero, x));
+    const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
+    _mm256_storeu_ps(y + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
+  }
+  for (; i < n; i++) y[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
+}
+
+EXPORT void uniun_ggml_swiglu(const float* g, const float* u, float* y, int64_t n) {
+  swiglu_vec(g, u, y, n);
+}
+
+/* ---- attention: mul_mat(K, Q), soft_max_ext, mul_mat(V, P) in llama.cpp's non-flash path */
+
+/* ggml_vec_dot_f16 (one query: the decode path): four accumulators over 64-value steps,
+ * then (acc0 + acc2) + (acc1 + acc3), reduce16, and a double-precision tail. */
+VEC static float dot_one(const float* x, const float* y, int n) {
+  float acc[4][16] = {{0}};
+  const int np = n & ~63;
+  for (int i = 0; i < np; i += 64)
+    for (int a = 0; a < 4; a++)
+      for (int l = 0; l < 16; l++)
+        acc[a][l] = fmaf(x[i + 16 * a + l], y[i + 16 * a + l], acc[a][l]);
+  float r[16];
+  for (int l = 0; l < 16; l++) r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
+  double sum = reduce16(r);
+  for (int i = np; i < n; i++) sum += (double)(x[i] * y[i]);
+  return (float)sum;
+}
+
+/* tinyBLAS (many queries, n % 16 == 0): one 16-lane accumulator, reduce16. */
+VEC static float dot_many(const float* x, const float* y, int n) {
+  float acc[16] = {0};
+  for (int i = 0; i < n; i += 16)
+    for (int l = 0; l < 16; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
+  return reduce16(acc);
+}
+
+/* Softmax of one score row over keys [0, keys): ggml_compute_forward_soft_max_f32 with
+ * ggml_vec_soft_max_f32 (16 at a time, each 16's sum added in double). Keys past the
+ * row's last visible one are masked (-inf); so are those with open[k] == 0. */
+VEC static void softmax_row(float* w, int keys, int visible, const int64_t* open,
+                            float scale) {
+  float max = -INFINITY;
+  for (int k = 0; k < keys; k++) {
+    w[k] = (k < visible && (!open || open[k])) ? w[k] * scale : -INFINITY;
+    max = w[k] > max ? w[k] : max;
+  }
+  double sum = 0.0;
+  const __m256 vmax = _mm256_set1_ps(max);
+  for (int k = 0; k < keys; k += 16) {
+    __m256 lo = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(w + k), vmax));
+    __m256 hi = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(w + k + 8), vmax));
+    _mm256_storeu_ps(w + k, lo);
+    _mm256_storeu_ps(w + k + 8, hi);
+    sum += (double)reduce16(w + k);
+  }
+  const float inv = (float)(1.0 / sum);
+  for (int k = 0; k < keys; k++) w[k] *= inv;
+}
+
+/* One query head's attention over the cache; see uniun_ggml_attention. */
+typedef struct {
+  const float *q, *k, *v;    /* q: [tokens][heads][dim] fp16-exact; k, v: [kv_heads][stride][dim] */
+  const int64_t* open;       /* [keys] key mask (1 = may look), or NULL */
+  float* out;                /* [tokens][heads][dim] */
+  int tokens, heads, kv_heads, dim, keys, stride, past;
+  float scale;
+} Attn;
+
+VEC static void attention_head(const Attn* a, int h, float* scores, float* acc) {
+  const int kvh = h / (a->heads / a->kv_heads);
+  const int many = a->tokens > 1 && a->dim % 16 == 0;
+  const int keys16 = (a->keys + 15) & ~15;
+  const float* kh = a->k + (size_t)kvh * a->stride * a->dim;
+  const float* vh = a->v + (size_t)kvh * a->stride * a->dim;
+  const int dim = a->dim;
+  for (int t = 0; t < a->tokens; t++) {
+    const float* q = a->q + ((size_t)t * a->heads + h) * dim;
+    for (int k = 0; k < a->keys; k++)
+      scores[k] = many ? dot_many(kh + (size_t)k * dim, q, dim)
+                       : dot_one(kh + (size_t)k * dim, q, dim);
+    for (int k = a->keys; k < keys16; k++) scores[k] = 0.f;
+    softmax_row(scores, keys16, a->past + t + 1, a->open, a->scale);
+    for (int k = 0; k < keys16; k++) scores[k] = round_half(scores[k]);
+    /* P V: for each output value d, a dot product over the keys with V's column d;
+     * lanes are keys mod 16, kept for all d at once (acc[a][lane][d]). */
+    const int banks = many ? 1 : 4;
+    memset(acc, 0, sizeof(float) * (size_t)banks * 16 * dim);
+    for (int k = 0; k < a->keys; k++) {
+      const float p = scores[k];
+      float* s = acc + ((size_t)(many ? 0 : (k >> 4) & 3) * 16 + (k & 15)) * dim;
+      const float* vk = vh + (size_t)k * dim;
+      for (int d = 0; d < dim; d++) s[d] = fmaf(vk[d], p, s[d]);
+    }
+    float* o = a->out + ((size_t)t * a->heads + h) * dim;
+    for (int d = 0; d < dim; d++) {
+      float lanes[16];
+      for (int l = 0; l < 16; l++) {
+        if (many) {
+          lanes[l] = acc[(size_t)l * dim + d];
+        } else {
+          const float* s = acc + (size_t)l * dim + d;
+          const size_t bank = (size_t)16 * dim;
+          lanes[l] = (s[0] + s[2 * bank]) + (s[bank] + s[3 * bank]);
+        }
+      }
+      o[d] = reduce16(lanes);
+    }
+  }
+}
+
+EXPORT size_t uniun_ggml_attention_scratch(int keys, int dim) {
+  return sizeof(float) * ((size_t)((keys + 15) & ~15) + (size_t)4 * 16 * dim);
+}
+
+/* Attention of `tokens` queries (positions past .. past + tokens - 1) over `keys` cached
+ * keys, heads [h0, h1). Rounding to fp16 of q, k and v is the caller's (uniun.GgmlAttention
+ * stores k and v rounded; the query is rounded here into the caller's q). */
+EXPORT void uniun_ggml_attention(const float* q, const float* k, const float* v,
+                                 const int64_t* open, float* out, int tokens, int heads,
+                                 int kv_heads, int dim, int keys, int stride, int past,
+                                 float scale, int h0, int h1, void* scratch) {
+  Attn a = {q, k, v, open, out, tokens, heads, kv_heads, dim, keys, stride, past, scale};
+  float* scores = scratch;
+  float* acc = scores + ((keys + 15) & ~15);
+  for (int h = h0; h < h1; h++) attention_head(&a, h, scores, acc);
+}
+
+EXPORT void uniun_ggml_round_half(const float* x, float* y, int64_t n) {
+  for (int64_t i = 0; i < n; i++) y[i] = round_half(x[i]);
+}

@@ -1,0 +1,364 @@
+/* The ggml-arithmetic operators (models/ggml_ops.c) as onnxruntime custom operators, in the
+ * "uniun" domain next to QMatMul:
+ *
+ *   GgmlRmsNorm(X, W, epsilon[1]) -> Y               RMSNorm of the last axis, times W
+ *   GgmlRope(X, position_ids, base[1]) -> Y          X [b, s, heads * dim]; attrs num_heads,
+ *                                                    interleaved (1: llama's GGUF row order)
+ *   GgmlSwiGlu(G, U) -> Y                            silu(G) * U
+ *   GgmlAttention(Q, K, V, past_key, past_value, attention_mask, scale[1])
+ *       -> (Y, present_key, present_value)           attrs num_heads, kv_num_heads
+ *
+ * GgmlAttention keeps KV as float32 holding fp16 values (llama.cpp's cache is fp16), in
+ * the decoder's BNSH layout. Like GroupQueryAttention it writes the new positions into
+ * the past buffer when the session binds one buffer as both past and present (past longer
+ * than attention_mask: its capacity), and concatenates otherwise.
+ *
+ * Scalars arrive as one-element float inputs (initializers), not attributes: every
+ * onnxruntime reads those the same way, and only int64 attributes are read here.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "ggml_ops.h"
+#include "ort_abi.h"
+
+#define TYPE_INT64 7
+#define MAX_IN 7
+
+typedef struct OpSpec {
+  OrtCustomOp base; /* first: onnxruntime hands the callbacks &base */
+  const char* name;
+  int inputs, outputs;
+  int input_types[MAX_IN];
+  OrtStatus* (*create)(const OrtKernelInfo*, void**);
+  OrtStatus* (*compute)(void*, OrtKernelContext*);
+} OpSpec;
+
+static const OpSpec* spec(const OrtCustomOp* op) { return (const OpSpec*)op; }
+static const char* op_name(const OrtCustomOp* op) { return spec(op)->name; }
+static const char* op_provider(const OrtCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
+static int op_input_type(const OrtCustomOp* op, size_t i) { return spec(op)->input_types[i]; }
+static size_t op_input_count(const OrtCustomOp* op) { return (size_t)spec(op)->inputs; }
+static int op_output_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return TYPE_FLOAT; }
+static size_t op_output_count(const OrtCustomOp* op) { return (size_t)spec(op)->outputs; }
+static int op_required(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
+static int op_memory_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
+static int op_one(const OrtCustomOp* op) { (void)op; return 1; }
+static void op_destroy(void* kernel) { free(kernel); }
+static OrtStatus* op_create(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
+                            void** out) {
+  (void)api;
+  return spec(op)->create(info, out);
+}
+
+#define OP(NAME, OUTPUTS, CREATE, COMPUTE, ...)                                              \
+  {{OP_STRUCT_VERSION, NULL, op_name, op_provider, op_input_type, op_input_count,            \
+    op_output_type, op_output_count, NULL, op_destroy, op_required, op_required,              \
+    op_memory_type, op_one, op_one, op_one, op_one, op_create, op_compute, NULL},             \
+   NAME, sizeof((int[]){__VA_ARGS__}) / sizeof(int), OUTPUTS, {__VA_ARGS__}, CREATE, COMPUTE}
+
+/* Every kernel starts with its op's spec (op_compute finds the compute function there). */
+typedef struct {
+  const OpSpec* op;
+  int64_t heads, kv_heads, interleaved;
+} Kernel;
+
+static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
+  return ((const Kernel*)kernel)->op->compute(kernel, ctx);
+}
+
+static OrtStatus* input(OrtKernelContext* ctx, size_t i, const OrtValue** v) {
+  return API_FN(SLOT_KernelContext_GetInput, GetInputFn)(ctx, i, v);
+}
+
+static OrtStatus* output(OrtKernelContext* ctx, size_t i, const int64_t* dims, size_t nd,
+                         OrtValue** v) {
+  return API_FN(SLOT_KernelContext_GetOutput, GetOutputFn)(ctx, i, dims, nd, v);
+}
+
+static int64_t elements(const int64_t* dims, size_t nd) {
+  int64_t n = 1;
+  for (size_t i = 0; i < nd; i++) n *= dims[i];
+  return n;
+}
+
+/* a one-element float input */
+static OrtStatus* scalar(OrtKernelContext* ctx, size_t i, const char* what, float* out) {
+  const OrtValue* v;
+  int64_t dims[8];
+  size_t nd;
+  void* data;
+  TRY(input(ctx, i, &v));
+  TRY(tensor_shape(v, dims, &nd));
+  if (elements(dims, nd) != 1) return status(ORT_INVALID_ARGUMENT, what);
+  TRY(tensor_data(v, &data));
+  *out = *(const float*)data;
+  return NULL;
+}
+
+static OrtStatus* attr(const OrtKernelInfo* info, const char* name, int64_t* out) {
+  return API_FN(SLOT_KernelInfoGetAttribute_int64, GetIntFn)(info, name, out);
+}
+
+static OrtStatus* new_kernel(const OpSpec* op, Kernel** out) {
+  *out = calloc(1, sizeof(Kernel));
+  if (!*out) return status(ORT_FAIL, "uniun: out of memory");
+  (*out)->op = op;
+  return NULL;
+}
+
+/* ---- GgmlRmsNorm ----------------------------------------------------------------------- */
+
+static const OpSpec rms_norm_op;
+
+static OrtStatus* rms_norm_create(const OrtKernelInfo* info, void** out) {
+  (void)info;
+  return new_kernel(&rms_norm_op, (Kernel**)out);
+}
+
+static OrtStatus* rms_norm_compute(void* kernel, OrtKernelContext* ctx) {
+  (void)kernel;
+  const OrtValue *xv, *wv;
+  int64_t dims[8], wdims[8];
+  size_t nd, wnd;
+  float eps;
+  TRY(input(ctx, 0, &xv));
+  TRY(input(ctx, 1, &wv));
+  TRY(scalar(ctx, 2, "uniun.GgmlRmsNorm: epsilon is not one float", &eps));
+  TRY(tensor_shape(xv, dims, &nd));
+  TRY(tensor_shape(wv, wdims, &wnd));
+  if (nd < 1 || elements(wdims, wnd) != dims[nd - 1])
+    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRmsNorm: W's size is not X's last axis");
+  OrtValue* yv;
+  void *x, *w, *y;
+  TRY(output(ctx, 0, dims, nd, &yv));
+  TRY(tensor_data(xv, &x));
+  TRY(tensor_data(wv, &w));
+  TRY(tensor_data(yv, &y));
+  const int n = (int)dims[nd - 1];
+  if (n > 0) uniun_ggml_rms_norm(x, w, y, elements(dims, nd) / n, n, eps);
+  return NULL;
+}
+
+static const OpSpec rms_norm_op = OP("GgmlRmsNorm", 1, rms_norm_create, rms_norm_compute,
+                                     TYPE_FLOAT, TYPE_FLOAT, TYPE_FLOAT);
+
+/* ---- GgmlRope -------------------------------------------------------------------------- */
+
+static const OpSpec rope_op;
+
+static OrtStatus* rope_create(const OrtKernelInfo* info, void** out) {
+  Kernel* k;
+  TRY(new_kernel(&rope_op, &k));
+  *out = k;
+  TRY(attr(info, "num_heads", &k->heads));
+  TRY(attr(info, "interleaved", &k->interleaved));
+  if (k->heads <= 0) return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: num_heads <= 0");
+  return NULL;
+}
+
+static OrtStatus* rope_compute(void* kernel, OrtKernelContext* ctx) {
+  const Kernel* kn = kernel;
+  const OrtValue *xv, *pv;
+  int64_t dims[8], pdims[8];
+  size_t nd, pnd;
+  float base;
+  TRY(input(ctx, 0, &xv));
+  TRY(input(ctx, 1, &pv));
+  TRY(scalar(ctx, 2, "uniun.GgmlRope: base is not one float", &base));
+  TRY(tensor_shape(xv, dims, &nd));
+  TRY(tensor_shape(pv, pdims, &pnd));
+  if (nd != 3 || dims[2] % kn->heads || (dims[2] / kn->heads) % 2)
+    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: X is not [b, s, heads * even dim]");
+  if (pnd != 2 || pdims[0] != dims[0] || pdims[1] != dims[1])
+    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: position_ids is not [b, s]");
+  OrtValue* yv;
+  void *x, *p, *y;
+  TRY(output(ctx, 0, dims, nd, &yv));
+  TRY(tensor_data(xv, &x));
+  TRY(tensor_data(pv, &p));
+  TRY(tensor_data(yv, &y));
+  uniun_ggml_rope(x, p, y, dims[0] * dims[1], (int)kn->heads, (int)(dims[2] / kn->heads), base,
+                  (int)kn->interleaved);
+  return NULL;
+}
+
+static const OpSpec rope_op = OP("GgmlRope", 1, rope_create, rope_compute, TYPE_FLOAT,
+                                 TYPE_INT64, TYPE_FLOAT);
+
+/* ---- GgmlSwiGlu ------------------------------------------------------------------------ */
+
+static const OpSpec swiglu_op;
+
+static OrtStatus* swiglu_create(const OrtKernelInfo* info, void** out) {
+  (void)info;
+  return new_kernel(&swiglu_op, (Kernel**)out);
+}
+
+static OrtStatus* swiglu_compute(void* kernel, OrtKernelContext* ctx) {
+  (void)kernel;
+  const OrtValue *gv, *uv;
+  int64_t dims[8], udims[8];
+  size_t nd, und;
+  TRY(input(ctx, 0, &gv));
+  TRY(input(ctx, 1, &uv));
+  TRY(tensor_shape(gv, dims, &nd));
+  TRY(tensor_shape(uv, udims, &und));
+  if (nd != und || memcmp(dims, udims, nd * sizeof(int64_t)) != 0)
+    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlSwiGlu: G and U differ in shape");
+  OrtValue* yv;
+  void *g, *u, *y;
+  TRY(output(ctx, 0, dims, nd, &yv));
+  TRY(tensor_data(gv, &g));
+  TRY(tensor_data(uv, &u));
+  TRY(tensor_data(yv, &y));
+  /* ggml runs its vector loop per row: the scalar tail is per row too */
+  const int64_t row = nd ? dims[nd - 1] : 1;
+  for (int64_t r = 0; row > 0 && r < elements(dims, nd) / row; r++)
+    uniun_ggml_swiglu((const float*)g + r * row, (const float*)u + r * row, (float*)y + r * row,
+                      row);
+  return NULL;
+}
+
+static const OpSpec swiglu_op = OP("GgmlSwiGlu", 1, swiglu_create, swiglu_compute, TYPE_FLOAT,
+                                   TYPE_FLOAT);
+
+/* ---- GgmlAttention --------------------------------------------------------------------- */
+
+static const OpSpec attention_op;
+
+static OrtStatus* attention_create(const OrtKernelInfo* info, void** out) {
+  Kernel* k;
+  TRY(new_kernel(&attention_op, &k));
+  *out = k;
+  TRY(attr(info, "num_heads", &k->heads));
+  TRY(attr(info, "kv_num_heads", &k->kv_heads));
+  if (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads)
+    return status(ORT_INVALID_ARGUMENT,
+                  "uniun.GgmlAttention: num_heads must be a multiple of kv_num_heads > 0");
+  return NULL;
+}
+
+typedef struct {
+  const float *q, *k, *v;
+  const int64_t* open;
+  float* out;
+  int tokens, heads, kv_heads, dim, keys, stride, past;
+  float scale;
+  char* scratch;
+  size_t scratch_each;
+} HeadTasks;
+
+static void head_task(void* data, size_t h) {
+  const HeadTasks* t = data;
+  uniun_ggml_attention(t->q, t->k, t->v, t->open, t->out, t->tokens, t->heads, t->kv_heads,
+                       t->dim, t->keys, t->stride, t->past, t->scale, (int)h, (int)h + 1,
+                       t->scratch + h * t->scratch_each);
+}
+
+/* new [b, s, kv_heads * dim] -> rows past .. past + s - 1 of present [b, kv_heads, cap, dim],
+ * rounded to fp16 as llama.cpp's cache stores them */
+static void store_new(const float* x, float* present, int64_t b, int64_t s, int64_t kvh,
+                      int64_t dim, int64_t cap, int64_t past) {
+  for (int64_t i = 0; i < b; i++)
+    for (int64_t t = 0; t < s; t++)
+      for (int64_t h = 0; h < kvh; h++)
+        uniun_ggml_round_half(x + ((i * s + t) * kvh + h) * dim,
+                              present + ((i * kvh + h) * cap + past + t) * dim, dim);
+}
+
+static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
+  const Kernel* kn = kernel;
+  const OrtValue *qv, *kv, *vv, *pkv, *pvv, *mv;
+  int64_t qd[8], kd[8], vd[8], pd[8], pvd[8], md[8];
+  size_t qn, kdn, vdn, pn, pvn, mn;
+  float scale;
+  TRY(input(ctx, 0, &qv));
+  TRY(input(ctx, 1, &kv));
+  TRY(input(ctx, 2, &vv));
+  TRY(input(ctx, 3, &pkv));
+  TRY(input(ctx, 4, &pvv));
+  TRY(input(ctx, 5, &mv));
+  TRY(scalar(ctx, 6, "uniun.GgmlAttention: scale is not one float", &scale));
+  TRY(tensor_shape(qv, qd, &qn));
+  TRY(tensor_shape(kv, kd, &kdn));
+  TRY(tensor_shape(vv, vd, &vdn));
+  TRY(tensor_shape(pkv, pd, &pn));
+  TRY(tensor_shape(pvv, pvd, &pvn));
+  TRY(tensor_shape(mv, md, &mn));
+  const int64_t b = qd[0], s = qd[1], heads = kn->heads, kvh = kn->kv_heads;
+  if (qn != 3 || qd[2] % heads)
+    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: Q is not [b, s, heads * dim]");
+  const int64_t dim = qd[2] / heads;
+  if (kdn != 3 || vdn != 3 || kd[0] != b || kd[1] != s || kd[2] != kvh * dim ||
+      memcmp(kd, vd, sizeof kd[0] * 3) != 0)
+    return status(ORT_INVALID_ARGUMENT,
+                  "uniun.GgmlAttention: K and V are not [b, s, kv_heads * dim]");
+  if (pn != 4 || pvn != 4 || pd[0] != b || pd[1] != kvh || pd[3] != dim ||
+      memcmp(pd, pvd, sizeof pd[0] * 4) != 0)
+    return status(ORT_INVALID_ARGUMENT,
+                  "uniun.GgmlAttention: past key and value are not [b, kv_heads, n, dim]");
+  if (mn != 2 || md[0] != b || md[1] < s)
+    return status(ORT_INVALID_ARGUMENT,
+                  "uniun.GgmlAttention: attention_mask is not [b, past + s]");
+  const int64_t total = md[1], past = total - s, cap = pd[2];
+  if (cap < past)
+    return status(ORT_INVALID_ARGUMENT,
+                  "uniun.GgmlAttention: past holds fewer positions than attention_mask says");
+  /* in place (a preallocated buffer: capacity >= total) or concatenated */
+  const int64_t out_cap = cap >= total ? cap : total;
+  const int64_t present_dims[4] = {b, kvh, out_cap, dim};
+  OrtValue *yv, *pko, *pvo;
+  TRY(output(ctx, 0, qd, 3, &yv));
+  TRY(output(ctx, 1, present_dims, 4, &pko));
+  TRY(output(ctx, 2, present_dims, 4, &pvo));
+  void *q, *k, *v, *pk, *pv, *mask, *y, *ok, *ov;
+  TRY(tensor_data(qv, &q));
+  TRY(tensor_data(kv, &k));
+  TRY(tensor_data(vv, &v));
+  TRY(tensor_data(pkv, &pk));
+  TRY(tensor_data(pvv, &pv));
+  TRY(tensor_data(mv, &mask));
+  TRY(tensor_data(yv, &y));
+  TRY(tensor_data(pko, &ok));
+  TRY(tensor_data(pvo, &ov));
+  if (b == 0 || s == 0) return NULL;
+  const void* pasts[2] = {pk, pv};
+  void* presents[2] = {ok, ov};
+  for (int i = 0; i < 2; i++)
+    if (presents[i] != pasts[i] && past > 0)
+      for (int64_t r = 0; r < b * kvh; r++)
+        memcpy((float*)presents[i] + r * out_cap * dim, (const float*)pasts[i] + r * cap * dim,
+               sizeof(float) * past * dim);
+  store_new(k, ok, b, s, kvh, dim, out_cap, past);
+  store_new(v, ov, b, s, kvh, dim, out_cap, past);
+
+  const size_t each = uniun_ggml_attention_scratch((int)total, (int)dim);
+  const size_t qbytes = sizeof(float) * s * heads * dim;
+  char* scratch = malloc(qbytes + each * heads);
+  if (!scratch) return status(ORT_FAIL, "uniun.GgmlAttention: out of memory");
+  OrtStatus* st = NULL;
+  for (int64_t i = 0; i < b && !st; i++) {
+    float* q16 = (float*)scratch;
+    uniun_ggml_round_half((const float*)q + i * s * heads * dim, q16, s * heads * dim);
+    HeadTasks t = {q16, (const float*)ok + i * kvh * out_cap * dim,
+                   (const float*)ov + i * kvh * out_cap * dim, (const int64_t*)mask + i * total,
+                   (float*)y + i * s * heads * dim, (int)s, (int)heads, (int)kvh, (int)dim,
+                   (int)total, (int)out_cap, (int)past, scale, scratch + qbytes, each};
+    st = API_FN(SLOT_KernelContext_ParallelFor, ParallelForFn)(ctx, head_task, (size_t)heads,
+                                                                0, &t);
+  }
+  free(scratch);
+  return st;
+}
+
+static const OpSpec attention_op =
+    OP("GgmlAttention", 3, attention_create, attention_compute, TYPE_FLOAT, TYPE_FLOAT,
+       TYPE_FLOAT, TYPE_FLOAT, TYPE_FLOAT, TYPE_INT64, TYPE_FLOAT);
+
+const OrtCustomOp* const* uniun_ggml_ort_ops(size_t* count) {
+  static const OrtCustomOp* const ops[] = {&rms_norm_op.base, &rope_op.base, &swiglu_op.base,
+                                           &attention_op.base};
+  *count = sizeof ops / sizeof ops[0];
+  return ops;
+}
