@@ -37,14 +37,14 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
-static float round_half(float x) { return (float)(_Float16)x; }
-
-/* _mm512_reduce_add_ps's order (GCC's avx512fintrin.h): halves, quarters, then pairs. */
-static float reduce16(const float v[16]) {
-  float t3[8], t6[4];
-  for (int i = 0; i < 8; i++) t3[i] = v[8 + i] + v[i];
-  for (int i = 0; i < 4; i++) t6[i] = t3[4 + i] + t3[i];
-  return (t6[0] + t6[2]) + (t6[1] + t6[3]);
+/* x rounded to fp16 (to nearest, ties to even: F16C's vcvtps2ph, as ggml converts), n
+ * values; in place allowed. */
+VEC static void round_half(const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
+                                                            _MM_FROUND_TO_NEAREST_INT)));
+  for (; i < n; i++) y[i] = _cvtsh_ss(_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT));
 }
 
 EXPORT int uniun_ggml_supported(void) {
@@ -172,33 +172,48 @@ EXPORT void uniun_ggml_swiglu(const float* g, const float* u, float* y, int64_t 
 
 /* ---- attention: mul_mat(K, Q), soft_max_ext, mul_mat(V, P) in llama.cpp's non-flash path */
 
+/* _mm512_reduce_add_ps's order (GCC's avx512fintrin.h: halves, quarters, then pairs) over
+ * the 16 lanes lo (0-7), hi (8-15): what ggml's 16-lane sums end with. */
+VEC static inline float reduce16_avx(__m256 lo, __m256 hi) {
+  const __m256 t3 = _mm256_add_ps(hi, lo);
+  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
+  const __m128 t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
+  return _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)));
+}
+
 /* ggml_vec_dot_f16 (one query: the decode path): four accumulators over 64-value steps,
  * then (acc0 + acc2) + (acc1 + acc3), reduce16, and a double-precision tail. */
 VEC static float dot_one(const float* x, const float* y, int n) {
-  float acc[4][16] = {{0}};
+  __m256 acc[4][2];
+  for (int a = 0; a < 4; a++) acc[a][0] = acc[a][1] = _mm256_setzero_ps();
   const int np = n & ~63;
   for (int i = 0; i < np; i += 64)
     for (int a = 0; a < 4; a++)
-      for (int l = 0; l < 16; l++)
-        acc[a][l] = fmaf(x[i + 16 * a + l], y[i + 16 * a + l], acc[a][l]);
-  float r[16];
-  for (int l = 0; l < 16; l++) r[l] = (acc[0][l] + acc[2][l]) + (acc[1][l] + acc[3][l]);
-  double sum = reduce16(r);
+      for (int h = 0; h < 2; h++)
+        acc[a][h] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16 * a + 8 * h),
+                                    _mm256_loadu_ps(y + i + 16 * a + 8 * h), acc[a][h]);
+  __m256 r[2];
+  for (int h = 0; h < 2; h++)
+    r[h] = _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[2][h]), _mm256_add_ps(acc[1][h], acc[3][h]));
+  double sum = reduce16_avx(r[0], r[1]);
   for (int i = np; i < n; i++) sum += (double)(x[i] * y[i]);
   return (float)sum;
 }
 
 /* tinyBLAS (many queries, n % 16 == 0): one 16-lane accumulator, reduce16. */
 VEC static float dot_many(const float* x, const float* y, int n) {
-  float acc[16] = {0};
-  for (int i = 0; i < n; i += 16)
-    for (int l = 0; l < 16; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
-  return reduce16(acc);
+  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 16) {
+    lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), lo);
+    hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), hi);
+  }
+  return reduce16_avx(lo, hi);
 }
 
 /* Softmax of one score row over keys [0, keys): ggml_compute_forward_soft_max_f32 with
- * ggml_vec_soft_max_f32 (16 at a time, each 16's sum added in double). Keys past the
- * row's last visible one are masked (-inf); so are those with open[k] == 0. */
+ * ggml_vec_soft_max_f32 (16 at a time, each 16's sum added in double). Keys from
+ * `visible` on (later positions) are masked (-inf), and so are those with open[k] == 0.
+ * keys is a multiple of 16. */
 VEC static void softmax_row(float* w, int keys, int visible, const int64_t* open,
                             float scale) {
   float max = -INFINITY;
@@ -209,11 +224,11 @@ VEC static void softmax_row(float* w, int keys, int visible, const int64_t* open
   double sum = 0.0;
   const __m256 vmax = _mm256_set1_ps(max);
   for (int k = 0; k < keys; k += 16) {
-    __m256 lo = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(w + k), vmax));
-    __m256 hi = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(w + k + 8), vmax));
+    const __m256 lo = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(w + k), vmax));
+    const __m256 hi = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(w + k + 8), vmax));
     _mm256_storeu_ps(w + k, lo);
     _mm256_storeu_ps(w + k + 8, hi);
-    sum += (double)reduce16(w + k);
+    sum += (double)reduce16_avx(lo, hi);
   }
   const float inv = (float)(1.0 / sum);
   for (int k = 0; k < keys; k++) w[k] *= inv;
@@ -228,45 +243,155 @@ typedef struct {
   float scale;
 } Attn;
 
-VEC static void attention_head(const Attn* a, int h, float* scores, float* acc) {
-  const int kvh = h / (a->heads / a->kv_heads);
-  const int many = a->tokens > 1 && a->dim % 16 == 0;
-  const int keys16 = (a->keys + 15) & ~15;
-  const float* kh = a->k + (size_t)kvh * a->stride * a->dim;
-  const float* vh = a->v + (size_t)kvh * a->stride * a->dim;
-  const int dim = a->dim;
-  for (int t = 0; t < a->tokens; t++) {
-    const float* q = a->q + ((size_t)t * a->heads + h) * dim;
-    for (int k = 0; k < a->keys; k++)
-      scores[k] = many ? dot_many(kh + (size_t)k * dim, q, dim)
-                       : dot_one(kh + (size_t)k * dim, q, dim);
-    for (int k = a->keys; k < keys16; k++) scores[k] = 0.f;
-    softmax_row(scores, keys16, a->past + t + 1, a->open, a->scale);
-    for (int k = 0; k < keys16; k++) scores[k] = round_half(scores[k]);
-    /* P V: for each output value d, a dot product over the keys with V's column d;
-     * lanes are keys mod 16, kept for all d at once (acc[a][lane][d]). */
-    const int banks = many ? 1 : 4;
-    memset(acc, 0, sizeof(float) * (size_t)banks * 16 * dim);
-    for (int k = 0; k < a->keys; k++) {
-      const float p = scores[k];
-      float* s = acc + ((size_t)(many ? 0 : (k >> 4) & 3) * 16 + (k & 15)) * dim;
-      const float* vk = vh + (size_t)k * dim;
-      for (int d = 0; d < dim; d++) s[d] = fmaf(vk[d], p, s[d]);
+/* out[d] = reduce16 over the 16 lanes (lane l: acc[l * dim + d]) for every d, 8 at once;
+ * banks 4: each lane first (bank0 + bank2) + (bank1 + bank3), ggml_vec_dot_f16's order. */
+VEC static void lanes_to_out(const float* acc, int banks, int dim, float* out) {
+  const size_t bank = (size_t)16 * dim;
+  for (int d = 0; d < dim; d += 8) {
+    __m256 lane[16];
+    for (int l = 0; l < 16; l++) {
+      const float* s = acc + (size_t)l * dim + d;
+      lane[l] = banks == 1 ? _mm256_loadu_ps(s)
+                           : _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(s),
+                                                         _mm256_loadu_ps(s + 2 * bank)),
+                                           _mm256_add_ps(_mm256_loadu_ps(s + bank),
+                                                         _mm256_loadu_ps(s + 3 * bank)));
     }
-    float* o = a->out + ((size_t)t * a->heads + h) * dim;
-    for (int d = 0; d < dim; d++) {
-      float lanes[16];
-      for (int l = 0; l < 16; l++) {
-        if (many) {
-          lanes[l] = acc[(size_t)l * dim + d];
-        } else {
-          const float* s = acc + (size_t)l * dim + d;
-          const size_t bank = (size_t)16 * dim;
-          lanes[l] = (s[0] + s[2 * bank]) + (s[bank] + s[3 * bank]);
-        }
+    __m256 t3[8], t6[4];
+    for (int i = 0; i < 8; i++) t3[i] = _mm256_add_ps(lane[8 + i], lane[i]);
+    for (int i = 0; i < 4; i++) t6[i] = _mm256_add_ps(t3[4 + i], t3[i]);
+    _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]),
+                                            _mm256_add_ps(t6[1], t6[3])));
+  }
+}
+
+/* P V on AVX2: for each output value d, a dot product over the keys with V's column d;
+ * lane = key mod 16, bank = (key / 16) mod 4 (banks 4: ggml_vec_dot_f16; 1: tinyBLAS).
+ * Each lane's accumulator stays in a register over its keys, 8 values of d at once. */
+VEC static void weighted_sum(const float* vh, const float* p, int visible, int dim, int banks,
+                             float* acc, float* out) {
+  for (int bk = 0; bk < banks; bk++) {
+    for (int d = 0; d < dim; d += 8) {
+      for (int l0 = 0; l0 < 16; l0 += 8) {
+        __m256 s[8];
+        for (int l = 0; l < 8; l++) s[l] = _mm256_setzero_ps();
+        /* keys of this bank and these lanes, in order: k = 16 * (banks * j + bk) + l */
+        for (int base = 16 * bk; base < visible; base += 16 * banks)
+          for (int l = 0; l < 8; l++) {
+            const int k = base + l0 + l;
+            if (k < visible)
+              s[l] = _mm256_fmadd_ps(_mm256_loadu_ps(vh + (size_t)k * dim + d),
+                                     _mm256_set1_ps(p[k]), s[l]);
+          }
+        float* dst = acc + ((size_t)bk * 16 + l0) * dim + d;
+        for (int l = 0; l < 8; l++) _mm256_storeu_ps(dst + (size_t)l * dim, s[l]);
       }
-      o[d] = reduce16(lanes);
     }
+  }
+  lanes_to_out(acc, banks, dim, out);
+}
+
+#if defined(__x86_64__) || defined(_M_X64)
+/* The same three dot products with 16-wide registers: half the instructions, identical
+ * results (the lanes and their order are ggml's either way; _mm512_reduce_add_ps is the
+ * reduce16 above). dim is a multiple of 16. */
+#define V512 __attribute__((target("avx512f,avx512dq,avx2,fma,f16c")))
+
+V512 static void scores_512(const float* kh, const float* q, int visible, int dim, int many,
+                            float* scores) {
+  for (int k = 0; k < visible; k++) {
+    const float* x = kh + (size_t)k * dim;
+    if (many) {
+      __m512 acc = _mm512_setzero_ps();
+      for (int i = 0; i < dim; i += 16)
+        acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(q + i), acc);
+      scores[k] = _mm512_reduce_add_ps(acc);
+      continue;
+    }
+    __m512 acc[4];
+    for (int a = 0; a < 4; a++) acc[a] = _mm512_setzero_ps();
+    const int np = dim & ~63;
+    for (int i = 0; i < np; i += 64)
+      for (int a = 0; a < 4; a++)
+        acc[a] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * a), _mm512_loadu_ps(q + i + 16 * a),
+                                 acc[a]);
+    double sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]),
+                                                    _mm512_add_ps(acc[1], acc[3])));
+    for (int i = np; i < dim; i++) sum += (double)(x[i] * q[i]);
+    scores[k] = (float)sum;
+  }
+}
+
+V512 static void weighted_sum_512(const float* vh, const float* p, int visible, int dim,
+                                  int banks, float* acc, float* out) {
+  /* one (bank, lane) at a time, its keys in order, all of d in registers (dim <= 128) */
+  const int blocks = dim / 16;
+  for (int bk = 0; bk < banks; bk++)
+    for (int l = 0; l < 16; l++) {
+      __m512 s[8];
+      for (int i = 0; i < blocks; i++) s[i] = _mm512_setzero_ps();
+      for (int k = 16 * bk + l; k < visible; k += 16 * banks) {
+        const __m512 pk = _mm512_set1_ps(p[k]);
+        const float* vk = vh + (size_t)k * dim;
+        for (int i = 0; i < blocks; i++)
+          s[i] = _mm512_fmadd_ps(_mm512_loadu_ps(vk + 16 * i), pk, s[i]);
+      }
+      float* dst = acc + ((size_t)bk * 16 + l) * dim;
+      for (int i = 0; i < blocks; i++) _mm512_storeu_ps(dst + 16 * i, s[i]);
+    }
+  const size_t bank = (size_t)16 * dim;
+  for (int d = 0; d < dim; d += 16) {
+    __m512 lane[16];
+    for (int l = 0; l < 16; l++) {
+      const float* b = acc + (size_t)l * dim + d;
+      lane[l] = banks == 1 ? _mm512_loadu_ps(b)
+                           : _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(b),
+                                                         _mm512_loadu_ps(b + 2 * bank)),
+                                           _mm512_add_ps(_mm512_loadu_ps(b + bank),
+                                                         _mm512_loadu_ps(b + 3 * bank)));
+    }
+    __m512 t3[8], t6[4];
+    for (int i = 0; i < 8; i++) t3[i] = _mm512_add_ps(lane[8 + i], lane[i]);
+    for (int i = 0; i < 4; i++) t6[i] = _mm512_add_ps(t3[4 + i], t3[i]);
+    _mm512_storeu_ps(out + d, _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]),
+                                            _mm512_add_ps(t6[1], t6[3])));
+  }
+}
+#endif
+
+VEC static void attention_head(const Attn* a, int h, int t0, int t1, float* scores,
+                               float* acc, int wide) {
+  const int kvh = h / (a->heads / a->kv_heads);
+  const int many = a->tokens > 1;
+  const int dim = a->dim;
+  const float* kh = a->k + (size_t)kvh * a->stride * dim;
+  const float* vh = a->v + (size_t)kvh * a->stride * dim;
+  const int banks = many ? 1 : 4;
+  for (int t = t0; t < t1; t++) {
+    const float* q = a->q + ((size_t)t * a->heads + h) * dim;
+    float* out = a->out + ((size_t)t * a->heads + h) * dim;
+    /* keys after the query's position are masked: their scores and weights are not needed
+     * (a weight of 0 adds nothing to ggml's sums either) */
+    const int visible = a->past + t + 1 < a->keys ? a->past + t + 1 : a->keys;
+    const int keys16 = (visible + 15) & ~15;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (wide) {
+      scores_512(kh, q, visible, dim, many, scores);
+    } else
+#endif
+      for (int k = 0; k < visible; k++)
+        scores[k] = many ? dot_many(kh + (size_t)k * dim, q, dim)
+                         : dot_one(kh + (size_t)k * dim, q, dim);
+    for (int k = visible; k < keys16; k++) scores[k] = 0.f;
+    softmax_row(scores, keys16, visible, a->open, a->scale);
+    round_half(scores, scores, visible); /* as ggml's P V converts them */
+#if defined(__x86_64__) || defined(_M_X64)
+    if (wide) {
+      weighted_sum_512(vh, scores, visible, dim, banks, acc, out);
+      continue;
+    }
+#endif
+    weighted_sum(vh, scores, visible, dim, banks, acc, out);
   }
 }
 
@@ -274,19 +399,23 @@ EXPORT size_t uniun_ggml_attention_scratch(int keys, int dim) {
   return sizeof(float) * ((size_t)((keys + 15) & ~15) + (size_t)4 * 16 * dim);
 }
 
-/* Attention of `tokens` queries (positions past .. past + tokens - 1) over `keys` cached
- * keys, heads [h0, h1). Rounding to fp16 of q, k and v is the caller's (uniun.GgmlAttention
- * stores k and v rounded; the query is rounded here into the caller's q). */
+/* Attention of queries [t0, t1) of `tokens` (positions past .. past + tokens - 1) over
+ * `keys` cached keys, heads [h0, h1). q, k and v hold fp16 values (uniun.GgmlAttention
+ * rounds them: the cache as llama.cpp stores it, the query as its fp16 matmul converts it).
+ * dim is a multiple of 16. */
 EXPORT void uniun_ggml_attention(const float* q, const float* k, const float* v,
                                  const int64_t* open, float* out, int tokens, int heads,
                                  int kv_heads, int dim, int keys, int stride, int past,
-                                 float scale, int h0, int h1, void* scratch) {
+                                 float scale, int h0, int h1, int t0, int t1, void* scratch) {
   Attn a = {q, k, v, open, out, tokens, heads, kv_heads, dim, keys, stride, past, scale};
   float* scores = scratch;
   float* acc = scores + ((keys + 15) & ~15);
-  for (int h = h0; h < h1; h++) attention_head(&a, h, scores, acc);
+  int wide = 0;
+#if defined(__x86_64__) || defined(_M_X64)
+  __builtin_cpu_init();
+  wide = dim <= 128 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
+#endif
+  for (int h = h0; h < h1; h++) attention_head(&a, h, t0, t1, scores, acc, wide);
 }
 
-EXPORT void uniun_ggml_round_half(const float* x, float* y, int64_t n) {
-  for (int64_t i = 0; i < n; i++) y[i] = round_half(x[i]);
-}
+EXPORT void uniun_ggml_round_half(const float* x, float* y, int64_t n) { round_half(x, y, n); }

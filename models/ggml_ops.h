@@ -16,7 +16,8 @@ void uniun_ggml_swiglu(const float* g, const float* u, float* y, int64_t n);
 size_t uniun_ggml_attention_scratch(int keys, int dim);
 void uniun_ggml_attention(const float* q, const float* k, const float* v, const int64_t* open,
                           float* out, int tokens, int heads, int kv_heads, int dim, int keys,
-                          int stride, int past, float scale, int h0, int h1, void* scratch);
+                          int stride, int past, float scale, int h0, int h1, int t0, int t1,
+                          void* scratch);
 void uniun_ggml_round_half(const float* x, float* y, int64_t n);
 
 #endif

@@ -44,7 +44,8 @@ static size_t op_output_count(const OrtCustomOp* op) { return (size_t)spec(op)->
 static int op_required(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
 static int op_memory_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
 static int op_one(const OrtCustomOp* op) { (void)op; return 1; }
-static void op_destroy(void* kernel) { free(kernel); }
+typedef struct Kernel Kernel;
+static void op_destroy(void* kernel);
 static OrtStatus* op_create(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
                             void** out) {
   (void)api;
@@ -58,10 +59,17 @@ static OrtStatus* op_create(const OrtCustomOp* op, const OrtApi* api, const OrtK
    NAME, sizeof((int[]){__VA_ARGS__}) / sizeof(int), OUTPUTS, {__VA_ARGS__}, CREATE, COMPUTE}
 
 /* Every kernel starts with its op's spec (op_compute finds the compute function there). */
-typedef struct {
+struct Kernel {
   const OpSpec* op;
   int64_t heads, kv_heads, interleaved;
-} Kernel;
+  char* scratch; /* GgmlAttention's, kept between calls: a fresh one per call cost page faults */
+  size_t scratch_size;
+};
+
+static void op_destroy(void* kernel) {
+  if (kernel) free(((Kernel*)kernel)->scratch);
+  free(kernel);
+}
 
 static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   return ((const Kernel*)kernel)->op->compute(kernel, ctx);
@@ -245,15 +253,21 @@ typedef struct {
   float* out;
   int tokens, heads, kv_heads, dim, keys, stride, past;
   float scale;
+  int rows; /* queries per task: a prefill's heads are split further, for 2+ threads */
   char* scratch;
   size_t scratch_each;
 } HeadTasks;
 
-static void head_task(void* data, size_t h) {
+#define ROWS_PER_TASK 16
+
+static void head_task(void* data, size_t i) {
   const HeadTasks* t = data;
+  const int blocks = (t->tokens + t->rows - 1) / t->rows;
+  const int h = (int)i / blocks, t0 = (int)i % blocks * t->rows;
+  const int t1 = t0 + t->rows < t->tokens ? t0 + t->rows : t->tokens;
   uniun_ggml_attention(t->q, t->k, t->v, t->open, t->out, t->tokens, t->heads, t->kv_heads,
-                       t->dim, t->keys, t->stride, t->past, t->scale, (int)h, (int)h + 1,
-                       t->scratch + h * t->scratch_each);
+                       t->dim, t->keys, t->stride, t->past, t->scale, h, h + 1, t0, t1,
+                       t->scratch + i * t->scratch_each);
 }
 
 /* new [b, s, kv_heads * dim] -> rows past .. past + s - 1 of present [b, kv_heads, cap, dim],
@@ -268,7 +282,7 @@ static void store_new(const float* x, float* present, int64_t b, int64_t s, int6
 }
 
 static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
-  const Kernel* kn = kernel;
+  Kernel* kn = kernel;
   const OrtValue *qv, *kv, *vv, *pkv, *pvv, *mv;
   int64_t qd[8], kd[8], vd[8], pd[8], pvd[8], md[8];
   size_t qn, kdn, vdn, pn, pvn, mn;
@@ -290,6 +304,8 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
   if (qn != 3 || qd[2] % heads)
     return status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: Q is not [b, s, heads * dim]");
   const int64_t dim = qd[2] / heads;
+  if (dim % 16)
+    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: head dim is not a multiple of 16");
   if (kdn != 3 || vdn != 3 || kd[0] != b || kd[1] != s || kd[2] != kvh * dim ||
       memcmp(kd, vd, sizeof kd[0] * 3) != 0)
     return status(ORT_INVALID_ARGUMENT,
@@ -335,20 +351,24 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
 
   const size_t each = uniun_ggml_attention_scratch((int)total, (int)dim);
   const size_t qbytes = sizeof(float) * s * heads * dim;
-  char* scratch = malloc(qbytes + each * heads);
-  if (!scratch) return status(ORT_FAIL, "uniun.GgmlAttention: out of memory");
+  const int rows = s < ROWS_PER_TASK ? (int)s : ROWS_PER_TASK;
+  const size_t tasks = (size_t)heads * (size_t)((s + rows - 1) / rows);
+  if (qbytes + each * tasks > kn->scratch_size) {
+    free(kn->scratch);
+    kn->scratch = malloc(qbytes + each * tasks);
+    kn->scratch_size = kn->scratch ? qbytes + each * tasks : 0;
+    if (!kn->scratch) return status(ORT_FAIL, "uniun.GgmlAttention: out of memory");
+  }
   OrtStatus* st = NULL;
   for (int64_t i = 0; i < b && !st; i++) {
-    float* q16 = (float*)scratch;
+    float* q16 = (float*)kn->scratch;
     uniun_ggml_round_half((const float*)q + i * s * heads * dim, q16, s * heads * dim);
     HeadTasks t = {q16, (const float*)ok + i * kvh * out_cap * dim,
                    (const float*)ov + i * kvh * out_cap * dim, (const int64_t*)mask + i * total,
                    (float*)y + i * s * heads * dim, (int)s, (int)heads, (int)kvh, (int)dim,
-                   (int)total, (int)out_cap, (int)past, scale, scratch + qbytes, each};
-    st = API_FN(SLOT_KernelContext_ParallelFor, ParallelForFn)(ctx, head_task, (size_t)heads,
-                                                                0, &t);
+                   (int)total, (int)out_cap, (int)past, scale, rows, kn->scratch + qbytes, each};
+    st = API_FN(SLOT_KernelContext_ParallelFor, ParallelForFn)(ctx, head_task, tasks, 0, &t);
   }
-  free(scratch);
   return st;
 }
 

@@ -122,7 +122,8 @@ typedef struct {
   float* d;
   int32_t* sum;
   int32_t* sum16;
-  float* s; /* ggml's Q8_1 s: fp16(unrounded d * sum), for ggml arithmetic */
+  float* s;          /* ggml's Q8_1 s: fp16(unrounded d * sum), for ggml arithmetic */
+  int32_t* lane128;  /* per 4 codes: -128 * their sum (8-bit weights in ggml order) */
 } QuantRow;
 
 static void quantize_row_scalar(const float* x, int K, QuantRow r) {
@@ -184,6 +185,7 @@ typedef struct {
   const int32_t* xsum;   /* [m][k/32] */
   const int32_t* xsum16; /* [m][k/16] */
   const float* xs;   /* [m][k/32] ggml's Q8_1 s */
+  const int32_t* xlane128; /* [m][k/4] */
   const float* r;    /* [m][n] residual, or NULL */
   float* y;          /* [m][n] */
   int ggml;          /* llama.cpp's accumulation order (q4_1, q8_0): see groups_ggml */
@@ -398,7 +400,10 @@ AVX512 static void groups_avx512(const Job* j, int g0, int g1) {
 }
 
 /* groups_ggml_scalar's arithmetic, 16 rows at a time: one vpdpbusd per lane gives the 16
- * rows' integer sums of that lane, so each of the 8 lanes has its own accumulator. */
+ * rows' integer sums of that lane, so each of the 8 lanes has its own accumulator. Two
+ * activation rows share each block's unpacked weights (8 + 2 x 8 accumulators + 2 x
+ * offsets: 26 of the 32 registers). */
+#define GT 2
 AVX512 static inline __attribute__((always_inline)) void groups_ggml_avx512_as(
     const Job* j, int g0, int g1, const int bits, const int offset) {
   const int nb = j->k / QK;
@@ -409,42 +414,55 @@ AVX512 static inline __attribute__((always_inline)) void groups_ggml_avx512_as(
     const int left = j->n - g * GROUP;
     const __mmask16 mask = left >= GROUP ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
     const uint8_t* wg = j->w + (size_t)g * nb * bb;
-    for (int mi = 0; mi < j->m; mi++) {
-      __m512 acc[8], summs = _mm512_setzero_ps();
-      for (int c = 0; c < 8; c++) acc[c] = _mm512_setzero_ps();
-      const int8_t* xrow = j->xq + (size_t)mi * j->k;
+    for (int m0 = 0; m0 < j->m; m0 += GT) {
+      const int mt = j->m - m0 < GT ? j->m - m0 : GT;
+      __m512 acc[GT][8], summs[GT];
+      for (int t = 0; t < GT; t++) {
+        summs[t] = _mm512_setzero_ps();
+        for (int c = 0; c < 8; c++) acc[t][c] = _mm512_setzero_ps();
+      }
       for (int b = 0; b < nb; b++) {
         const uint8_t* blk = wg + (size_t)b * bb;
-        const size_t xb = (size_t)mi * nb + b;
-        int32_t g4[8];
-        memcpy(g4, xrow + b * QK, 32);
-        const __m512 d = _mm512_mul_ps(load_scales(0, blk + cb), _mm512_set1_ps(j->xd[xb]));
+        const __m512 dw = load_scales(0, blk + cb);
+        const __m512 mw = offset ? load_scales(0, blk + cb + sb) : _mm512_setzero_ps();
+        __m512 d[GT];
+        const int8_t* x[GT];
+        for (int t = 0; t < mt; t++) {
+          const size_t xb = (size_t)(m0 + t) * nb + b;
+          d[t] = _mm512_mul_ps(dw, _mm512_set1_ps(j->xd[xb]));
+          x[t] = j->xq + (size_t)(m0 + t) * j->k + b * QK;
+          if (offset) summs[t] = _mm512_fmadd_ps(mw, _mm512_set1_ps(j->xs[xb]), summs[t]);
+        }
+        /* lane by lane, so one lane's weights are live at a time (no spills) */
         for (int c = 0; c < 8; c++) {
           __m512i w;
           if (bits == 8) {
             w = _mm512_loadu_si512(blk + 64 * c);
           } else {
             const __m512i v = _mm512_loadu_si512(blk + 64 * (c / 2));
-            w = c % 2 ? _mm512_and_si512(_mm512_srli_epi16(v, 4), low) : _mm512_and_si512(v, low);
+            w = _mm512_and_si512(c % 2 ? _mm512_srli_epi16(v, 4) : v, low);
           }
-          __m512i lane = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, _mm512_set1_epi32(g4[c]));
-          if (bits == 8) { /* codes are q + 128: take 128 * (the lane's four x) back */
-            const int8_t* x4 = xrow + b * QK + 4 * c;
-            lane = _mm512_sub_epi32(lane, _mm512_set1_epi32(128 * (x4[0] + x4[1] + x4[2] + x4[3])));
+          for (int t = 0; t < mt; t++) {
+            int32_t x4;
+            memcpy(&x4, x[t] + 4 * c, 4);
+            /* 8-bit codes are q + 128: the lane starts at -128 * (its four x) */
+            const __m512i lane = _mm512_dpbusd_epi32(
+                bits == 8 ? _mm512_set1_epi32(j->xlane128[((size_t)(m0 + t) * nb + b) * 8 + c])
+                          : _mm512_setzero_si512(),
+                w, _mm512_set1_epi32(x4));
+            acc[t][c] = _mm512_fmadd_ps(d[t], _mm512_cvtepi32_ps(lane), acc[t][c]);
           }
-          acc[c] = _mm512_fmadd_ps(d, _mm512_cvtepi32_ps(lane), acc[c]);
         }
-        if (offset)
-          summs = _mm512_fmadd_ps(load_scales(0, blk + cb + sb), _mm512_set1_ps(j->xs[xb]), summs);
       }
-      __m512 y = _mm512_add_ps(
-          _mm512_add_ps(_mm512_add_ps(acc[0], acc[4]), _mm512_add_ps(acc[2], acc[6])),
-          _mm512_add_ps(_mm512_add_ps(acc[1], acc[5]), _mm512_add_ps(acc[3], acc[7])));
-      y = _mm512_add_ps(y, summs);
-      float* out = j->y + (size_t)mi * j->n + g * GROUP;
-      if (j->r)
-        y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, j->r + (size_t)mi * j->n + g * GROUP));
-      _mm512_mask_storeu_ps(out, mask, y);
+      for (int t = 0; t < mt; t++) {
+        const __m512* a = acc[t];
+        __m512 y = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[4]), _mm512_add_ps(a[2], a[6])),
+                                 _mm512_add_ps(_mm512_add_ps(a[1], a[5]), _mm512_add_ps(a[3], a[7])));
+        y = _mm512_add_ps(y, summs[t]);
+        const size_t at = (size_t)(m0 + t) * j->n + g * GROUP;
+        if (j->r) y = _mm512_add_ps(y, _mm512_maskz_loadu_ps(mask, j->r + at));
+        _mm512_mask_storeu_ps(j->y + at, mask, y);
+      }
     }
   }
 }
@@ -611,22 +629,29 @@ AVX2 static void quantize_row_avx2(const float* x, int K, QuantRow r) {
 }
 #endif
 
+static void quantize_row(int path, const float* x, int k, QuantRow r) {
+#ifdef QMM_X86
+  if (path == PATH_AVX512) {
+    quantize_row_avx512(x, k, r);
+    return;
+  }
+  if (path == PATH_AVX2) {
+    quantize_row_avx2(x, k, r);
+    return;
+  }
+#endif
+  quantize_row_scalar(x, k, r);
+}
+
 static void quantize(int path, const float* x, int m, int k, QuantRow all) {
   const int nb = k / QK;
   for (int i = 0; i < m; i++) {
     QuantRow r = {all.q + (size_t)i * k, all.d + (size_t)i * nb, all.sum + (size_t)i * nb,
-                  all.sum16 + (size_t)i * 2 * nb, all.s + (size_t)i * nb};
-#ifdef QMM_X86
-    if (path == PATH_AVX512) {
-      quantize_row_avx512(x + (size_t)i * k, k, r);
-      continue;
-    }
-    if (path == PATH_AVX2) {
-      quantize_row_avx2(x + (size_t)i * k, k, r);
-      continue;
-    }
-#endif
-    quantize_row_scalar(x + (size_t)i * k, k, r);
+                  all.sum16 + (size_t)i * 2 * nb, all.s + (size_t)i * nb,
+                  all.lane128 + (size_t)i * (k / 4)};
+    quantize_row(path, x + (size_t)i * k, k, r);
+    for (int g = 0; g < k / 4; g++)
+      r.lane128[g] = -128 * (r.q[4 * g] + r.q[4 * g + 1] + r.q[4 * g + 2] + r.q[4 * g + 3]);
   }
 }
 
@@ -654,10 +679,11 @@ static void run_groups(int path, const Job* j, int g0, int g1) {
   groups_scalar(j, g0, g1);
 }
 
-/* Scratch for the quantised activations: per row, k codes and, per block, a float scale
- * and three int32 sums (the block's and its halves'). */
+/* Scratch for the quantised activations: per row, k codes, k / 4 lane sums (times -128)
+ * and, per block, a float scale, three int32 sums (the block's and its halves') and the
+ * Q8_1 s. */
 static size_t scratch_bytes(int m, int k) {
-  return (size_t)m * k + (size_t)m * (k / QK) * 20 + 64;
+  return (size_t)m * k * 2 + (size_t)m * (k / QK) * 20 + 64;
 }
 
 static QuantRow scratch_rows(void* buf, int m, int k) {
@@ -668,7 +694,8 @@ static QuantRow scratch_rows(void* buf, int m, int k) {
   r.sum = (int32_t*)(p + nb * 4);
   r.sum16 = (int32_t*)(p + nb * 8);
   r.s = (float*)(p + nb * 16);
-  r.q = (int8_t*)(p + nb * 20);
+  r.lane128 = (int32_t*)(p + nb * 20);
+  r.q = (int8_t*)(p + nb * 20 + (size_t)m * k);
   return r;
 }
 
@@ -685,7 +712,7 @@ EXPORT int uniun_qmatmul(int fmt, int path, const uint8_t* w, int n, int k, cons
   if (!buf) return -1;
   QuantRow q = scratch_rows(buf, m, k);
   quantize(path, x, m, k, q);
-  Job j = {fmt, w, n, k, m, q.q, q.d, q.sum, q.sum16, q.s, r, y, ggml};
+  Job j = {fmt, w, n, k, m, q.q, q.d, q.sum, q.sum16, q.s, q.lane128, r, y, ggml};
   run_groups(path, &j, 0, (n + GROUP - 1) / GROUP);
   free(buf);
   return 0;
@@ -775,7 +802,7 @@ static OrtStatus* compute(void* kernel, OrtKernelContext* ctx) {
   }
   QuantRow q = scratch_rows(kn->scratch, (int)m, kn->k);
   quantize(kn->path, x, (int)m, kn->k, q);
-  Job job = {kn->fmt, w, kn->n, kn->k, (int)m, q.q, q.d, q.sum, q.sum16, q.s, r, y, kn->ggml};
+  Job job = {kn->fmt, w, kn->n, kn->k, (int)m, q.q, q.d, q.sum, q.sum16, q.s, q.lane128, r, y, kn->ggml};
   const int tasks = groups < TASKS ? groups : TASKS;
   Tasks t = {&job, kn->path, (groups + tasks - 1) / tasks, groups};
   return API_FN(SLOT_KernelContext_ParallelFor,

@@ -128,13 +128,6 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                      ggml=ggml)
     cfg = config
     eps = float(cfg.rms_norm_eps)
-    cos, sin = rope_tables(cfg)
-    g.const("rope.cos", cos)
-    g.const("rope.sin", sin)
-    if cfg.sliding_window and cfg.rope_local_base_freq:  # Gemma 3's local layers
-        cos, sin = rope_tables(cfg, cfg.rope_local_base_freq)
-        g.const("rope_local.cos", cos)
-        g.const("rope_local.sin", sin)
 
     embed = weights["model.embed_tokens.weight"]
     if isinstance(embed, BlockQuantized) and embed.bits == 8 and embed.offsets is None:
@@ -154,6 +147,13 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
     hidden = scale_rows(g, hidden, cfg.embedding_scale)
     if ggml:
         return _finish(g, cfg, weights, ggml_layers(g, cfg, weights, hidden, progress))
+    cos, sin = rope_tables(cfg)
+    g.const("rope.cos", cos)
+    g.const("rope.sin", sin)
+    if cfg.sliding_window and cfg.rope_local_base_freq:  # Gemma 3's local layers
+        cos, sin = rope_tables(cfg, cfg.rope_local_base_freq)
+        g.const("rope_local.cos", cos)
+        g.const("rope_local.sin", sin)
     gqa = attention_op == "gqa" and uses_gqa(cfg)
     scale = cfg.attention_scale()
     if gqa:

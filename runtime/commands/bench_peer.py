@@ -21,6 +21,7 @@ __all__ = ["run_peer", "goals_table"]
 
 def _model_and_gguf(args: argparse.Namespace) -> tuple[Path, Path]:
     from uniun.models.convert.pull import PULLABLE
+    from uniun.models.convert.recipes import ensure_model
     from uniun.models.store import ModelStore
     from uniun.runtime.paths import models_dir
 
@@ -36,7 +37,8 @@ def _model_and_gguf(args: argparse.Namespace) -> tuple[Path, Path]:
         gguf = store.root / ".sources" / f"{wheel.package}-{wheel.version}" / wheel.member
     if not Path(gguf).is_file():
         raise RuntimeError(f"GGUF not found: {gguf}")
-    return store.path(args.model), Path(gguf)
+    # what the runner would load: rebuilt first if an older converter made it
+    return ensure_model(args.model, store), Path(gguf)
 
 
 def run_peer(args: argparse.Namespace) -> int:
