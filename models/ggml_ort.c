@@ -62,14 +62,9 @@ static OrtStatus* op_create(const OrtCustomOp* op, const OrtApi* api, const OrtK
 struct Kernel {
   const OpSpec* op;
   int64_t heads, kv_heads, interleaved;
-  char* scratch; /* GgmlAttention's, kept between calls: a fresh one per call cost page faults */
-  size_t scratch_size;
 };
 
-static void op_destroy(void* kernel) {
-  if (kernel) free(((Kernel*)kernel)->scratch);
-  free(kernel);
-}
+static void op_destroy(void* kernel) { free(kernel); }
 
 static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
   return ((const Kernel*)kernel)->op->compute(kernel, ctx);
@@ -109,6 +104,10 @@ static OrtStatus* attr(const OrtKernelInfo* info, const char* name, int64_t* out
 }
 
 static OrtStatus* new_kernel(const OpSpec* op, Kernel** out) {
+  *out = NULL;
+  if (!uniun_ggml_supported())
+    return status(ORT_FAIL, "uniun: the ggml operators need a CPU with AVX2, FMA and F16C; "
+                            "convert the model again here (it then uses the usual graph)");
   *out = calloc(1, sizeof(Kernel));
   if (!*out) return status(ORT_FAIL, "uniun: out of memory");
   (*out)->op = op;
@@ -282,7 +281,7 @@ static void store_new(const float* x, float* present, int64_t b, int64_t s, int6
 }
 
 static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
-  Kernel* kn = kernel;
+  const Kernel* kn = kernel;
   const OrtValue *qv, *kv, *vv, *pkv, *pvv, *mv;
   int64_t qd[8], kd[8], vd[8], pd[8], pvd[8], md[8];
   size_t qn, kdn, vdn, pn, pvn, mn;
@@ -353,20 +352,16 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
   const size_t qbytes = sizeof(float) * s * heads * dim;
   const int rows = s < ROWS_PER_TASK ? (int)s : ROWS_PER_TASK;
   const size_t tasks = (size_t)heads * (size_t)((s + rows - 1) / rows);
-  if (qbytes + each * tasks > kn->scratch_size) {
-    free(kn->scratch);
-    kn->scratch = malloc(qbytes + each * tasks);
-    kn->scratch_size = kn->scratch ? qbytes + each * tasks : 0;
-    if (!kn->scratch) return status(ORT_FAIL, "uniun.GgmlAttention: out of memory");
-  }
+  char* scratch = uniun_thread_scratch(qbytes + each * tasks);
+  if (!scratch) return status(ORT_FAIL, "uniun.GgmlAttention: out of memory");
   OrtStatus* st = NULL;
   for (int64_t i = 0; i < b && !st; i++) {
-    float* q16 = (float*)kn->scratch;
+    float* q16 = (float*)scratch;
     uniun_ggml_round_half((const float*)q + i * s * heads * dim, q16, s * heads * dim);
     HeadTasks t = {q16, (const float*)ok + i * kvh * out_cap * dim,
                    (const float*)ov + i * kvh * out_cap * dim, (const int64_t*)mask + i * total,
                    (float*)y + i * s * heads * dim, (int)s, (int)heads, (int)kvh, (int)dim,
-                   (int)total, (int)out_cap, (int)past, scale, rows, kn->scratch + qbytes, each};
+                   (int)total, (int)out_cap, (int)past, scale, rows, scratch + qbytes, each};
     st = API_FN(SLOT_KernelContext_ParallelFor, ParallelForFn)(ctx, head_task, tasks, 0, &t);
   }
   return st;

