@@ -120,12 +120,14 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
         raise ValueError(f"weight_op must be auto, qmatmul or matmulnbits, not {weight_op!r}")
     if arith not in ("auto", "ggml", "onnx"):
         raise ValueError(f"arith must be auto, ggml or onnx, not {arith!r}")
-    why_not = ggml_unsupported(config, weights) if arith != "onnx" else "arith onnx"
+    use_qmatmul = weight_op == "qmatmul" or (weight_op == "auto" and qmatmul.fast())
+    why_not = ("arith onnx" if arith == "onnx" else "weight_op matmulnbits"
+               if weight_op == "matmulnbits" else ggml_unsupported(config, weights))
     if arith == "ggml" and why_not:
         raise ValueError(f"llama.cpp's arithmetic does not apply: {why_not}")
-    ggml = arith == "ggml" or (arith == "auto" and not why_not and qmatmul.ggml_fast())
-    g = GraphBuilder(qmatmul=weight_op == "qmatmul" or (weight_op == "auto" and qmatmul.fast()),
-                     ggml=ggml)
+    ggml = arith == "ggml" or (arith == "auto" and not why_not and use_qmatmul
+                               and qmatmul.ggml_fast())
+    g = GraphBuilder(qmatmul=use_qmatmul, ggml=ggml)
     cfg = config
     eps = float(cfg.rms_norm_eps)
 

@@ -20,7 +20,7 @@ __all__ = ["run_peer", "goals_table"]
 
 
 def _model_and_gguf(args: argparse.Namespace) -> tuple[Path, Path]:
-    from uniun.models.convert.pull import PULLABLE
+    from uniun.models.convert.pull import PULLABLE, source_file
     from uniun.models.convert.recipes import ensure_model
     from uniun.models.store import ModelStore
     from uniun.runtime.paths import models_dir
@@ -31,10 +31,9 @@ def _model_and_gguf(args: argparse.Namespace) -> tuple[Path, Path]:
                            f"uniun-runtime models pull {args.model}")
     gguf = args.gguf
     if gguf is None:
-        wheel = PULLABLE.get(args.model)
-        if wheel is None:
+        if args.model not in PULLABLE:
             raise RuntimeError(f"give --gguf: {args.model!r} was not pulled from a GGUF")
-        gguf = store.root / ".sources" / f"{wheel.package}-{wheel.version}" / wheel.member
+        gguf = source_file(args.model, store)
     if not Path(gguf).is_file():
         raise RuntimeError(f"GGUF not found: {gguf}")
     # what the runner would load: rebuilt first if an older converter made it

