@@ -12,13 +12,16 @@
  *
  * Order matters in three places, and is spelled out here rather than left to a compiler:
  * - sums: ggml's vector reductions (_mm512_reduce_add_ps, its 4-accumulator dot product,
- *   tinyBLAS's one accumulator per output) are written out lane by lane (reduce16);
+ *   tinyBLAS's one accumulator per output) are written out lane by lane (reduce16_avx);
  * - fused multiply-adds: fmaf() exactly where ggml's build fuses, and nowhere else
  *   (this file is compiled with fp-contract off);
  * - fp16: K, V, the query and the softmax output are rounded to fp16 where ggml stores or
  *   converts them (its KV cache is fp16, and its fp16 matmul converts the other side).
  *
- * The vector loops use AVX2 + FMA; uniun_ggml_supported() says whether this CPU has them.
+ * The vector loops use AVX2 + FMA (and AVX-512 where the CPU has it, for the same
+ * results); uniun_ggml_supported() says whether this CPU has the former. Elsewhere (ARM)
+ * the functions are stubs that are never called: the operators refuse to start there
+ * (models/ggml_ort.c), and the converter does not build this graph.
  */
 #pragma GCC optimize("fp-contract=off")
 
@@ -27,15 +30,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "ggml_ops.h"
+
+#define EXPORT __attribute__((visibility("default")))
 
 #if defined(__x86_64__) || defined(_M_X64)
 #include <immintrin.h>
 #define VEC __attribute__((target("avx2,fma,f16c")))
-#else
-#define VEC
-#endif
-
-#define EXPORT __attribute__((visibility("default")))
 
 /* x rounded to fp16 (to nearest, ties to even: F16C's vcvtps2ph, as ggml converts), n
  * values; in place allowed. */
@@ -48,13 +49,9 @@ VEC static void round_half(const float* x, float* y, int64_t n) {
 }
 
 EXPORT int uniun_ggml_supported(void) {
-#if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
   return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
          __builtin_cpu_supports("f16c");
-#else
-  return 0;
-#endif
 }
 
 /* ---- RMSNorm: ggml_compute_forward_rms_norm_f32, then ggml_mul by the weight ---------- */
@@ -291,7 +288,6 @@ VEC static void weighted_sum(const float* vh, const float* p, int visible, int d
   lanes_to_out(acc, banks, dim, out);
 }
 
-#if defined(__x86_64__) || defined(_M_X64)
 /* The same three dot products with 16-wide registers: half the instructions, identical
  * results (the lanes and their order are ggml's either way; _mm512_reduce_add_ps is the
  * reduce16 above). dim is a multiple of 16. */
@@ -357,7 +353,6 @@ V512 static void weighted_sum_512(const float* vh, const float* p, int visible, 
                                             _mm512_add_ps(t6[1], t6[3])));
   }
 }
-#endif
 
 VEC static void attention_head(const Attn* a, int h, int t0, int t1, float* scores,
                                float* acc, int wide) {
@@ -374,23 +369,19 @@ VEC static void attention_head(const Attn* a, int h, int t0, int t1, float* scor
      * (a weight of 0 adds nothing to ggml's sums either) */
     const int visible = a->past + t + 1 < a->keys ? a->past + t + 1 : a->keys;
     const int keys16 = (visible + 15) & ~15;
-#if defined(__x86_64__) || defined(_M_X64)
     if (wide) {
       scores_512(kh, q, visible, dim, many, scores);
     } else
-#endif
       for (int k = 0; k < visible; k++)
         scores[k] = many ? dot_many(kh + (size_t)k * dim, q, dim)
                          : dot_one(kh + (size_t)k * dim, q, dim);
     for (int k = visible; k < keys16; k++) scores[k] = 0.f;
     softmax_row(scores, keys16, visible, a->open, a->scale);
     round_half(scores, scores, visible); /* as ggml's P V converts them */
-#if defined(__x86_64__) || defined(_M_X64)
     if (wide) {
       weighted_sum_512(vh, scores, visible, dim, banks, acc, out);
       continue;
     }
-#endif
     weighted_sum(vh, scores, visible, dim, banks, acc, out);
   }
 }
@@ -410,12 +401,27 @@ EXPORT void uniun_ggml_attention(const float* q, const float* k, const float* v,
   Attn a = {q, k, v, open, out, tokens, heads, kv_heads, dim, keys, stride, past, scale};
   float* scores = scratch;
   float* acc = scores + ((keys + 15) & ~15);
-  int wide = 0;
-#if defined(__x86_64__) || defined(_M_X64)
   __builtin_cpu_init();
-  wide = dim <= 128 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-#endif
+  const int wide =
+      dim <= 128 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
   for (int h = h0; h < h1; h++) attention_head(&a, h, t0, t1, scores, acc, wide);
 }
 
 EXPORT void uniun_ggml_round_half(const float* x, float* y, int64_t n) { round_half(x, y, n); }
+
+#else /* not x86: stubs, never called (uniun_ggml_supported() is 0, the operators refuse) */
+
+EXPORT int uniun_ggml_supported(void) { return 0; }
+EXPORT void uniun_ggml_rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
+                                float eps) {}
+EXPORT void uniun_ggml_rope(const float* x, const int64_t* pos, float* y, int64_t tokens,
+                            int heads, int dim, float base, int interleaved) {}
+EXPORT void uniun_ggml_swiglu(const float* g, const float* u, float* y, int64_t n) {}
+EXPORT size_t uniun_ggml_attention_scratch(int keys, int dim) { return 0; }
+EXPORT void uniun_ggml_attention(const float* q, const float* k, const float* v,
+                                 const int64_t* open, float* out, int tokens, int heads,
+                                 int kv_heads, int dim, int keys, int stride, int past,
+                                 float scale, int h0, int h1, int t0, int t1, void* scratch) {}
+EXPORT void uniun_ggml_round_half(const float* x, float* y, int64_t n) {}
+
+#endif
