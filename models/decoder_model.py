@@ -328,7 +328,15 @@ class DecoderModel:
         return self._exact_replay
 
     def _one_and_many_agree(self) -> bool:
-        """Probe: logits of a position fed alone vs. fed with others, bit for bit."""
+        """Probe: logits of a position fed alone vs. fed with others, bit for bit.
+
+        A graph in llama.cpp's arithmetic (``GgmlAttention``) disagrees by construction:
+        llama.cpp sums a one-query pass's dot products in another order than a many-query
+        pass's, and ours follows it. The 4-token probe can come out equal there by luck
+        (rounding differences that cancel), so it is not asked.
+        """
+        if "GgmlAttention" in self._graph_ops:
+            return False
         ids = list(self.tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"])
         ids = (ids + [1, 2, 3, 4])[:4]
         many, _ = self.forward(ids, None)
