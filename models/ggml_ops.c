@@ -335,23 +335,7 @@ V512 static void weighted_sum_512(const float* vh, const float* p, int visible, 
       float* dst = acc + ((size_t)bk * 16 + l) * dim;
       for (int i = 0; i < blocks; i++) _mm512_storeu_ps(dst + 16 * i, s[i]);
     }
-  const size_t bank = (size_t)16 * dim;
-  for (int d = 0; d < dim; d += 16) {
-    __m512 lane[16];
-    for (int l = 0; l < 16; l++) {
-      const float* b = acc + (size_t)l * dim + d;
-      lane[l] = banks == 1 ? _mm512_loadu_ps(b)
-                           : _mm512_add_ps(_mm512_add_ps(_mm512_loadu_ps(b),
-                                                         _mm512_loadu_ps(b + 2 * bank)),
-                                           _mm512_add_ps(_mm512_loadu_ps(b + bank),
-                                                         _mm512_loadu_ps(b + 3 * bank)));
-    }
-    __m512 t3[8], t6[4];
-    for (int i = 0; i < 8; i++) t3[i] = _mm512_add_ps(lane[8 + i], lane[i]);
-    for (int i = 0; i < 4; i++) t6[i] = _mm512_add_ps(t3[4 + i], t3[i]);
-    _mm512_storeu_ps(out + d, _mm512_add_ps(_mm512_add_ps(t6[0], t6[2]),
-                                            _mm512_add_ps(t6[1], t6[3])));
-  }
+  lanes_to_out(acc, banks, dim, out);
 }
 
 VEC static void attention_head(const Attn* a, int h, int t0, int t1, float* scores,

@@ -44,12 +44,22 @@ static size_t op_output_count(const OrtCustomOp* op) { return (size_t)spec(op)->
 static int op_required(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
 static int op_memory_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
 static int op_one(const OrtCustomOp* op) { (void)op; return 1; }
-typedef struct Kernel Kernel;
-static void op_destroy(void* kernel);
 static OrtStatus* op_create(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
                             void** out) {
   (void)api;
   return spec(op)->create(info, out);
+}
+
+/* Every kernel starts with its op's spec (op_compute finds the compute function there). */
+typedef struct {
+  const OpSpec* op;
+  int64_t heads, kv_heads, interleaved;
+} Kernel;
+
+static void op_destroy(void* kernel) { free(kernel); }
+
+static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
+  return ((const Kernel*)kernel)->op->compute(kernel, ctx);
 }
 
 #define OP(NAME, OUTPUTS, CREATE, COMPUTE, ...)                                              \
@@ -57,18 +67,6 @@ static OrtStatus* op_create(const OrtCustomOp* op, const OrtApi* api, const OrtK
     op_output_type, op_output_count, NULL, op_destroy, op_required, op_required,              \
     op_memory_type, op_one, op_one, op_one, op_one, op_create, op_compute, NULL},             \
    NAME, sizeof((int[]){__VA_ARGS__}) / sizeof(int), OUTPUTS, {__VA_ARGS__}, CREATE, COMPUTE}
-
-/* Every kernel starts with its op's spec (op_compute finds the compute function there). */
-struct Kernel {
-  const OpSpec* op;
-  int64_t heads, kv_heads, interleaved;
-};
-
-static void op_destroy(void* kernel) { free(kernel); }
-
-static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
-  return ((const Kernel*)kernel)->op->compute(kernel, ctx);
-}
 
 static OrtStatus* input(OrtKernelContext* ctx, size_t i, const OrtValue** v) {
   return API_FN(SLOT_KernelContext_GetInput, GetInputFn)(ctx, i, v);
@@ -157,11 +155,12 @@ static const OpSpec rope_op;
 static OrtStatus* rope_create(const OrtKernelInfo* info, void** out) {
   Kernel* k;
   TRY(new_kernel(&rope_op, &k));
-  *out = k;
-  TRY(attr(info, "num_heads", &k->heads));
-  TRY(attr(info, "interleaved", &k->interleaved));
-  if (k->heads <= 0) return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: num_heads <= 0");
-  return NULL;
+  OrtStatus* st = attr(info, "num_heads", &k->heads);
+  if (!st) st = attr(info, "interleaved", &k->interleaved);
+  if (!st && k->heads <= 0) st = status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: num_heads <= 0");
+  if (st) free(k);
+  *out = st ? NULL : k;
+  return st;
 }
 
 static OrtStatus* rope_compute(void* kernel, OrtKernelContext* ctx) {
@@ -237,13 +236,14 @@ static const OpSpec attention_op;
 static OrtStatus* attention_create(const OrtKernelInfo* info, void** out) {
   Kernel* k;
   TRY(new_kernel(&attention_op, &k));
-  *out = k;
-  TRY(attr(info, "num_heads", &k->heads));
-  TRY(attr(info, "kv_num_heads", &k->kv_heads));
-  if (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads)
-    return status(ORT_INVALID_ARGUMENT,
-                  "uniun.GgmlAttention: num_heads must be a multiple of kv_num_heads > 0");
-  return NULL;
+  OrtStatus* st = attr(info, "num_heads", &k->heads);
+  if (!st) st = attr(info, "kv_num_heads", &k->kv_heads);
+  if (!st && (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads))
+    st = status(ORT_INVALID_ARGUMENT,
+                "uniun.GgmlAttention: num_heads must be a multiple of kv_num_heads > 0");
+  if (st) free(k);
+  *out = st ? NULL : k;
+  return st;
 }
 
 typedef struct {
