@@ -25,7 +25,7 @@ from uniun.models.convert.qmatmul_pack import PackedWeight, pack
 
 __all__ = ["GraphBuilder", "rope_tables", "attention_bias", "scaled", "attention", "kv_lengths",
            "gqa_attention", "MS_DOMAIN", "QBLOCKS_SUFFIX", "add_bias", "head_norm", "activation",
-           "scale_rows"]
+           "scale_rows", "last_position"]
 
 MS_DOMAIN = "com.microsoft"
 QBLOCKS_SUFFIX = ".qblocks"  # initializers QMatMul reads; saved to a file of their own
@@ -323,6 +323,13 @@ def activation(g: GraphBuilder, gate: str, kind: str, name: str) -> str:
     if kind in ("gelu_pytorch_tanh", "gelu_tanh"):
         return g.op("Gelu", [gate], f"{name}_gelu", approximate="tanh")[0]
     raise ValueError(f"unsupported hidden_act {kind!r}")
+
+
+def last_position(g: GraphBuilder, x: str) -> str:
+    """``x[:, -1:]``: the head runs on the last position only (nothing reads the others)."""
+    return g.op("Slice", [x, g.const("last_start", np.array([-1], np.int64)),
+                          g.const("last_end", np.array([2 ** 62], np.int64)),
+                          g.const("last_axis", np.array([1], np.int64))], "last_pos")[0]
 
 
 def scale_rows(g: GraphBuilder, x: str, factor: float) -> str:

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from uniun.models.convert.decoder_blocks import GraphBuilder
+from uniun.models.convert.decoder_blocks import GraphBuilder, last_position
 from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Progress, Weight
 from uniun.models.convert.qmatmul_pack import format_of
 
@@ -132,7 +132,4 @@ def ggml_layers(g: GraphBuilder, cfg: DecoderConfig, weights: Mapping[str, Weigh
                           residual=hidden)[0]
         if progress:
             progress(1)
-    last = g.op("Slice", [hidden, g.const("last_start", np.array([-1], np.int64)),
-                          g.const("last_end", np.array([2 ** 62], np.int64)),
-                          g.const("last_axis", np.array([1], np.int64))], "last_pos")[0]
-    return norm(last, "model.norm.weight", "final_norm")
+    return norm(last_position(g, hidden), "model.norm.weight", "final_norm")

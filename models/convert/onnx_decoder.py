@@ -54,6 +54,7 @@ from uniun.models.convert.decoder_blocks import (
     gqa_attention,
     head_norm,
     kv_lengths,
+    last_position,
     rope_tables,
     scale_rows,
     scaled,
@@ -223,11 +224,8 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
         if progress:
             progress(1)
 
-    last = g.op("Slice", [hidden, g.const("last_start", np.array([-1], np.int64)),
-                          g.const("last_end", np.array([2 ** 62], np.int64)),
-                          g.const("last_axis", np.array([1], np.int64))], "last_pos")[0]
-    return _finish(g, cfg, weights, _norm(g, last, weights, "model.norm.weight", eps,
-                                          "final_norm"))
+    return _finish(g, cfg, weights, _norm(g, last_position(g, hidden), weights,
+                                          "model.norm.weight", eps, "final_norm"))
 
 
 def _finish(g: GraphBuilder, cfg: DecoderConfig, weights: Mapping[str, Weight],
