@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from collections.abc import Iterator
 
 import msgpack
@@ -148,14 +149,20 @@ def test_shutting_down_while_the_scheduler_stops(rt: Runtime) -> None:
     assert old is not None
     os.kill(old, signal.SIGTERM)
     accepted, refused = [], None
-    for i in range(200):
+    deadline, i = time.monotonic() + 30, 0
+    while refused is None and time.monotonic() < deadline:
+        i += 1
         reply = w.submit({"job_id": f"sd-{i}", "kind": "extract", "prompt": "x",
                           "max_new_tokens": 3})
-        if reply["type"] == "error":
+        if reply["type"] != "error":
+            accepted.append(f"sd-{i}")
+        elif reply["code"] == "queue_full":
+            # the extract queue filled before the scheduler began to stop (a slow
+            # machine handles the signal later): not yet the answer this test waits for
+            time.sleep(0.02)
+        else:
             refused = reply
-            break
-        accepted.append(f"sd-{i}")
-    assert refused is not None, "every submit was accepted while stopping"
+    assert refused is not None, "no submit was refused while stopping"
     assert refused["code"] == "shutting_down" and refused["retryable"] is True
     wait_for("a new scheduler", lambda: rt.pid("scheduler") not in (None, old))
     rt.wait_serving()
