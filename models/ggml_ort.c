@@ -68,13 +68,25 @@ static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
     op_memory_type, op_one, op_one, op_one, op_one, op_create, op_compute, NULL},             \
    NAME, sizeof((int[]){__VA_ARGS__}) / sizeof(int), OUTPUTS, {__VA_ARGS__}, CREATE, COMPUTE}
 
-static OrtStatus* input(OrtKernelContext* ctx, size_t i, const OrtValue** v) {
-  return API_FN(SLOT_KernelContext_GetInput, GetInputFn)(ctx, i, v);
+/* One input or output: its shape and its data. */
+typedef struct {
+  int64_t dims[8];
+  size_t nd;
+  void* data;
+} Tensor;
+
+static OrtStatus* input(OrtKernelContext* ctx, size_t i, Tensor* t) {
+  const OrtValue* v;
+  TRY(API_FN(SLOT_KernelContext_GetInput, GetInputFn)(ctx, i, &v));
+  TRY(tensor_shape(v, t->dims, &t->nd));
+  return tensor_data(v, &t->data);
 }
 
 static OrtStatus* output(OrtKernelContext* ctx, size_t i, const int64_t* dims, size_t nd,
-                         OrtValue** v) {
-  return API_FN(SLOT_KernelContext_GetOutput, GetOutputFn)(ctx, i, dims, nd, v);
+                         void** data) {
+  OrtValue* v;
+  TRY(API_FN(SLOT_KernelContext_GetOutput, GetOutputFn)(ctx, i, dims, nd, &v));
+  return tensor_data(v, data);
 }
 
 static int64_t elements(const int64_t* dims, size_t nd) {
@@ -85,15 +97,10 @@ static int64_t elements(const int64_t* dims, size_t nd) {
 
 /* a one-element float input */
 static OrtStatus* scalar(OrtKernelContext* ctx, size_t i, const char* what, float* out) {
-  const OrtValue* v;
-  int64_t dims[8];
-  size_t nd;
-  void* data;
-  TRY(input(ctx, i, &v));
-  TRY(tensor_shape(v, dims, &nd));
-  if (elements(dims, nd) != 1) return status(ORT_INVALID_ARGUMENT, what);
-  TRY(tensor_data(v, &data));
-  *out = *(const float*)data;
+  Tensor t;
+  TRY(input(ctx, i, &t));
+  if (elements(t.dims, t.nd) != 1) return status(ORT_INVALID_ARGUMENT, what);
+  *out = *(const float*)t.data;
   return NULL;
 }
 
@@ -123,25 +130,17 @@ static OrtStatus* rms_norm_create(const OrtKernelInfo* info, void** out) {
 
 static OrtStatus* rms_norm_compute(void* kernel, OrtKernelContext* ctx) {
   (void)kernel;
-  const OrtValue *xv, *wv;
-  int64_t dims[8], wdims[8];
-  size_t nd, wnd;
+  Tensor x, w;
   float eps;
-  TRY(input(ctx, 0, &xv));
-  TRY(input(ctx, 1, &wv));
+  void* y;
+  TRY(input(ctx, 0, &x));
+  TRY(input(ctx, 1, &w));
   TRY(scalar(ctx, 2, "uniun.GgmlRmsNorm: epsilon is not one float", &eps));
-  TRY(tensor_shape(xv, dims, &nd));
-  TRY(tensor_shape(wv, wdims, &wnd));
-  if (nd < 1 || elements(wdims, wnd) != dims[nd - 1])
+  if (x.nd < 1 || elements(w.dims, w.nd) != x.dims[x.nd - 1])
     return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRmsNorm: W's size is not X's last axis");
-  OrtValue* yv;
-  void *x, *w, *y;
-  TRY(output(ctx, 0, dims, nd, &yv));
-  TRY(tensor_data(xv, &x));
-  TRY(tensor_data(wv, &w));
-  TRY(tensor_data(yv, &y));
-  const int n = (int)dims[nd - 1];
-  if (n > 0) uniun_ggml_rms_norm(x, w, y, elements(dims, nd) / n, n, eps);
+  TRY(output(ctx, 0, x.dims, x.nd, &y));
+  const int n = (int)x.dims[x.nd - 1];
+  if (n > 0) uniun_ggml_rms_norm(x.data, w.data, y, elements(x.dims, x.nd) / n, n, eps);
   return NULL;
 }
 
@@ -165,27 +164,19 @@ static OrtStatus* rope_create(const OrtKernelInfo* info, void** out) {
 
 static OrtStatus* rope_compute(void* kernel, OrtKernelContext* ctx) {
   const Kernel* kn = kernel;
-  const OrtValue *xv, *pv;
-  int64_t dims[8], pdims[8];
-  size_t nd, pnd;
+  Tensor x, pos;
   float base;
-  TRY(input(ctx, 0, &xv));
-  TRY(input(ctx, 1, &pv));
+  void* y;
+  TRY(input(ctx, 0, &x));
+  TRY(input(ctx, 1, &pos));
   TRY(scalar(ctx, 2, "uniun.GgmlRope: base is not one float", &base));
-  TRY(tensor_shape(xv, dims, &nd));
-  TRY(tensor_shape(pv, pdims, &pnd));
-  if (nd != 3 || dims[2] % kn->heads || (dims[2] / kn->heads) % 2)
+  if (x.nd != 3 || x.dims[2] % kn->heads || (x.dims[2] / kn->heads) % 2)
     return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: X is not [b, s, heads * even dim]");
-  if (pnd != 2 || pdims[0] != dims[0] || pdims[1] != dims[1])
+  if (pos.nd != 2 || pos.dims[0] != x.dims[0] || pos.dims[1] != x.dims[1])
     return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: position_ids is not [b, s]");
-  OrtValue* yv;
-  void *x, *p, *y;
-  TRY(output(ctx, 0, dims, nd, &yv));
-  TRY(tensor_data(xv, &x));
-  TRY(tensor_data(pv, &p));
-  TRY(tensor_data(yv, &y));
-  uniun_ggml_rope(x, p, y, dims[0] * dims[1], (int)kn->heads, (int)(dims[2] / kn->heads), base,
-                  (int)kn->interleaved);
+  TRY(output(ctx, 0, x.dims, x.nd, &y));
+  uniun_ggml_rope(x.data, pos.data, y, x.dims[0] * x.dims[1], (int)kn->heads,
+                  (int)(x.dims[2] / kn->heads), base, (int)kn->interleaved);
   return NULL;
 }
 
@@ -203,26 +194,18 @@ static OrtStatus* swiglu_create(const OrtKernelInfo* info, void** out) {
 
 static OrtStatus* swiglu_compute(void* kernel, OrtKernelContext* ctx) {
   (void)kernel;
-  const OrtValue *gv, *uv;
-  int64_t dims[8], udims[8];
-  size_t nd, und;
-  TRY(input(ctx, 0, &gv));
-  TRY(input(ctx, 1, &uv));
-  TRY(tensor_shape(gv, dims, &nd));
-  TRY(tensor_shape(uv, udims, &und));
-  if (nd != und || memcmp(dims, udims, nd * sizeof(int64_t)) != 0)
+  Tensor g, u;
+  void* y;
+  TRY(input(ctx, 0, &g));
+  TRY(input(ctx, 1, &u));
+  if (g.nd != u.nd || memcmp(g.dims, u.dims, g.nd * sizeof(int64_t)) != 0)
     return status(ORT_INVALID_ARGUMENT, "uniun.GgmlSwiGlu: G and U differ in shape");
-  OrtValue* yv;
-  void *g, *u, *y;
-  TRY(output(ctx, 0, dims, nd, &yv));
-  TRY(tensor_data(gv, &g));
-  TRY(tensor_data(uv, &u));
-  TRY(tensor_data(yv, &y));
+  TRY(output(ctx, 0, g.dims, g.nd, &y));
   /* ggml runs its vector loop per row: the scalar tail is per row too */
-  const int64_t row = nd ? dims[nd - 1] : 1;
-  for (int64_t r = 0; row > 0 && r < elements(dims, nd) / row; r++)
-    uniun_ggml_swiglu((const float*)g + r * row, (const float*)u + r * row, (float*)y + r * row,
-                      row);
+  const int64_t row = g.nd ? g.dims[g.nd - 1] : 1;
+  for (int64_t r = 0; row > 0 && r < elements(g.dims, g.nd) / row; r++)
+    uniun_ggml_swiglu((const float*)g.data + r * row, (const float*)u.data + r * row,
+                      (float*)y + r * row, row);
   return NULL;
 }
 
@@ -282,38 +265,31 @@ static void store_new(const float* x, float* present, int64_t b, int64_t s, int6
 
 static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
   const Kernel* kn = kernel;
-  const OrtValue *qv, *kv, *vv, *pkv, *pvv, *mv;
-  int64_t qd[8], kd[8], vd[8], pd[8], pvd[8], md[8];
-  size_t qn, kdn, vdn, pn, pvn, mn;
+  Tensor qt, kt, vt, pkt, pvt, mt;
   float scale;
-  TRY(input(ctx, 0, &qv));
-  TRY(input(ctx, 1, &kv));
-  TRY(input(ctx, 2, &vv));
-  TRY(input(ctx, 3, &pkv));
-  TRY(input(ctx, 4, &pvv));
-  TRY(input(ctx, 5, &mv));
+  TRY(input(ctx, 0, &qt));
+  TRY(input(ctx, 1, &kt));
+  TRY(input(ctx, 2, &vt));
+  TRY(input(ctx, 3, &pkt));
+  TRY(input(ctx, 4, &pvt));
+  TRY(input(ctx, 5, &mt));
   TRY(scalar(ctx, 6, "uniun.GgmlAttention: scale is not one float", &scale));
-  TRY(tensor_shape(qv, qd, &qn));
-  TRY(tensor_shape(kv, kd, &kdn));
-  TRY(tensor_shape(vv, vd, &vdn));
-  TRY(tensor_shape(pkv, pd, &pn));
-  TRY(tensor_shape(pvv, pvd, &pvn));
-  TRY(tensor_shape(mv, md, &mn));
-  const int64_t b = qd[0], s = qd[1], heads = kn->heads, kvh = kn->kv_heads;
-  if (qn != 3 || qd[2] % heads)
+  const int64_t heads = kn->heads, kvh = kn->kv_heads;
+  const int64_t *qd = qt.dims, *kd = kt.dims, *pd = pkt.dims, *md = mt.dims;
+  if (qt.nd != 3 || qd[2] % heads)
     return status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: Q is not [b, s, heads * dim]");
-  const int64_t dim = qd[2] / heads;
+  const int64_t b = qd[0], s = qd[1], dim = qd[2] / heads;
   if (dim % 16)
     return status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: head dim is not a multiple of 16");
-  if (kdn != 3 || vdn != 3 || kd[0] != b || kd[1] != s || kd[2] != kvh * dim ||
-      memcmp(kd, vd, sizeof kd[0] * 3) != 0)
+  if (kt.nd != 3 || vt.nd != 3 || kd[0] != b || kd[1] != s || kd[2] != kvh * dim ||
+      memcmp(kd, vt.dims, sizeof kd[0] * 3) != 0)
     return status(ORT_INVALID_ARGUMENT,
                   "uniun.GgmlAttention: K and V are not [b, s, kv_heads * dim]");
-  if (pn != 4 || pvn != 4 || pd[0] != b || pd[1] != kvh || pd[3] != dim ||
-      memcmp(pd, pvd, sizeof pd[0] * 4) != 0)
+  if (pkt.nd != 4 || pvt.nd != 4 || pd[0] != b || pd[1] != kvh || pd[3] != dim ||
+      memcmp(pd, pvt.dims, sizeof pd[0] * 4) != 0)
     return status(ORT_INVALID_ARGUMENT,
                   "uniun.GgmlAttention: past key and value are not [b, kv_heads, n, dim]");
-  if (mn != 2 || md[0] != b || md[1] < s)
+  if (mt.nd != 2 || md[0] != b || md[1] < s)
     return status(ORT_INVALID_ARGUMENT,
                   "uniun.GgmlAttention: attention_mask is not [b, past + s]");
   const int64_t total = md[1], past = total - s, cap = pd[2];
@@ -323,30 +299,20 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
   /* in place (a preallocated buffer: capacity >= total) or concatenated */
   const int64_t out_cap = cap >= total ? cap : total;
   const int64_t present_dims[4] = {b, kvh, out_cap, dim};
-  OrtValue *yv, *pko, *pvo;
-  TRY(output(ctx, 0, qd, 3, &yv));
-  TRY(output(ctx, 1, present_dims, 4, &pko));
-  TRY(output(ctx, 2, present_dims, 4, &pvo));
-  void *q, *k, *v, *pk, *pv, *mask, *y, *ok, *ov;
-  TRY(tensor_data(qv, &q));
-  TRY(tensor_data(kv, &k));
-  TRY(tensor_data(vv, &v));
-  TRY(tensor_data(pkv, &pk));
-  TRY(tensor_data(pvv, &pv));
-  TRY(tensor_data(mv, &mask));
-  TRY(tensor_data(yv, &y));
-  TRY(tensor_data(pko, &ok));
-  TRY(tensor_data(pvo, &ov));
+  void *y, *ok, *ov;
+  TRY(output(ctx, 0, qd, 3, &y));
+  TRY(output(ctx, 1, present_dims, 4, &ok));
+  TRY(output(ctx, 2, present_dims, 4, &ov));
   if (b == 0 || s == 0) return NULL;
-  const void* pasts[2] = {pk, pv};
+  const void* pasts[2] = {pkt.data, pvt.data};
   void* presents[2] = {ok, ov};
   for (int i = 0; i < 2; i++)
     if (presents[i] != pasts[i] && past > 0)
       for (int64_t r = 0; r < b * kvh; r++)
         memcpy((float*)presents[i] + r * out_cap * dim, (const float*)pasts[i] + r * cap * dim,
                sizeof(float) * past * dim);
-  store_new(k, ok, b, s, kvh, dim, out_cap, past);
-  store_new(v, ov, b, s, kvh, dim, out_cap, past);
+  store_new(kt.data, ok, b, s, kvh, dim, out_cap, past);
+  store_new(vt.data, ov, b, s, kvh, dim, out_cap, past);
 
   const size_t each = uniun_ggml_attention_scratch((int)total, (int)dim);
   const size_t qbytes = sizeof(float) * s * heads * dim;
@@ -357,9 +323,9 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
   OrtStatus* st = NULL;
   for (int64_t i = 0; i < b && !st; i++) {
     float* q16 = (float*)scratch;
-    uniun_ggml_round_half((const float*)q + i * s * heads * dim, q16, s * heads * dim);
+    uniun_ggml_round_half((const float*)qt.data + i * s * heads * dim, q16, s * heads * dim);
     HeadTasks t = {q16, (const float*)ok + i * kvh * out_cap * dim,
-                   (const float*)ov + i * kvh * out_cap * dim, (const int64_t*)mask + i * total,
+                   (const float*)ov + i * kvh * out_cap * dim, (const int64_t*)mt.data + i * total,
                    (float*)y + i * s * heads * dim, (int)s, (int)heads, (int)kvh, (int)dim,
                    (int)total, (int)out_cap, (int)past, scale, rows, scratch + qbytes, each};
     st = API_FN(SLOT_KernelContext_ParallelFor, ParallelForFn)(ctx, head_task, tasks, 0, &t);
