@@ -21,6 +21,18 @@ owns the logic is busy.
 the socket; ``on_caught_up`` runs (in the pump thread) when a read finds the socket
 empty again after one that did not. The scheduler's front uses the two to read a burst
 before it hands the burst on.
+
+**Reading is bounded** when ``max_held`` is set: every frame handed to ``on_frames`` is
+*held* until the consumer calls :meth:`SocketPump.release` for it, and while
+``max_held`` frames are held the pump does not read the socket at all. The frames then
+wait in ZeroMQ's own queues, whose high-water marks push back on the senders, instead
+of in unbounded Python queues; and since a ROUTER fair-queues its connections, the
+reads that resume serve every connection in turn, not the flooding one first. Reading
+resumes once the held count is down to ``max_held // 2``.
+
+With ``user_id`` on, each message is received without copying so that its ZeroMQ
+metadata can be read, and ``on_frames`` gets the ``User-Id`` property (the client's
+CURVE public key, set by the ZAP handler) as a second argument, None where there is none.
 """
 
 from __future__ import annotations
@@ -36,6 +48,7 @@ from loguru import logger
 
 Frames = list[bytes]
 READ_BURST = 256  # frames read in a row before the outbox gets a turn
+HELD_POLL_S = 0.005  # how often a pump that holds max_held frames looks again, s
 
 _ids = itertools.count()
 
@@ -65,7 +78,8 @@ class SocketPump:
                  tick_s: float = 1.0,
                  on_tick: Callable[[float], list[Frames]] | None = None,
                  on_unroutable: Callable[[Frames, str], None] | None = None,
-                 on_caught_up: Callable[[], None] | None = None) -> None:
+                 on_caught_up: Callable[[], None] | None = None,
+                 max_held: int | None = None, user_id: bool = False) -> None:
         self.name = name
         self._ctx = ctx
         self._make_socket = make_socket
@@ -75,6 +89,10 @@ class SocketPump:
         self._on_unroutable = on_unroutable
         self._on_caught_up = on_caught_up
         self.backlog = False  # the last read left frames in the socket (see the docstring)
+        self._max_held = max_held
+        self._user_id = user_id
+        self._held = 0  # frames handed on and not yet released (only with max_held)
+        self._held_lock = threading.Lock()
         self._address = f"inproc://pump-{name}-{next(_ids)}"
         self._stop = threading.Event()
         self._ready = threading.Event()
@@ -93,6 +111,20 @@ class SocketPump:
     def outbox(self) -> Outbox:
         """A new outbox for the calling thread."""
         return Outbox(self._ctx, self._address)
+
+    @property
+    def held(self) -> int:
+        return self._held
+
+    def release(self, count: int = 1) -> None:
+        """The consumer is done with ``count`` frames (any thread; see the docstring)."""
+        if self._max_held is None or count <= 0:
+            return
+        with self._held_lock:
+            self._held = max(0, self._held - count)
+
+    def _may_read(self) -> bool:
+        return self._max_held is None or self._held < self._max_held
 
     def stop(self, timeout: float = 3.0) -> None:
         self._stop.set()
@@ -128,10 +160,14 @@ class SocketPump:
         poller = zmq.Poller()
         poller.register(sock, zmq.POLLIN)
         poller.register(inbox, zmq.POLLIN)
+        reading = True
         # Without a tick callback there is nothing to wake for but the stop flag.
         next_tick = time.monotonic() + self._tick_s if self._on_tick else float("inf")
         while not self._stop.is_set():
-            wait = max(0.0, min(next_tick - time.monotonic(), 0.2))
+            if reading != self._may_read_now(reading):
+                reading = not reading
+                poller.modify(sock, zmq.POLLIN if reading else 0)
+            wait = max(0.0, min(next_tick - time.monotonic(), 0.2 if reading else HELD_POLL_S))
             events = dict(poller.poll(wait * 1000))
             if sock in events:
                 self._read(sock)
@@ -148,18 +184,38 @@ class SocketPump:
                 for frames in self._call(self._on_tick, now) or ():
                     self._send(sock, frames)
 
+    def _may_read_now(self, reading: bool) -> bool:
+        """Hysteresis: stop at ``max_held``, start again at half of it."""
+        if self._max_held is None:
+            return True
+        return self._held < (self._max_held if reading else max(1, self._max_held // 2))
+
     def _read(self, sock: zmq.Socket) -> None:
         """A bounded burst of reads (then the outbox gets a turn), and the backlog flag."""
         for _ in range(READ_BURST):
+            if not self._may_read():
+                self.backlog = True  # frames may wait; the consumer must release first
+                return
             try:
-                frames = sock.recv_multipart(zmq.NOBLOCK)
+                if self._user_id:
+                    parts = sock.recv_multipart(zmq.NOBLOCK, copy=False)
+                else:
+                    frames = sock.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
                 if self.backlog:
                     self.backlog = False
                     if self._on_caught_up is not None:
                         self._call(self._on_caught_up)
                 return
-            self._call(self._on_frames, frames)
+            if self._max_held is not None:
+                with self._held_lock:
+                    self._held += 1
+            args = ([p.bytes for p in parts], _user_id(parts[-1])) if self._user_id else (frames,)
+            try:
+                self._on_frames(*args)
+            except Exception as err:  # e.g. the actor it tells has just stopped
+                logger.debug("pump {}: callback failed: {!r}", self.name, err)
+                self.release()
         self.backlog = True
 
     def _call(self, callback: Callable[..., Any], *args: Any) -> Any:
@@ -187,3 +243,11 @@ class SocketPump:
             self._call(self._on_unroutable, frames, why)
         else:
             logger.debug("pump {}: dropped a message ({})", self.name, why)
+
+
+def _user_id(frame: zmq.Frame) -> str | None:
+    """The message's ``User-Id`` metadata (the CURVE client key), or None."""
+    try:
+        return frame.get("User-Id")
+    except (zmq.ZMQError, UnicodeDecodeError):
+        return None

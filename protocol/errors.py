@@ -43,13 +43,16 @@ class ProtocolError(Exception):
     """A request that cannot be served, with the wire code that says why."""
 
     def __init__(self, code: ErrorCode, message: str, *, field: str | None = None,
-                 job_id: str | None = None, retryable: bool | None = None) -> None:
+                 job_id: str | None = None, retryable: bool | None = None,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(message)
         self.code = ErrorCode(code)
         self.message = message
         self.field = field
         self.job_id = job_id
         self.retryable = _RETRYABLE.get(self.code, False) if retryable is None else retryable
+        # Extension of v1: when a retry has a chance (a refusal for load, not for content).
+        self.retry_after_s = retry_after_s
 
     def to_body(self) -> dict[str, Any]:
         """The fields of the wire ``error`` message (without the envelope keys)."""
@@ -62,6 +65,8 @@ class ProtocolError(Exception):
             body["field"] = self.field
         if self.job_id is not None:
             body["job_id"] = self.job_id
+        if self.retry_after_s is not None:
+            body["retry_after_s"] = self.retry_after_s
         return body
 
     def __repr__(self) -> str:

@@ -64,6 +64,7 @@ def coerce(key: str, value: Any, default: Any, source: Path | None) -> Any:
 
 
 _POSITIVE = {
+    "front": ("conn_pending_cap", "pending_cap"),
     "limits": ("max_frame_bytes", "queue_cap", "max_new_tokens_cap", "max_prompt_chars"),
     "runner": ("intra_op_threads",),
     "supervisor": ("heartbeat_interval_s", "missed_heartbeats", "restart_window_s",

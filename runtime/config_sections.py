@@ -37,6 +37,14 @@ class FrontConfig:
     # Milliseconds; default 500.
     linger_ms: int = field(default=500, metadata=_doc(
         "ms the front socket may keep unsent replies at shutdown (default 500)"))
+    # Requests; default 4096. One more from that connection is answered queue_full.
+    conn_pending_cap: int = field(default=4096, metadata=_doc(
+        "requests one client connection may have waiting in the scheduler; more are "
+        "answered queue_full with a retry hint (default 4096)"))
+    # Frames; default 32768. At the cap the front stops reading until half are handled.
+    pending_cap: int = field(default=32_768, metadata=_doc(
+        "requests of all connections read and not yet handled; at the cap the front stops "
+        "reading and ZeroMQ pushes back on senders (default 32768)"))
 
 
 @dataclass(frozen=True)

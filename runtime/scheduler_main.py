@@ -127,7 +127,9 @@ def main(config: RuntimeConfig) -> int:
                              rules=rules, limits=Limits(frame_bytes=config.limits.max_frame_bytes),
                              linger_ms=config.front.linger_ms, ctx=ctx,
                              interactive=Interactive(pcfg.chat_kind, None, pcfg.extract_kind),
-                             socket_setup=security)
+                             socket_setup=security,
+                             conn_pending_cap=config.front.conn_pending_cap,
+                             pending_cap=config.front.pending_cap)
     link = RunnerLinkActor.start(host=lane, endpoint=rp.runner_endpoint(),  # type: ignore[arg-type]
                                  liveness=config.supervisor.liveness, ctx=ctx)
     actors = (front, link, host)

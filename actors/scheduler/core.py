@@ -62,6 +62,7 @@ class SchedulerCore(ClientRequests):
 
     def replay(self, entries: Iterable[JournalEntry]) -> Effects:
         """Rebuild the job table and the policy's queue from the journal."""
+        self.changes += 1
         fx = Effects()
         now, wall = self._clock(), self._wall()
         for e in entries:
@@ -98,6 +99,7 @@ class SchedulerCore(ClientRequests):
 
     def runner_up(self, hello: rp.Hello) -> Effects:
         """A runner said Hello: nothing runs on it; it holds records of ``hello.jobs``."""
+        self.changes += 1
         fx = Effects()
         self.runner = hello
         for job_id, generated in hello.jobs.items():
@@ -117,6 +119,7 @@ class SchedulerCore(ClientRequests):
 
     def runner_down(self, reason: str) -> Effects:
         """The runner we worked with is gone: fail over the job that ran on it."""
+        self.changes += 1
         fx = Effects()
         self.runner = None
         self.snapshots = (0, 0)
@@ -155,6 +158,7 @@ class SchedulerCore(ClientRequests):
 
     def runner_stats(self, count: int, nbytes: int, trimmed: int = 0,
                      spilled: int = 0) -> Effects:
+        self.changes += 1
         self.snapshots = (count, nbytes)
         fx = Effects()
         self.rec.runner_stats(fx, count, nbytes, trimmed, spilled)
@@ -162,6 +166,7 @@ class SchedulerCore(ClientRequests):
 
     def report(self, report: rp.Report) -> Effects:
         """A report of the current runner."""
+        self.changes += 1
         fx = Effects()
         if isinstance(report, rp.ModelLoaded):
             self.policy.on_model_loaded(report.model_id)
@@ -273,8 +278,10 @@ class SchedulerCore(ClientRequests):
         for _ in range(MAX_DECISIONS_PER_PUMP):
             decision = self.policy.decide()
             if isinstance(decision, Run):
+                self.changes += 1
                 self._run(fx, decision)
             elif isinstance(decision, Preempt):
+                self.changes += 1
                 self._preempt(fx, decision)
             if isinstance(decision, Idle):
                 break
@@ -310,6 +317,7 @@ class SchedulerCore(ClientRequests):
 
     def drain(self) -> Effects:
         """The scheduler is stopping: park the running job so its progress is exact."""
+        self.changes += 1
         fx = Effects()
         self.draining = True
         running = self.policy.running

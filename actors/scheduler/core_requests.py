@@ -9,6 +9,7 @@ different job under a known id is ``invalid_field job_id``.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from loguru import logger
 
@@ -23,7 +24,13 @@ from uniun.protocol import requests as rq
 from uniun.protocol import runner_records as rp
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
-__all__ = ["ClientRequests"]
+__all__ = ["ClientRequests", "STATUS_REUSE_S", "PROCESSES_REUSE_S"]
+
+# A flood of status requests must cost the scheduler one snapshot per interval, not one
+# each: a status body is reused while nothing changed and it is younger than this, s.
+STATUS_REUSE_S = 0.2
+# The processes' pids, CPU and RSS (read from files and /proc) are reused this long, s.
+PROCESSES_REUSE_S = 0.5
 
 
 class ClientRequests(CoreState):
@@ -32,6 +39,8 @@ class ClientRequests(CoreState):
     def request(self, conn: bytes, request: rq.Request) -> Effects:
         """One valid request from the front (everything but ``ping``)."""
         fx = Effects()
+        if not isinstance(request, rq.StatusRequest):
+            self.changes += 1
         handler = self._REQUESTS.get(type(request))
         try:
             if handler is None:
@@ -48,6 +57,7 @@ class ClientRequests(CoreState):
 
     def accept_failed(self, job_id: str, conn: bytes, msg_id: str, error: str) -> Effects:
         """The journal could not record an accepted job: forget it and say so."""
+        self.changes += 1
         record = self.jobs.live.get(job_id)
         if record is not None:
             self.policy.cancel(job_id)
@@ -59,6 +69,7 @@ class ClientRequests(CoreState):
             job_id=job_id)))])
 
     def client_gone(self, conn: bytes) -> Effects:
+        self.changes += 1
         self.jobs.drop_subscriber(conn)
         return Effects()
 
@@ -152,11 +163,24 @@ class ClientRequests(CoreState):
         fx.sends.append(Send(conn, m.reply_ok(req.id)))
 
     def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest) -> None:
-        body = status_body(self.policy, self.jobs, self.runner, self.snapshots,
-                           self._processes(), queue_cap=self.queue_cap)
-        body.update(self.rec.status_extra(), process_info=self._process_info(),
+        fx.sends.append(Send(conn, m.reply_status(req.id, self._status_snapshot())))
+
+    def _status_snapshot(self) -> dict[str, Any]:
+        """The status body, rebuilt only when something changed or it is old (every reply
+        shares it; nobody mutates it)."""
+        now = self._clock()
+        cached = self._status_cache
+        if cached is not None and cached[1] == self.changes and now - cached[0] < STATUS_REUSE_S:
+            return cached[2]
+        procs = self._procs_cache
+        if procs is None or now - procs[0] >= PROCESSES_REUSE_S:
+            procs = self._procs_cache = (now, self._processes(), self._process_info())
+        body = status_body(self.policy, self.jobs, self.runner, self.snapshots, procs[1],
+                           queue_cap=self.queue_cap)
+        body.update(self.rec.status_extra(), process_info=procs[2],
                     t2_share_max=self.policy.config.t2_share_max)
-        fx.sends.append(Send(conn, m.reply_status(req.id, body)))
+        self._status_cache = (now, self.changes, body)
+        return body
 
     _REQUESTS: dict[type, Callable[..., None]] = {
         rq.Submit: _submit, rq.Attach: _attach, rq.Cancel: _cancel,

@@ -59,6 +59,11 @@ class CoreState:
         self.runner: rp.Hello | None = None  # the runner we work with, if one is up
         self.snapshots = (0, 0)  # parked snapshots on the runner: count, bytes
         self.draining = False
+        # Bumped by every input that may change what ``status`` shows: a status body is
+        # reused only while it is unchanged (and young), see ``_status``.
+        self.changes = 0
+        self._status_cache: tuple[float, int, dict[str, Any]] | None = None  # at, changes
+        self._procs_cache: tuple[float, dict[str, int], dict[str, Any]] | None = None
 
     # ---- queries --------------------------------------------------------------------
 

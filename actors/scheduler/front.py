@@ -9,13 +9,23 @@ stopping) and tells the policy host the rest as a :class:`ClientRequest`. Replie
 job events come back as :class:`Outgoing` tells; the actor encodes them and pushes them
 to the pump through its own outbox socket.
 
-Batches (issue 9, point 4). The pump thread only appends raw frames to a queue; the
-actor drains it whole, decodes every frame (cheap), and keeps the decoded requests
-pending. It hands the host one :class:`ClientBatch` at a time, and the next only after
-the host said :class:`BatchDone`, so what waits, waits here, where the next batch is
-picked by ``inbox_order.take_batch``: control (chat and foreground submits, cancels,
-status, ...) before at most ``BATCH_BULK`` bulk submits, never reordering two requests
-of the same (connection, job). Full validation runs when a request is taken.
+Batches. The pump thread only appends raw frames to a queue; the actor drains it
+whole, decodes every frame (cheap), and keeps the decoded requests in a
+:class:`~uniun.actors.scheduler.inbox_order.FairInbox`. It hands the host one
+:class:`ClientBatch` at a time, and the next only after the host said
+:class:`BatchDone`, so what waits, waits here, where the next batch is picked fairly:
+control (chat and foreground submits, cancels, status, ...) before bulk submits,
+connections taking turns within each, never reordering two requests of the same
+(connection, job). Full validation runs when a request is taken.
+
+Bounds. A connection may have ``conn_pending_cap`` requests pending; one more is
+answered ``queue_full`` with a ``retry_after_s`` hint at once and costs no memory. All
+connections together may have ``pending_cap`` frames read and not yet handed on: at that
+bound the pump stops reading the socket (``SocketPump``'s ``max_held``), so ZeroMQ's
+high-water marks push back on the senders, and the ROUTER's fair queueing serves every
+connection in turn once reading resumes. A client that is gone (a send to it found no
+route) has its pending status and attach requests dropped, not served, and nothing more
+is encoded for it until it sends again.
 
 Reading first. The actors share one interpreter lock, so every millisecond the host
 spends on a burst's submits is one the pump and the front do not spend reading what came
@@ -46,7 +56,8 @@ import pykka
 import zmq
 from loguru import logger
 
-from uniun.actors.scheduler.inbox_order import Interactive, Pending, classify, take_batch
+from uniun.actors.scheduler.inbox_order import FairInbox, Interactive, classify
+from uniun.actors.scheduler.peers import MutedPeers
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 from uniun.models.convert.recipes import can_run_jobs
 from uniun.models.store import ModelStore
@@ -57,11 +68,21 @@ from uniun.protocol.endpoints import remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
 __all__ = ["FrontActor", "ClientRequest", "ClientBatch", "BatchDone", "ClientGone",
-           "Outgoing", "OpenFront", "Stopping", "ModelIds"]
+           "Outgoing", "OpenFront", "Stopping", "ModelIds", "FrontDepth"]
 
 SNDHWM = 50_000  # messages queued per client before further ones are dropped (not blocked)
+BATCH_CONTROL = 64  # control requests per batch (connections take turns)
 BATCH_BULK = 128  # bulk submits per batch: the longest a chat waits behind bulk in the host
 HOLD_S = 0.1  # longest bulk-only batches wait, per burst, for frames still arriving
+# Frames decoded per turn of the actor: under a flood, replies and BatchDone (already in
+# the mailbox) get their turn between two such bursts instead of after the flood.
+DRAIN_BURST = 256
+CONN_PENDING_CAP = 4096  # requests one connection may have pending; more: queue_full
+PENDING_CAP = 32_768  # requests pending, all connections; then reading stops
+# Frames read and not yet decoded. Decoding is where fairness starts (per connection), so
+# this queue is short: a chat's frame waits behind at most this many of a flood's.
+RAW_CAP = 512
+RETRY_AFTER_S = 0.5  # the hint sent with a per-connection queue_full, s
 
 
 @dataclass(frozen=True)
@@ -80,6 +101,7 @@ class ClientRequest:
 
     conn: bytes
     request: rq.Request
+    owner: str | None = None  # the CURVE key of the client (None on ipc and plain tcp)
 
 
 @dataclass(frozen=True)
@@ -110,8 +132,22 @@ class Outgoing:
 
 
 @dataclass(frozen=True)
+class FrontDepth:
+    """``ask``: how much waits in the front (``read``: frames read and not decoded;
+    ``pending``: requests queued; ``muted``: clients replies cannot reach)."""
+
+
+@dataclass(frozen=True)
 class _Kick:
     """Raw frames are waiting in the front's queue."""
+
+
+@dataclass(frozen=True)
+class _Unroutable:
+    """A send to a client failed: no route (``gone``), or its reply queue is full."""
+
+    conn: bytes
+    gone: bool
 
 
 @dataclass(frozen=True)
@@ -143,7 +179,9 @@ class FrontActor(pykka.ThreadingActor):
     def __init__(self, *, endpoint: str, host: pykka.ActorRef, rules: rq.JobRules,
                  limits: Limits, linger_ms: int, ctx: zmq.Context,
                  interactive: Interactive | None = None,
-                 socket_setup: Callable[[zmq.Socket], None] | None = None) -> None:
+                 socket_setup: Callable[[zmq.Socket], None] | None = None,
+                 conn_pending_cap: int = CONN_PENDING_CAP,
+                 pending_cap: int = PENDING_CAP, raw_cap: int = RAW_CAP) -> None:
         super().__init__()
         self._socket_setup = socket_setup  # e.g. CURVE for a tcp front (runtime/security.py)
         self._endpoint = endpoint
@@ -157,11 +195,13 @@ class FrontActor(pykka.ThreadingActor):
         self._stopping = False
         self.bound = ""
         self._interactive = interactive or Interactive()
-        self._raw: deque[Frames] = deque()  # appended by the pump thread
+        self._raw: deque[tuple[Frames, str | None]] = deque()  # appended by the pump thread
         self._kick_lock = threading.Lock()
         self._kicked = False
-        self._pending: list[Pending] = []
-        self._controls = 0  # control requests in _pending
+        self._inbox = FairInbox(conn_pending_cap)
+        self._pending_cap = pending_cap
+        self._raw_cap = raw_cap
+        self._muted = MutedPeers(time.monotonic)  # clients replies cannot reach
         self._in_host = False  # a batch is with the host
         self._held_at: float | None = None  # bulk held back since (monotonic s)
         self._hold_spent = False  # HOLD_S used up; no more holding until the pump catches up
@@ -184,7 +224,9 @@ class FrontActor(pykka.ThreadingActor):
     def _open(self) -> None:
         self._pump = SocketPump("front", self._ctx, self._make_socket,
                                 self._arrived, on_unroutable=self._unroutable,
-                                on_caught_up=lambda: self.actor_ref.tell(_Retry()))
+                                on_caught_up=lambda: self.actor_ref.tell(_Retry()),
+                                max_held=self._raw_cap,
+                                user_id=self._socket_setup is not None)
         self._pump.start()
         self._outbox = self._pump.outbox()
         self.bound = self._pump.last_endpoint or self._endpoint
@@ -198,20 +240,15 @@ class FrontActor(pykka.ThreadingActor):
             self._pump.stop()
             remove_endpoint(only_if=self.bound)
 
-    def _arrived(self, frames: Frames) -> None:
+    def _arrived(self, frames: Frames, user_id: str | None = None) -> None:
         """Pump thread: queue the frames; wake the actor once per drain, not per frame."""
-        self._raw.append(frames)
-        with self._kick_lock:
-            if self._kicked:
-                return
-            self._kicked = True
-        self.actor_ref.tell(_Kick())
+        self._raw.append((frames, user_id))
+        self._kick()
 
     def _unroutable(self, frames: Frames, why: str) -> None:
         """Pump thread: a message to a client could not be sent."""
-        logger.debug("message to a client dropped ({})", why)
-        if why == "peer gone":
-            self._host.tell(ClientGone(frames[0]))
+        if why in ("peer gone", "peer queue full"):
+            self.actor_ref.tell(_Unroutable(frames[0], why == "peer gone"))
 
     # ---- messages -------------------------------------------------------------------
 
@@ -227,48 +264,95 @@ class FrontActor(pykka.ThreadingActor):
             self._flush()
         elif isinstance(message, Outgoing):
             self._send(message.conn, message.msg)
+        elif isinstance(message, _Unroutable):
+            self._unreachable(message.conn, message.gone)
         elif isinstance(message, OpenFront):
             self._open()
             return self.bound
         elif isinstance(message, Stopping):
             self._stopping = True
+        elif isinstance(message, FrontDepth):
+            return {"read": len(self._raw), "pending": len(self._inbox),
+                    "muted": len(self._muted)}
         else:
             logger.warning("front: unexpected message {!r}", type(message).__name__)
         return None
 
     def _drain_raw(self) -> None:
-        """Decode every queued frame into ``_pending`` (malformed ones answered now)."""
+        """Decode up to ``DRAIN_BURST`` queued frames into the inbox (malformed ones
+        answered now). More waiting: kick again, behind what came meanwhile; the inbox
+        at ``pending_cap``: leave them (the pump stops reading) until a batch is taken."""
         with self._kick_lock:
             self._kicked = False  # frames appended from now on kick again
         raw_queue = self._raw
-        while raw_queue:
-            frames = raw_queue.popleft()
-            conn = frames[0]
-            if len(frames) != 2:
-                self._send(conn, m.reply_error(None, ProtocolError(
-                    ErrorCode.BAD_ENVELOPE, "one message must be exactly one frame")))
-                continue
-            try:
-                raw = decode(frames[1], self._limits)
-            except ProtocolError as err:
-                self._send(conn, m.reply_error(None, err))
-                continue
-            if isinstance(raw, dict) and raw.get("type") == "ping":
-                self._validate(conn, raw)  # answered here and now, whatever the host does
-                continue
-            pending = classify(conn, raw, self._interactive)
-            self._controls += pending.control
-            self._pending.append(pending)
+        for _ in range(DRAIN_BURST):
+            if not raw_queue or len(self._inbox) >= self._pending_cap:
+                return
+            frames, owner = raw_queue.popleft()
+            if self._pump is not None:
+                self._pump.release()
+            self._take_frame(frames, owner)
+        self._kick()
+
+    def _kick(self) -> None:
+        """Drain again soon, if frames wait (once per drain, not per frame)."""
+        if not self._raw:
+            return
+        with self._kick_lock:
+            if self._kicked:
+                return
+            self._kicked = True
+        self.actor_ref.tell(_Kick())
+
+    def _take_frame(self, frames: Frames, owner: str | None) -> None:
+        """Queue one frame's request in the inbox, or answer it here."""
+        conn = frames[0]
+        self._muted.heard_from(conn)
+        if len(frames) != 2:
+            self._send(conn, m.reply_error(None, ProtocolError(
+                ErrorCode.BAD_ENVELOPE, "one message must be exactly one frame")))
+            return
+        try:
+            raw = decode(frames[1], self._limits)
+        except ProtocolError as err:
+            self._send(conn, m.reply_error(None, err))
+            return
+        if isinstance(raw, dict) and raw.get("type") == "ping":
+            self._validate(conn, raw, owner)  # answered here and now, whatever the host does
+            return
+        pending = classify(conn, raw, self._interactive, owner)
+        if pending.reply_only and self._muted.muted(conn):
+            return  # its answer could not reach it (see peers.py)
+        if self._inbox.push(pending) or self._muted.muted(conn):
+            return
+        self._send(conn, m.reply_error(rq.reply_to(raw), ProtocolError(
+            ErrorCode.QUEUE_FULL, f"this connection has {self._inbox.per_conn} requests "
+            f"waiting in the scheduler, its cap; retry after {RETRY_AFTER_S} s",
+            retry_after_s=RETRY_AFTER_S)))
 
     def _flush(self) -> None:
         """Give the host the next batch, unless it still has one or should wait."""
-        while self._pending and not self._in_host and not self._hold_bulk():
-            batch, self._pending = take_batch(self._pending, BATCH_BULK)
-            self._controls = sum(p.control for p in self._pending)
-            requests = [r for r in (self._validate(p.conn, p.raw) for p in batch) if r]
+        while len(self._inbox) and not self._in_host and not self._hold_bulk():
+            batch = self._inbox.take_batch(BATCH_CONTROL, BATCH_BULK)
+            self._kick()  # frames left behind by a full inbox may come in now
+            requests = [r for r in (self._validate(p.conn, p.raw, p.owner) for p in batch) if r]
             if requests:
                 self._host.tell(ClientBatch(requests))
                 self._in_host = True
+
+    def _unreachable(self, conn: bytes, gone: bool) -> None:
+        """Replies cannot reach ``conn``: drop what it would only be answered, and tell
+        the host when it is gone (its jobs stop streaming to it)."""
+        if gone:
+            if not self._muted.gone(conn):
+                return
+            self._host.tell(ClientGone(conn))
+        else:
+            self._muted.congested(conn)
+        dropped = self._inbox.drop_reply_only(conn)
+        self._kick()
+        logger.debug("a client {}; {} of its requests dropped unanswered",
+                     "went away" if gone else "does not read", dropped)
 
     def _hold_bulk(self) -> bool:
         """Whether to hold the next batch back: bulk only, while frames are known to be
@@ -277,7 +361,7 @@ class FrontActor(pykka.ThreadingActor):
         waiting = bool(self._raw) or (self._pump is not None and self._pump.backlog)
         if not waiting:
             self._hold_spent = False
-        if self._controls or not waiting or self._hold_spent:
+        if self._inbox.controls or not waiting or self._hold_spent:
             self._held_at = None
             return False
         now = time.monotonic()
@@ -288,7 +372,7 @@ class FrontActor(pykka.ThreadingActor):
             return False
         return True
 
-    def _validate(self, conn: bytes, raw: Any) -> ClientRequest | None:
+    def _validate(self, conn: bytes, raw: Any, owner: str | None) -> ClientRequest | None:
         """The request for the host, or None when it was answered here."""
         re_id = rq.reply_to(raw)
         try:
@@ -309,11 +393,11 @@ class FrontActor(pykka.ThreadingActor):
             if isinstance(request, rq.Foreground):  # foreground submits are control now
                 self._interactive = Interactive(self._interactive.chat_kind, request.kind,
                                                 self._interactive.extract_kind)
-            return ClientRequest(conn, request)
+            return ClientRequest(conn, request, owner)
         return None
 
     def _send(self, conn: bytes, msg: dict[str, Any]) -> None:
-        if self._outbox is None:
+        if self._outbox is None or self._muted.muted(conn):
             return
         try:
             frame = encode(msg, self._limits)

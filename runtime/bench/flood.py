@@ -1,0 +1,179 @@
+"""Benchmark: another client's chat while one connection floods the front, unread.
+
+``python -m uniun.runtime.bench.flood [--model M] [--requests N] [--chats C] [--out FILE]``
+
+One runtime over a temporary home with the shared model store, everything at its default
+but the producers (off, so the chats' times are the front's and not the background
+work's). Then, as a buggy or hostile local program would:
+
+1. a chat client (a raw DEALER speaking protocol v1 maps) measures its time to first
+   token with the runtime idle;
+2. a **flooder** in a process of its own connects one DEALER and sends ``N`` ``status``
+   requests as fast as ZeroMQ takes them, and never reads a reply;
+3. while it floods, the chat client measures its time to first token again, and the
+   scheduler's RSS is sampled;
+4. the flooder is killed (its connection drops), and a new client's ``status`` is timed
+   from that moment until it is answered.
+
+What it checks: the front's fairness and bounds (docs/security.md, "The ZeroMQ front").
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from uniun.runtime.bench.burst import RawClient, _chat, _ttft
+
+CONFIG = ('[models]\nchat_model = "{model}"\n'
+          "[producers]\nextract = false\nnataraj = false\ngana = false\n"
+          "background_gana = false\n[http]\nport = 0\n")
+WAIT_S = 300.0
+FLOODER = """
+import sys, msgpack, zmq
+ctx = zmq.Context()
+sock = ctx.socket(zmq.DEALER)
+sock.connect(sys.argv[1])
+for i in range(int(sys.argv[2])):
+    sock.send(msgpack.packb({"v": 1, "type": "status", "id": f"f{i}"}))
+print("sent", flush=True)
+sys.stdin.read()  # stay connected, never read a reply, until killed
+"""
+
+
+def _rss(pid: int) -> int:
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+class _RssPeak(threading.Thread):
+    """Samples one process's RSS every 50 ms; ``peak`` is the largest seen."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(daemon=True)
+        self.pid, self.peak = pid, _rss(pid)
+        self._stop_flag = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_flag.wait(0.05):
+            try:
+                self.peak = max(self.peak, _rss(self.pid))
+            except OSError:
+                return
+
+    def stop(self) -> int:
+        self._stop_flag.set()
+        self.join()
+        return self.peak
+
+
+def _status(client: RawClient, timeout_s: float) -> dict[str, Any] | None:
+    msg_id = client.send("status")
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        msg = client.recv(max(0.0, deadline - time.monotonic()))
+        if msg and msg.get("re") == msg_id:
+            return msg
+    return None
+
+
+def _ready(client: RawClient, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    deadline = time.monotonic() + WAIT_S
+    while time.monotonic() < deadline and proc.poll() is None:
+        msg = _status(client, 2.0)
+        if msg and msg.get("type") == "status" and msg.get("ready"):
+            return msg
+    raise RuntimeError("the runtime did not become ready")
+
+
+def run(model: str, requests: int, chats: int, log: Callable[[str], None]) -> dict[str, Any]:
+    with tempfile.TemporaryDirectory(prefix="uniun-bench-flood-", dir="/tmp") as tmp:
+        home = Path(tmp)
+        (home / "uniun.toml").write_text(CONFIG.format(model=model))
+        env = {**os.environ, "UNIUN_HOME": str(home)}
+        env.pop("UNIUN_CONFIG", None)
+        endpoint = f"ipc://{home / 'run' / 'front.sock'}"
+        with open(home / "start.out", "wb") as out:
+            proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",
+                                     "--config", str(home / "uniun.toml")], env=env,
+                                    stdout=out, stderr=subprocess.STDOUT)
+        client = RawClient(endpoint)
+        flooder: subprocess.Popen[str] | None = None
+        try:
+            scheduler = _ready(client, proc)["processes"]["scheduler"]
+            idle = [_ttft(client, _chat(model))[0] for _ in range(chats)]
+            log(f"flood: idle chat TTFT p50 {statistics.median(idle):.3f}s")
+            rss_before = _rss(scheduler)
+            rss = _RssPeak(scheduler)
+            rss.start()
+            flooder = subprocess.Popen([sys.executable, "-c", FLOODER, endpoint,
+                                        str(requests)], stdin=subprocess.PIPE,
+                                       stdout=subprocess.PIPE, text=True)
+            time.sleep(1.0)  # the flood is under way
+            flooded = [_ttft(client, _chat(model))[0] for _ in range(chats)]
+            log(f"flood: chat TTFT during the flood p50 {statistics.median(flooded):.3f}s "
+                f"(max {max(flooded):.3f}s)")
+            assert flooder.stdout is not None
+            sent_all = flooder.poll() is None and flooder.stdout.readline().strip() == "sent"
+            peak = rss.stop()
+            flooder.send_signal(signal.SIGKILL)
+            flooder.wait()
+            gone_at = time.monotonic()
+            fresh = RawClient(endpoint)
+            answered = _status(fresh, 60.0)
+            served_s = time.monotonic() - gone_at if answered else None
+            fresh.close()
+            log(f"flood: scheduler RSS {rss_before / 2**20:.0f} -> peak {peak / 2**20:.0f} "
+                f"MiB; a new client served {served_s}s after the flooder was killed")
+            return {"requests": requests, "chats": chats, "model": model,
+                    "flooder_sent_all": sent_all,
+                    "idle_ttft_s": [round(t, 4) for t in idle],
+                    "flood_ttft_s": [round(t, 4) for t in flooded],
+                    "idle_ttft_p50_s": statistics.median(idle),
+                    "flood_ttft_p50_s": statistics.median(flooded),
+                    "flood_ttft_max_s": max(flooded),
+                    "flood_vs_idle_p50": statistics.median(flooded) / statistics.median(idle),
+                    "scheduler_rss_before_bytes": rss_before,
+                    "scheduler_rss_peak_bytes": peak,
+                    "scheduler_rss_growth_bytes": peak - rss_before,
+                    "served_after_disconnect_s": served_s}
+        finally:
+            if flooder is not None and flooder.poll() is None:
+                flooder.kill()
+                flooder.wait()
+            client.close()
+            proc.terminate()
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m uniun.runtime.bench.flood")
+    parser.add_argument("--model", default="smollm2-135m-instruct")
+    parser.add_argument("--requests", type=int, default=300_000)
+    parser.add_argument("--chats", type=int, default=5)
+    parser.add_argument("--out", type=Path, default=Path("bench-results/flood.json"))
+    args = parser.parse_args(argv)
+    result = run(args.model, args.requests, args.chats,
+                 lambda line: print(line, file=sys.stderr, flush=True))
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

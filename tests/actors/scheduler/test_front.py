@@ -1,0 +1,186 @@
+"""The front on a real ROUTER socket: fair turns, caps, push-back, clients that go away.
+
+The front is the real actor on a real ipc socket with real DEALER clients; only the policy
+host behind it is a fake (:class:`FakeHost`), which records the batches it is given and
+says ``BatchDone`` only when the test does. So a backlog builds up exactly where the
+test wants it, and what the front does with it is observable without any timing.
+"""
+
+from __future__ import annotations
+
+import queue
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgpack
+import pykka
+import pytest
+import zmq
+
+from tests.wait import wait_for
+from uniun.actors.scheduler.front import (
+    BatchDone,
+    ClientBatch,
+    ClientGone,
+    FrontActor,
+    FrontDepth,
+    OpenFront,
+    Outgoing,
+)
+from uniun.protocol import messages as m
+from uniun.protocol.codec import Limits
+from uniun.protocol.requests import JobRules
+
+
+class FakeHost(pykka.ThreadingActor):
+    """Records what the front tells it; never answers by itself (a fake of the host)."""
+
+    def __init__(self, batches: queue.Queue[ClientBatch], gone: queue.Queue[bytes]) -> None:
+        super().__init__()
+        self.batches, self.gone = batches, gone
+
+    def on_receive(self, message: Any) -> None:
+        if isinstance(message, ClientBatch):
+            self.batches.put(message)
+        elif isinstance(message, ClientGone):
+            self.gone.put(message.conn)
+
+
+class Front:
+    """A started front, its fake host, and helpers to drive them."""
+
+    def __init__(self, tmp: Path, **caps: int) -> None:
+        self.ctx = zmq.Context()
+        self.batches: queue.Queue[ClientBatch] = queue.Queue()
+        self.gone: queue.Queue[bytes] = queue.Queue()
+        self.host_ref = FakeHost.start(self.batches, self.gone)
+        self.endpoint = f"ipc://{tmp / 'front.sock'}"
+        self.ref = FrontActor.start(endpoint=self.endpoint, host=self.host_ref,
+                                    rules=JobRules(default_model="tiny-1"),
+                                    limits=Limits(), linger_ms=0, ctx=self.ctx, **caps)
+        self.ref.ask(OpenFront(), timeout=10)
+        self.clients: list[zmq.Socket] = []
+
+    def client(self) -> zmq.Socket:
+        sock = self.ctx.socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.SNDHWM, 0)
+        sock.connect(self.endpoint)
+        self.clients.append(sock)
+        return sock
+
+    def depth(self) -> dict[str, int]:
+        return self.ref.ask(FrontDepth(), timeout=10)
+
+    def next_batch(self) -> list[tuple[bytes, str]]:
+        """The next batch the host gets, as (connection, request id) pairs."""
+        batch = self.batches.get(timeout=60)
+        return [(r.conn, r.request.id) for r in batch.requests]
+
+    def done(self) -> None:
+        self.ref.tell(BatchDone())
+
+    def close(self) -> None:
+        for sock in self.clients:
+            sock.close(0)
+        pykka.ActorRegistry.stop_all(timeout=10)
+        self.ctx.destroy(linger=0)
+
+
+@pytest.fixture
+def front_factory(tmp_path: Path) -> Iterator[Any]:
+    made: list[Front] = []
+
+    def make(**caps: int) -> Front:
+        made.append(Front(tmp_path, **caps))
+        return made[-1]
+
+    yield make
+    for front in made:
+        front.close()
+
+
+def send_status(sock: zmq.Socket, ids: range | list[int], tag: str) -> None:
+    for i in ids:
+        sock.send(msgpack.packb({"v": 1, "type": "status", "id": f"{tag}-{i}"}))
+
+
+def read_all(sock: zmq.Socket, count: int) -> list[dict[str, Any]]:
+    out = []
+    for _ in range(count):
+        assert sock.poll(60_000), f"only {len(out)} of {count} replies came"
+        out.append(msgpack.unpackb(sock.recv(), raw=False))
+    return out
+
+
+def test_a_client_behind_a_flood_is_served_in_the_next_batch(front_factory: Any) -> None:
+    front = front_factory()
+    a, b = front.client(), front.client()
+    send_status(a, range(300), "a")
+    first = front.next_batch()  # the host holds it: the rest of the flood waits
+    wait_for("the flood in the front", lambda: front.depth()["pending"] == 300 - len(first))
+    send_status(b, [0], "b")
+    wait_for("b's request in the front", lambda: front.depth()["pending"] == 301 - len(first))
+    front.done()
+    second = [rid for _, rid in front.next_batch()]
+    assert "b-0" in second[:2], f"b waited behind the flood: {second[:5]}"
+
+
+def test_a_connection_over_its_cap_is_refused_with_a_retry_hint(front_factory: Any) -> None:
+    front = front_factory(conn_pending_cap=10)
+    a = front.client()
+    send_status(a, range(100), "a")
+    taken = len(front.next_batch())
+    assert taken <= 10
+    depth = wait_for("a's requests read", lambda: (d := front.depth())["read"] == 0 and d)
+    assert depth["pending"] <= 10
+    refused = read_all(a, 100 - taken - depth["pending"])
+    assert {r["code"] for r in refused} == {"queue_full"}
+    assert all(r["retryable"] is True and r["retry_after_s"] > 0 for r in refused)
+    assert len({r["re"] for r in refused}) == len(refused)  # each request answered once
+    assert a.poll(200) == 0  # what is pending or with the host is not refused
+
+
+def test_at_the_total_cap_the_front_stops_reading_and_resumes_fairly(
+        front_factory: Any) -> None:
+    front = front_factory(conn_pending_cap=1000, pending_cap=20, raw_cap=8)
+    a, b = front.client(), front.client()
+    send_status(a, range(500), "a")
+    taken = len(front.next_batch())
+    depth = wait_for("the front at its caps", lambda: (d := front.depth())["pending"] == 20
+                     and 0 < d["read"] <= 8 and d)
+    # The rest of the flood was not copied into the scheduler: ZeroMQ holds it.
+    assert taken + depth["pending"] + depth["read"] < 500
+    send_status(b, [0], "b")
+    seen = taken
+    for _ in range(6):
+        front.done()
+        batch = [rid for _, rid in front.next_batch()]
+        if "b-0" in batch:
+            break
+        seen += len(batch)
+    else:
+        pytest.fail("b's request did not come within six batches of the flood")
+    assert seen < 100, "b's request was read only after most of the flood"
+
+
+def test_a_client_that_went_away_has_its_status_requests_dropped(front_factory: Any) -> None:
+    front = front_factory()
+    a = front.client()
+    send_status(a, range(300), "a")
+    first = front.next_batch()
+    wait_for("the flood in the front", lambda: front.depth()["pending"] == 300 - len(first))
+    a.close(0)
+    front.clients.remove(a)
+    conn = first[0][0]
+
+    def gone() -> bool:  # a reply to it finds no route once its connection is closed
+        front.ref.tell(Outgoing(conn, m.reply_pong("x")))
+        return front.depth()["muted"] == 1
+
+    wait_for("the front to notice the client is gone", gone)
+    assert front.gone.get(timeout=60) == conn
+    assert front.depth()["pending"] == 0
+    front.done()
+    assert front.batches.empty()
