@@ -69,7 +69,7 @@ class SchedulerCore(ClientRequests):
             record = JobRecord(spec=e.spec, accepted_at=e.accepted_at, seed=e.seed,
                                started=e.started, started_at=e.started_at,
                                first_token_at=e.first_token_at, preemptions=e.preemptions,
-                               token_ids=e.token_ids, texts=e.texts)
+                               token_ids=e.token_ids, texts=e.texts, owner=e.owner)
             if e.final is not None:
                 self.jobs.end(record, e.final)
                 continue

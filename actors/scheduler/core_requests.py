@@ -18,7 +18,7 @@ from uniun.actors.policy.tiers import T1
 from uniun.actors.scheduler.core_state import CoreState, cancelled_event
 from uniun.actors.scheduler.effects import Effects, JAccept, JCancelAsked, Send
 from uniun.actors.scheduler.jobs import JobRecord
-from uniun.actors.scheduler.status import status_body
+from uniun.actors.scheduler.status import redacted, status_body
 from uniun.protocol import messages as m
 from uniun.protocol import requests as rq
 from uniun.protocol import runner_records as rp
@@ -36,8 +36,9 @@ PROCESSES_REUSE_S = 0.5
 class ClientRequests(CoreState):
     """The requests the front forwards (everything but ``ping``)."""
 
-    def request(self, conn: bytes, request: rq.Request) -> Effects:
-        """One valid request from the front (everything but ``ping``)."""
+    def request(self, conn: bytes, request: rq.Request, owner: str | None = None) -> Effects:
+        """One valid request from the front (everything but ``ping``). ``owner``: the
+        client's CURVE key; a job belongs to the key that submitted it."""
         fx = Effects()
         if not isinstance(request, rq.StatusRequest):
             self.changes += 1
@@ -46,7 +47,7 @@ class ClientRequests(CoreState):
             if handler is None:
                 raise ProtocolError(ErrorCode.UNKNOWN_TYPE,
                                     "this server does not serve that request")
-            handler(self, fx, conn, request)
+            handler(self, fx, conn, request, owner)
         except ProtocolError as err:
             fx.sends.append(Send(conn, m.reply_error(request.id, err)))
         except Exception as err:  # our bug: answer it, keep serving
@@ -73,11 +74,11 @@ class ClientRequests(CoreState):
         self.jobs.drop_subscriber(conn)
         return Effects()
 
-    def _submit(self, fx: Effects, conn: bytes, req: rq.Submit) -> None:
+    def _submit(self, fx: Effects, conn: bytes, req: rq.Submit, owner: str | None) -> None:
         spec = req.job
         known = self.jobs.get(spec.job_id)
         if known is not None:
-            if known.spec != spec:
+            if known.spec != spec or known.owner != owner:
                 raise ProtocolError(ErrorCode.INVALID_FIELD, "job_id: a different job with "
                                     "this id was already accepted", field="job_id",
                                     job_id=spec.job_id)
@@ -94,9 +95,10 @@ class ClientRequests(CoreState):
                                 job_id=spec.job_id)
         tier = self.policy.submit(spec)  # validates; raises InvalidField, changes nothing
         now = self._wall()
-        record = JobRecord(spec=spec, accepted_at=now, subscribers={conn}, tier=tier)
+        record = JobRecord(spec=spec, accepted_at=now, subscribers={conn}, tier=tier,
+                           owner=owner)
         self.jobs.add(record)
-        fx.journal.append(JAccept(spec, now))
+        fx.journal.append(JAccept(spec, now, owner))
         self.rec.accepted(fx, record)
         fx.sends.append(Send(conn, m.reply_accepted(req.id, spec.job_id, tier)))
         # Background submits come in bursts of thousands, and a log line costs about as
@@ -107,8 +109,8 @@ class ClientRequests(CoreState):
             "accepted: {} on {}, tier {}, {} tokens max", spec.kind, spec.model_id, tier,
             spec.max_new_tokens)
 
-    def _attach(self, fx: Effects, conn: bytes, req: rq.Attach) -> None:
-        record = self.jobs.get(req.job_id)
+    def _attach(self, fx: Effects, conn: bytes, req: rq.Attach, owner: str | None) -> None:
+        record = self._owned(req.job_id, owner)
         if record is None:
             raise ProtocolError(ErrorCode.NOT_FOUND, f"no job {req.job_id!r}", job_id=req.job_id)
         self._subscribe(fx, conn, req.id, record, after_seq=req.after_seq)
@@ -127,8 +129,13 @@ class ClientRequests(CoreState):
         else:
             record.subscribers.add(conn)
 
-    def _cancel(self, fx: Effects, conn: bytes, req: rq.Cancel) -> None:
-        record = self.jobs.get(req.job_id)
+    def _owned(self, job_id: str, owner: str | None) -> JobRecord | None:
+        """The job, if ``owner`` may see it: another key's job is as good as unknown."""
+        record = self.jobs.get(job_id)
+        return record if record is not None and record.owner == owner else None
+
+    def _cancel(self, fx: Effects, conn: bytes, req: rq.Cancel, owner: str | None) -> None:
+        record = self._owned(req.job_id, owner)
         if record is None or record.final is not None:
             if record is not None and record.final.get("code") == ErrorCode.CANCELLED.value:
                 fx.sends.append(Send(conn, m.reply_cancelled(req.id, req.job_id)))  # idempotent
@@ -154,16 +161,20 @@ class ClientRequests(CoreState):
                                 job_id=req.job_id)
         fx.sends.append(Send(conn, m.reply_cancelled(req.id, req.job_id)))
 
-    def _foreground(self, fx: Effects, conn: bytes, req: rq.Foreground) -> None:
+    def _foreground(self, fx: Effects, conn: bytes, req: rq.Foreground, _owner: object) -> None:
         self.policy.set_foreground(req.kind)
         fx.sends.append(Send(conn, m.reply_ok(req.id)))
 
-    def _lifecycle(self, fx: Effects, conn: bytes, req: rq.Lifecycle) -> None:
+    def _lifecycle(self, fx: Effects, conn: bytes, req: rq.Lifecycle, _owner: object) -> None:
         self.policy.set_lifecycle(req.state)
         fx.sends.append(Send(conn, m.reply_ok(req.id)))
 
-    def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest) -> None:
-        fx.sends.append(Send(conn, m.reply_status(req.id, self._status_snapshot())))
+    def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest,
+                owner: str | None) -> None:
+        body = self._status_snapshot()
+        if owner is not None:  # a keyed client sees other keys' jobs without their ids
+            body = redacted(body, lambda job_id: self._owned(job_id, owner) is not None)
+        fx.sends.append(Send(conn, m.reply_status(req.id, body)))
 
     def _status_snapshot(self) -> dict[str, Any]:
         """The status body, rebuilt only when something changed or it is old (every reply

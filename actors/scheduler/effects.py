@@ -42,6 +42,7 @@ class JAccept:
 
     spec: JobSpec
     at: float  # unix seconds
+    owner: str | None = None  # the CURVE key that submitted it
 
 
 @dataclass(frozen=True, slots=True)

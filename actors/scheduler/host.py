@@ -225,7 +225,8 @@ class SchedulerHost(pykka.ThreadingActor):
             if start:
                 self._drain_lane()
             chunk = requests[start:start + CHUNK]
-            results = [(msg, self._core.request(msg.conn, msg.request)) for msg in chunk]
+            results = [(msg, self._core.request(msg.conn, msg.request, msg.owner))
+                       for msg in chunk]
             try:
                 self._journal.write([w for _, fx in results for w in fx.journal])
             except Exception:
@@ -247,7 +248,7 @@ class SchedulerHost(pykka.ThreadingActor):
         return fx
 
     def _on_client(self, msg: ClientRequest) -> None:
-        fx = self._core.request(msg.conn, msg.request)
+        fx = self._core.request(msg.conn, msg.request, msg.owner)
         try:
             self._journal.write(fx.journal)
         except Exception as err:

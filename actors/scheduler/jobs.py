@@ -46,6 +46,7 @@ class JobRecord:
     pause_reason: str | None = None  # why the host asked the runner to pause
     deaths: int = 0  # runner deaths while it ran, in a row (no token between): poison
     final: dict[str, Any] | None = None  # the terminal event once ended
+    owner: str | None = None  # the CURVE key that submitted it (None: ipc or plain tcp)
 
     @property
     def job_id(self) -> str:

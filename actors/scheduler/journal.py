@@ -57,7 +57,8 @@ CREATE TABLE IF NOT EXISTS jobs (
     started_at  REAL,
     final       BLOB,               -- msgpack of the terminal event; NULL while active
     finished_at REAL,
-    cancel_asked INTEGER NOT NULL DEFAULT 0  -- 1: a cancel was acknowledged while it ran
+    cancel_asked INTEGER NOT NULL DEFAULT 0,  -- 1: a cancel was acknowledged while it ran
+    owner       TEXT                -- the CURVE key that submitted it; NULL without CURVE
 );
 CREATE INDEX IF NOT EXISTS jobs_active ON jobs (final, accepted_at);
 CREATE TABLE IF NOT EXISTS tokens (
@@ -107,6 +108,7 @@ class JournalEntry:
     texts: list[str] = field(default_factory=list)
     final: dict[str, Any] | None = None
     cancel_asked: bool = False  # a cancel was acknowledged: replay ends it cancelled
+    owner: str | None = None  # the CURVE key that submitted it
 
 
 class Journal:
@@ -128,6 +130,8 @@ class Journal:
         if "cancel_asked" not in columns:  # a journal from before the column existed
             self._db.execute("ALTER TABLE jobs ADD COLUMN cancel_asked INTEGER NOT NULL "
                              "DEFAULT 0")
+        if "owner" not in columns:
+            self._db.execute("ALTER TABLE jobs ADD COLUMN owner TEXT")
         self._finished_since_prune = 0
 
     def close(self) -> None:
@@ -157,8 +161,8 @@ class Journal:
         blob = msgpack.packb(w.spec.to_map(), use_bin_type=True)
         # a finished job pruned from memory may come back under its id
         self._db.execute("DELETE FROM tokens WHERE job_id = ?", (w.spec.job_id,))
-        self._db.execute("INSERT OR REPLACE INTO jobs (job_id, spec, accepted_at) "
-                         "VALUES (?, ?, ?)", (w.spec.job_id, blob, w.at))
+        self._db.execute("INSERT OR REPLACE INTO jobs (job_id, spec, accepted_at, owner) "
+                         "VALUES (?, ?, ?, ?)", (w.spec.job_id, blob, w.at, w.owner))
 
     def _started(self, w: JStarted) -> None:
         self._db.execute(
@@ -222,10 +226,10 @@ class Journal:
         out: list[JournalEntry] = []
         rows = self._db.execute(
             "SELECT job_id, spec, accepted_at, seed, started, preemptions, started_at, "
-            "first_token_at, final, cancel_asked FROM jobs ORDER BY accepted_at, rowid"
+            "first_token_at, final, cancel_asked, owner FROM jobs ORDER BY accepted_at, rowid"
         ).fetchall()
         for (job_id, blob, accepted_at, seed, was_started, preemptions, started_at,
-             first_token_at, final, cancel_asked) in rows:
+             first_token_at, final, cancel_asked, owner) in rows:
             try:
                 raw = msgpack.unpackb(blob, raw=False)
                 spec = validate_job(raw, default_model=default_model, kinds=kinds,
@@ -238,7 +242,7 @@ class Journal:
             entry = JournalEntry(spec=spec, accepted_at=accepted_at, seed=seed,
                                  started=bool(was_started), preemptions=preemptions,
                                  started_at=started_at, first_token_at=first_token_at,
-                                 cancel_asked=bool(cancel_asked))
+                                 cancel_asked=bool(cancel_asked), owner=owner)
             if final is not None:
                 entry.final = msgpack.unpackb(final, raw=False)
             else:

@@ -6,13 +6,16 @@ scheduler's own pid and those the supervisor published; the core reads no files)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 from uniun.actors.policy import PolicyBase
 from uniun.actors.scheduler.jobs import JobTable
 from uniun.protocol import runner_records as rp
 
-__all__ = ["status_body"]
+__all__ = ["status_body", "redacted", "HIDDEN"]
+
+HIDDEN = "(another key's job)"  # stands for a job id a keyed client may not see
 
 
 def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
@@ -36,3 +39,26 @@ def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
         jobs=len(jobs), queue_cap=queue_cap,
         poisoned=jobs.poisoned())  # extension: dead-lettered jobs (docs/protocol.md)
     return body
+
+
+def redacted(body: dict[str, Any], visible: Callable[[str], bool]) -> dict[str, Any]:
+    """``body`` as a client with a CURVE key sees it: every job it may not see (another
+    key's) keeps its place in the queues and its kind, but its id becomes :data:`HIDDEN`.
+    Status carries no prompts, so ids are all there is to hide. ``body`` is not changed."""
+
+    def job_id(value: Any) -> Any:
+        return value if not isinstance(value, str) or visible(value) else HIDDEN
+
+    out = dict(body)
+    out["queues"] = {tier: [job_id(j) for j in ids]
+                     for tier, ids in (body.get("queues") or {}).items()}
+    for key in ("held", "fifo"):
+        if isinstance(body.get(key), list):
+            out[key] = [job_id(j) for j in body[key]]
+    if isinstance(body.get("running"), dict):
+        out["running"] = {**body["running"], "job_id": job_id(body["running"].get("job_id"))}
+    for key in ("events", "poisoned"):
+        out[key] = [{**item, "job_id": job_id(item.get("job_id"))}
+                    if isinstance(item, dict) and item.get("job_id") is not None else item
+                    for item in body.get(key) or []]
+    return out

@@ -14,7 +14,9 @@ from pathlib import Path
 import pytest
 
 from tests.wait import wait_for
+from uniun.actors.scheduler.status import HIDDEN
 from uniun.protocol.client import Client, SchedulerUnavailable, Timeout
+from uniun.protocol.jobstream import ClientError
 from uniun.protocol.curve import ClientCurve, KeyPaths, create_pair
 from uniun.protocol.embed_client import EmbedClient, EmbedUnavailable
 
@@ -111,3 +113,40 @@ def test_curve_embedding_pool_serves_allowed_keys_only(tmp_path: Path, tiny_mode
     # A graceful stop, not the supervisor's kill: CURVE's authenticator lives on the pool's
     # context and must end before the context can.
     assert "embedding pool stopped" in (rt.home / "logs" / "embed.log").read_text(), rt.logs()
+
+
+def test_over_curve_a_job_belongs_to_the_key_that_submitted_it(tmp_path: Path,
+                                                                tiny_model: str) -> None:
+    endpoint = f"tcp://127.0.0.1:{_free_port()}"
+    rt = Runtime(tmp_path / "owners", BASE_CONFIG + f'\n[front]\nendpoint = "{endpoint}"\n')
+    assert _cli(rt.env, "keys", "init").returncode == 0
+    for name in ("alice", "bob"):
+        assert _cli(rt.env, "keys", "create", name).returncode == 0
+    keys = KeyPaths(rt.home / "keys")
+    rt.endpoint = endpoint
+    rt.curve = ClientCurve.from_files(keys.client_secret("local"), keys.server_public)
+    rt.start()
+    alice_key = ClientCurve.from_files(keys.client_secret("alice"), keys.server_public)
+    bob_key = ClientCurve.from_files(keys.client_secret("bob"), keys.server_public)
+    try:
+        with Client(endpoint, timeout=30, curve=alice_key) as alice, \
+                Client(endpoint, timeout=30, curve=bob_key) as bob:
+            # In the background lifecycle the job runs a quarter of its tokens, then it is
+            # held: alive, and not going anywhere until the foreground comes back.
+            alice.lifecycle("background")
+            alice.submit({"job_id": "alices", "kind": "nataraj", "prompt": "hello world",
+                          "max_new_tokens": 40})
+            wait_for("alice's job held", lambda: "alices" in alice.status()["held"])
+            for attempt in (lambda: bob.attach("alices").result(timeout=30),
+                            lambda: bob.cancel("alices")):
+                with pytest.raises(ClientError) as err:
+                    attempt()
+                assert err.value.code == "not_found"
+            seen_by_bob = bob.status()
+            assert "alices" not in str(seen_by_bob)
+            assert seen_by_bob["held"] == [HIDDEN]
+            assert alice.status()["held"] == ["alices"]
+            assert alice.cancel("alices")["type"] == "cancelled"
+            alice.lifecycle("foreground")
+    finally:
+        assert rt.stop() == 0, rt.logs()

@@ -108,3 +108,13 @@ def test_an_acknowledged_cancel_survives_a_reopen_and_an_old_journal_gains_the_c
     journal.close()
     entries = replay(path)
     assert entries["a"].cancel_asked is True and entries["b"].cancel_asked is False
+
+
+def test_the_key_that_submitted_a_job_survives_a_reopen(tmp_path: Path) -> None:
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.write([JAccept(spec("keyed"), at=100.0, owner="alice-public-key"),
+                   JAccept(spec("open"), at=101.0)])
+    journal.close()
+    entries = replay(path)
+    assert entries["keyed"].owner == "alice-public-key" and entries["open"].owner is None
