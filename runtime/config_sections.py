@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Mapping
 
 from uniun.actors.policy import PolicyConfig
+from uniun.actors.scheduler.front import CONN_PENDING_CAP, PENDING_CAP
 from uniun.protocol.liveness import Liveness
 
 DEFAULT_CHAT_MODEL = "smollm2-135m-instruct"
@@ -37,14 +38,14 @@ class FrontConfig:
     # Milliseconds; default 500.
     linger_ms: int = field(default=500, metadata=_doc(
         "ms the front socket may keep unsent replies at shutdown (default 500)"))
-    # Requests; default 4096. One more from that connection is answered queue_full.
-    conn_pending_cap: int = field(default=4096, metadata=_doc(
+    # Requests; default 16384. One more from that connection is answered queue_full.
+    conn_pending_cap: int = field(default=CONN_PENDING_CAP, metadata=_doc(
         "requests one client connection may have waiting in the scheduler; more are "
-        "answered queue_full with a retry hint (default 4096)"))
-    # Frames; default 32768. At the cap the front stops reading until half are handled.
-    pending_cap: int = field(default=32_768, metadata=_doc(
-        "requests of all connections read and not yet handled; at the cap the front stops "
-        "reading and ZeroMQ pushes back on senders (default 32768)"))
+        f"answered queue_full with a retry hint (default {CONN_PENDING_CAP})"))
+    # Requests; default 65536. At the cap the front stops reading until a batch is taken.
+    pending_cap: int = field(default=PENDING_CAP, metadata=_doc(
+        "requests of all connections waiting in the scheduler; at the cap the front stops "
+        f"reading and ZeroMQ pushes back on senders (default {PENDING_CAP})"))
 
 
 @dataclass(frozen=True)

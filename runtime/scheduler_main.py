@@ -32,7 +32,9 @@ from loguru import logger
 
 from uniun.actors.metrics import MetricSink
 from uniun.actors.scheduler.core import SchedulerCore
-from uniun.actors.scheduler.front import FrontActor, ModelIds, OpenFront, Stopping
+from uniun.actors.scheduler.front import FrontActor
+from uniun.actors.scheduler.front_messages import OpenFront, Stopping
+from uniun.actors.scheduler.model_ids import ModelIds
 from uniun.actors.scheduler.device_signal import DevicePublisher
 from uniun.actors.scheduler.host import Drain, Quiet, Replay, RunnerLane, SchedulerHost, Wire
 from uniun.actors.scheduler.inbox_order import Interactive

@@ -56,19 +56,26 @@ import pykka
 import zmq
 from loguru import logger
 
+from uniun.actors.scheduler.front_messages import (
+    BatchDone,
+    ClientBatch,
+    ClientGone,
+    ClientRequest,
+    FrontDepth,
+    OpenFront,
+    Outgoing,
+    Stopping,
+)
 from uniun.actors.scheduler.inbox_order import FairInbox, Interactive, classify
 from uniun.actors.scheduler.peers import MutedPeers
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
-from uniun.models.convert.recipes import can_run_jobs
-from uniun.models.store import ModelStore
 from uniun.protocol import messages as m
 from uniun.protocol import requests as rq
 from uniun.protocol.codec import EncodeError, Limits, decode, encode
 from uniun.protocol.endpoints import remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
-__all__ = ["FrontActor", "ClientRequest", "ClientBatch", "BatchDone", "ClientGone",
-           "Outgoing", "OpenFront", "Stopping", "ModelIds", "FrontDepth"]
+__all__ = ["CONN_PENDING_CAP", "PENDING_CAP", "FrontActor"]
 
 SNDHWM = 50_000  # messages queued per client before further ones are dropped (not blocked)
 BATCH_CONTROL = 64  # control requests per batch (connections take turns)
@@ -77,64 +84,12 @@ HOLD_S = 0.1  # longest bulk-only batches wait, per burst, for frames still arri
 # Frames decoded per turn of the actor: under a flood, replies and BatchDone (already in
 # the mailbox) get their turn between two such bursts instead of after the flood.
 DRAIN_BURST = 256
-CONN_PENDING_CAP = 4096  # requests one connection may have pending; more: queue_full
-PENDING_CAP = 32_768  # requests pending, all connections; then reading stops
+CONN_PENDING_CAP = 16_384  # requests one connection may have pending; more: queue_full
+PENDING_CAP = 65_536  # requests pending, all connections; then reading stops
 # Frames read and not yet decoded. Decoding is where fairness starts (per connection), so
 # this queue is short: a chat's frame waits behind at most this many of a flood's.
 RAW_CAP = 512
 RETRY_AFTER_S = 0.5  # the hint sent with a per-connection queue_full, s
-
-
-@dataclass(frozen=True)
-class OpenFront:
-    """Bind the socket (sent once the actors are wired, so no request beats the wiring)."""
-
-
-@dataclass(frozen=True)
-class Stopping:
-    """From now on, answer every request but ping and status with ``shutting_down``."""
-
-
-@dataclass(frozen=True)
-class ClientRequest:
-    """A valid request for the policy host; ``conn`` is the client's routing id."""
-
-    conn: bytes
-    request: rq.Request
-    owner: str | None = None  # the CURVE key of the client (None on ipc and plain tcp)
-
-
-@dataclass(frozen=True)
-class ClientBatch:
-    """Requests for the host, in the order to handle them (see the module docstring)."""
-
-    requests: list[ClientRequest]
-
-
-@dataclass(frozen=True)
-class BatchDone:
-    """From the host: the last batch is handled; send the next."""
-
-
-@dataclass(frozen=True)
-class ClientGone:
-    """A client's connection is gone (a send to it found no route): stop sending to it."""
-
-    conn: bytes
-
-
-@dataclass(frozen=True)
-class Outgoing:
-    """A message for one client (a reply or a job event), as a protocol map."""
-
-    conn: bytes
-    msg: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class FrontDepth:
-    """``ask``: how much waits in the front (``read``: frames read and not decoded;
-    ``pending``: requests queued; ``muted``: clients replies cannot reach)."""
 
 
 @dataclass(frozen=True)
@@ -153,24 +108,6 @@ class _Unroutable:
 @dataclass(frozen=True)
 class _Retry:
     """The pump caught up with the socket: look again at a held-back bulk batch."""
-
-
-class ModelIds:
-    """``model_id in ModelIds(store)``: a decoder a job can run on (see ``can_run_jobs``)."""
-
-    def __init__(self, store: ModelStore) -> None:
-        self._store = store
-        self._known: set[str] = set()
-
-    def __contains__(self, model_id: object) -> bool:
-        if not isinstance(model_id, str):
-            return False
-        if model_id in self._known:
-            return True
-        ok = can_run_jobs(model_id, self._store)
-        if ok:
-            self._known.add(model_id)
-        return ok
 
 
 class FrontActor(pykka.ThreadingActor):

@@ -39,7 +39,7 @@ from loguru import logger
 from uniun.actors.observe import Observation
 from uniun.actors.scheduler.core import SchedulerCore
 from uniun.actors.scheduler.effects import KEEP_TIMER, Effects
-from uniun.actors.scheduler.front import (
+from uniun.actors.scheduler.front_messages import (
     BatchDone,
     ClientBatch,
     ClientGone,

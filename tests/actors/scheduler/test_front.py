@@ -19,11 +19,11 @@ import pytest
 import zmq
 
 from tests.wait import wait_for
-from uniun.actors.scheduler.front import (
+from uniun.actors.scheduler.front import FrontActor
+from uniun.actors.scheduler.front_messages import (
     BatchDone,
     ClientBatch,
     ClientGone,
-    FrontActor,
     FrontDepth,
     OpenFront,
     Outgoing,
