@@ -310,6 +310,17 @@ class TraceConfig:
 
 
 @dataclass(frozen=True)
+class JournalConfig:
+    """The job journal, ``$UNIUN_HOME/journal.db`` (docs/scheduler-runner.md)."""
+
+    synchronous: str = field(default="full", metadata=_doc(
+        "SQLite synchronous mode of the journal: full = an acknowledged job survives a "
+        "power cut (one fsync of the log per commit; commits are batched), normal = it "
+        "survives a crash of the runtime, a power cut may lose the last commits "
+        "(default full)"))
+
+
+@dataclass(frozen=True)
 class DeviceConfig:
     """Scheduling the whole device, not just the runner (docs/device.md)."""
 
@@ -344,5 +355,5 @@ SECTIONS: Mapping[str, type] = MappingProxyType({
     "supervisor": SupervisorConfig, "embed": EmbedConfig, "http": HttpConfig,
     "producers": ProducersConfig,
     "logging": LoggingConfig, "metrics": MetricsConfig, "trace": TraceConfig,
-    "device": DeviceConfig,
+    "journal": JournalConfig, "device": DeviceConfig,
 })

@@ -1,7 +1,10 @@
 """The body of the ``status`` reply (PROTOCOL.md "status carries at least ...").
 
 Pure: the core passes what it knows, the caller's ``processes`` map included (the
-scheduler's own pid and those the supervisor published; the core reads no files).
+scheduler's own pid and those the supervisor published; the core reads no files). The
+one fact from outside the core is set once, before the front opens: the databases this
+runtime found corrupt at start and moved aside (:func:`note_quarantined`), reported as
+``quarantined`` while there are any (docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -12,7 +15,16 @@ from uniun.actors.policy import PolicyBase
 from uniun.actors.scheduler.jobs import JobTable
 from uniun.protocol import runner_records as rp
 
-__all__ = ["status_body"]
+__all__ = ["note_quarantined", "status_body"]
+
+# What this runtime moved aside at start ({file, moved_to, reason, at} each); set by the
+# scheduler's main before any request can ask (runtime/quarantine.py).
+_QUARANTINED: list[dict[str, Any]] = []
+
+
+def note_quarantined(records: list[dict[str, Any]]) -> None:
+    """Report ``records`` in every ``status`` from now on (replaces earlier ones)."""
+    _QUARANTINED[:] = [dict(r) for r in records]
 
 
 def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
@@ -35,4 +47,6 @@ def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
         ready=runner is not None and policy.loaded_model is not None,
         jobs=len(jobs), queue_cap=queue_cap,
         poisoned=jobs.poisoned())  # extension: dead-lettered jobs (docs/protocol.md)
+    if _QUARANTINED:  # extension: databases found corrupt at start, moved aside
+        body["quarantined"] = [dict(r) for r in _QUARANTINED]
     return body
