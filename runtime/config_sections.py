@@ -314,10 +314,11 @@ class JournalConfig:
     """The job journal, ``$UNIUN_HOME/journal.db`` (docs/scheduler-runner.md)."""
 
     synchronous: str = field(default="full", metadata=_doc(
-        "SQLite synchronous mode of the journal: full = an acknowledged job survives a "
-        "power cut (one fsync of the log per commit; commits are batched), normal = it "
-        "survives a crash of the runtime, a power cut may lose the last commits "
-        "(default full)"))
+        "full = a commit that records what a client was told (accepted, cancel "
+        "acknowledged, a job's end) is flushed to the disk before the reply, so it "
+        "survives a power cut (token commits are not flushed; they ride on the next "
+        "flush); normal = nothing is flushed per commit: durable against a crash of the "
+        "runtime, a power cut may lose the last commits (default full)"))
 
 
 @dataclass(frozen=True)

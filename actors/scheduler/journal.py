@@ -10,11 +10,19 @@ When a job ends its row is marked with its terminal event (``done`` or ``error``
 its tokens are deleted; the last ``keep_done`` finished rows are kept so that an
 ``attach`` or an idempotent re-``submit`` after a restart still gets the outcome.
 
-SQLite in WAL mode with ``synchronous=FULL`` by default (``[journal] synchronous``): the
-log is flushed to the disk at every commit, so "accepted" survives a power cut, not
-only a crash of the runtime. A commit covers a whole batch of the host's inputs
-(:meth:`Journal.write`), so a burst of submits pays one flush per batch, not one per job.
-``normal`` flushes only at checkpoints: a power cut may lose the last commits.
+SQLite in WAL mode. Durability is chosen per commit (``[journal] synchronous``):
+
+- ``full`` (default): a commit that records what a client was told — a job accepted, a
+  cancel acknowledged, a job's end — runs with ``synchronous=FULL``: the log is flushed
+  to the disk before the reply goes out, so "accepted" survives a power cut, not only a
+  crash of the runtime. Commits of streamed tokens and timeline rows run with
+  ``NORMAL`` (no flush): the log is append-only, so the next flushed commit makes them
+  durable too. A power cut can therefore cost a running job the tokens streamed since
+  the last flushed commit (it resumes from the last durable token), never a job.
+  Submits are batched (the host commits up to a chunk of requests at once), so a burst
+  pays one flush per batch, not one per job; ``uniun-runtime bench`` measures it.
+- ``normal``: no commit flushes; durable against a crash of the runtime, and a power cut
+  may lose the last commits.
 
 A row that cannot be read back (its spec, outcome or tokens undecodable) is logged with
 its job id and dropped at replay; the other jobs come back. A file SQLite itself calls
@@ -49,7 +57,9 @@ from uniun.protocol.jobmap import JobSpec, validate_job
 
 __all__ = ["Journal", "JournalEntry", "KEEP_SEGMENTS", "read_timeline"]
 
-SYNCHRONOUS = ("full", "normal")  # SQLite's names; the first is the default
+SYNCHRONOUS = ("full", "normal")  # the first is the default
+# Writes that record what a client was told: under "full" their commit is flushed.
+_ACKNOWLEDGED = (JAccept, JCancelAsked, JFinish)
 PRUNE_EVERY = 100  # finished jobs between two prunes of the kept outcomes
 KEEP_SEGMENTS = 100_000  # timeline rows kept (segments and marks each; ~100 bytes a row)
 
@@ -133,7 +143,9 @@ class Journal:
         self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0,
                                    check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(f"PRAGMA synchronous={synchronous.upper()}")
+        self.synchronous = synchronous
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._flushing = False  # the connection's synchronous is FULL right now
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
         if "cancel_asked" not in columns:  # a journal from before the column existed
@@ -154,6 +166,8 @@ class Journal:
         """
         if not writes:
             return
+        self._flush_commit(self.synchronous == "full"
+                           and any(isinstance(w, _ACKNOWLEDGED) for w in writes))
         finished = 0
         with self._db:
             self._db.execute("BEGIN")
@@ -163,6 +177,13 @@ class Journal:
         self._finished_since_prune += finished
         if self._finished_since_prune >= PRUNE_EVERY:
             self.prune()
+
+    def _flush_commit(self, flush: bool) -> None:
+        """FULL (flush the log at commit) or NORMAL for the next commit; set only when
+        it changes (a pragma between transactions is cheap, but not free)."""
+        if flush != self._flushing:
+            self._db.execute(f"PRAGMA synchronous={'FULL' if flush else 'NORMAL'}")
+            self._flushing = flush
 
     def _accept(self, w: JAccept) -> None:
         blob = msgpack.packb(w.spec.to_map(), use_bin_type=True)

@@ -150,14 +150,28 @@ def test_an_unreadable_row_is_dropped_and_the_others_come_back(tmp_path: Path) -
     db.close()
 
 
-def test_the_journal_commits_with_the_synchronous_mode_it_was_given(tmp_path: Path) -> None:
+def test_what_a_client_was_told_is_flushed_and_tokens_ride_on_the_next_flush(
+        tmp_path: Path) -> None:
+    """Under "full" an accept, an acknowledged cancel and an end commit with SQLite's
+    synchronous=FULL; token-only commits with NORMAL. Under "normal" nothing flushes."""
     import pytest
+
+    def level(journal: Journal) -> str:
+        return {1: "NORMAL", 2: "FULL"}[journal._db.execute("PRAGMA synchronous").fetchone()[0]]
 
     full = Journal(tmp_path / "full.db")
     normal = Journal(tmp_path / "normal.db", synchronous="normal")
-    try:  # SQLite's numbers: 1 NORMAL, 2 FULL
-        assert full._db.execute("PRAGMA synchronous").fetchone() == (2,)
-        assert normal._db.execute("PRAGMA synchronous").fetchone() == (1,)
+    try:
+        seen = []
+        for write in ([JAccept(spec("a"), at=1.0)], [JToken("a", 0, 5, "x", at=2.0)],
+                      [JToken("a", 1, 5, "y", at=2.0), JCancelAsked("a")],
+                      [JStarted("a", seed=1, at=3.0)],
+                      [JFinish("a", {"type": "done", "job_id": "a"}, at=4.0)]):
+            full.write(write)
+            normal.write(write)
+            seen.append((level(full), level(normal)))
+        assert seen == [("FULL", "NORMAL"), ("NORMAL", "NORMAL"), ("FULL", "NORMAL"),
+                        ("NORMAL", "NORMAL"), ("FULL", "NORMAL")]
     finally:
         full.close()
         normal.close()
