@@ -66,7 +66,7 @@ def field(reader: Any, name: str, default: Any = None) -> Any:
 
 def architecture(reader: Any) -> str:
     arch = field(reader, "general.architecture")
-    if arch not in FAMILIES:
+    if not isinstance(arch, str) or arch not in FAMILIES:
         raise GgufError(f"architecture {arch!r} is not supported "
                         f"(supported: {', '.join(FAMILIES)})")
     return str(arch)

@@ -10,8 +10,10 @@ The work is split by concern (docs/models.md "GGUF import"):
   metadata.
 
 This module checks a file *before* any work (architecture, tensor types, tokenizer
-model), so a refusal names every problem at once and the store is never touched; then
-it reads, builds the graph and writes the folder, with progress bars.
+model, and with :mod:`~uniun.models.convert.gguf_check` the numbers in the metadata and
+every tensor's size, place and shape), so a refusal names every problem at once and the
+store is never touched; then it reads, builds the graph and writes the folder, with
+progress bars.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from uniun.models.convert.gguf_families import (
     read_config,
     unpermute,
 )
+from uniun.models.convert.gguf_check import checked_reader, field_problems, tensor_problems
 from uniun.models.convert.gguf_quant import UnsupportedTensor, to_weight, unsupported_types
 
 __all__ = ["GgufError", "GgufModel", "read_gguf", "convert_gguf", "check_gguf",
@@ -51,28 +54,39 @@ class GgufModel:
 
 
 def _reader(path: Path) -> Any:
-    import gguf
-
     try:
-        return gguf.GGUFReader(str(path))
-    except (ValueError, OSError, KeyError, IndexError) as exc:
-        raise GgufError(f"{path} is not a readable GGUF file ({exc})") from exc
+        return checked_reader(str(path))
+    except GgufError as exc:
+        raise GgufError(f"{path}: {exc}") from None
+    except (ValueError, OSError, KeyError, IndexError, TypeError, OverflowError,
+            UnicodeDecodeError, MemoryError) as exc:
+        raise GgufError(f"{path} is not a readable GGUF file ({type(exc).__name__}: "
+                        f"{str(exc)[:200]})") from exc
 
 
 def check_gguf(reader: Any) -> str:
-    """Every reason the file cannot be imported, in one :class:`GgufError`; else its arch."""
+    """Every reason the file cannot be imported, in one :class:`GgufError`; else its arch.
+
+    Architecture, tensor types and tokenizer model first; then the architecture's numbers
+    (``gguf_check.field_problems``); when those are sound, the tensors' presence and
+    shapes against them (``gguf_check.tensor_problems``).
+    """
     problems: list[str] = []
     arch = field(reader, "general.architecture")
-    if arch not in FAMILIES:
+    if not isinstance(arch, str) or arch not in FAMILIES:
         problems.append(f"architecture {arch!r} is not supported "
                         f"(supported: {', '.join(FAMILIES)})")
+    else:
+        problems += field_problems(reader, str(arch))
+        if not problems:
+            problems += tensor_problems(reader, str(arch), read_config(reader))
     bad = unsupported_types(reader)
     if bad:
         kinds = sorted({b.rsplit("(", 1)[1].rstrip(")") for b in bad})
         problems.append(f"tensor type{'s' if len(kinds) > 1 else ''} {', '.join(kinds)} "
                         f"not supported ({len(bad)} tensors, e.g. {bad[0]})")
     kind = field(reader, "tokenizer.ggml.model")
-    if kind not in ("gpt2", "llama"):
+    if not isinstance(kind, str) or kind not in ("gpt2", "llama"):
         problems.append(f"tokenizer model {kind!r} is not supported (gpt2, llama)")
     if problems:
         raise GgufError("; ".join(problems))
