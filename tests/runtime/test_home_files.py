@@ -166,3 +166,21 @@ def test_quarantine_if_corrupt_records_what_it_moved(tmp_path: Path) -> None:
                       "reason": "file is not a database", "at": 86400.0}
     assert read_records(run) == [record] and not bad.exists()
     assert mode(run / "quarantined.json") == 0o600
+
+
+def test_status_shows_what_was_moved_aside() -> None:
+    from rich.console import Console
+
+    from uniun.runtime.commands.status import render
+
+    status = {"ready": True, "quarantined": [
+        {"file": "journal.db", "moved_to": "journal.db.corrupt-20240101T000000Z",
+         "reason": "file is not a database", "at": 1.0}]}
+    console = Console(width=200, record=True)
+    console.print(render(status, "ipc:///x"))
+    text = console.export_text()
+    assert "journal.db was corrupt (file is not a database); moved to " \
+           "journal.db.corrupt-20240101T000000Z" in text
+    console = Console(width=200, record=True)
+    console.print(render({"ready": True}, "ipc:///x"))
+    assert "quarantined" not in console.export_text()
