@@ -8,8 +8,8 @@ file a numpy reshape error. Here each of those is a :class:`GgufError` that name
 field or the tensor (docs/models.md, "GGUF import"):
 
 - :func:`checked_reader`: the ``gguf`` package's reader, with every tensor description
-  checked before its data is mapped: a known type, no zero dimension, and bytes that
-  end inside the file.
+  checked before its data is mapped: a known type, no zero dimension, bytes that end
+  inside the file and overlap no other tensor's.
 - :func:`field_problems`: the architecture's numbers are present, integers where they
   must be, within :data:`LIMITS`, and consistent (heads divide into KV groups, the head
   size is even for RoPE, token ids inside the vocabulary).
@@ -19,6 +19,7 @@ field or the tensor (docs/models.md, "GGUF import"):
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterator
 from typing import Any
@@ -61,15 +62,20 @@ def checked_reader(path: str) -> Any:
 
         class CheckedReader(gguf.GGUFReader):
             def _build_tensors(self, start_offs: int, fields: list[Any]) -> None:
-                for desc in fields:
-                    _check_tensor(desc, int(start_offs), len(self.data))
+                spans = sorted(_check_tensor(desc, int(start_offs), len(self.data))
+                               for desc in fields)
+                for (_, end, name), (start, _, other) in itertools.pairwise(spans):
+                    if start < end:
+                        raise GgufError(f"tensors {name!r} and {other!r} overlap in the file; "
+                                        "the header is corrupt")
                 super()._build_tensors(start_offs, fields)
 
         _READER_CLASS.append(CheckedReader)
     return _READER_CLASS[0](path)
 
 
-def _check_tensor(desc: Any, data_start: int, file_size: int) -> None:
+def _check_tensor(desc: Any, data_start: int, file_size: int) -> tuple[int, int, str]:
+    """(start, end, name) of a sound tensor description; GgufError naming it otherwise."""
     from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
     _len, name_data, _n_dims, dims, raw_dtype, offset = desc.parts
@@ -97,6 +103,7 @@ def _check_tensor(desc: Any, data_start: int, file_size: int) -> None:
     if end > file_size:
         raise GgufError(f"tensor {name!r}: its data would end at byte {end}, past the end "
                         f"of the file ({file_size} bytes); the file is truncated or corrupt")
+    return start, end, name
 
 
 def _int_field(reader: Any, key: str) -> tuple[int | None, str | None]:

@@ -24,9 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from loguru import logger
 
-from uniun.models.convert.decoder_spec import DecoderConfig, Weight
+from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Weight
+from uniun.models.convert.gguf_check import checked_reader, field_problems, tensor_problems
 from uniun.models.convert.gguf_families import (
     FAMILIES,
     GgufError,
@@ -36,7 +38,6 @@ from uniun.models.convert.gguf_families import (
     read_config,
     unpermute,
 )
-from uniun.models.convert.gguf_check import checked_reader, field_problems, tensor_problems
 from uniun.models.convert.gguf_quant import UnsupportedTensor, to_weight, unsupported_types
 
 __all__ = ["GgufError", "GgufModel", "read_gguf", "convert_gguf", "check_gguf",
@@ -109,6 +110,9 @@ def read_weights(reader: Any, config: DecoderConfig, arch: str,
                 value = to_weight(t.name, kind, t.data, shape)
             except UnsupportedTensor as exc:
                 raise GgufError(str(exc)) from exc
+            if not _finite(value):
+                raise GgufError(f"tensor {t.name!r} holds infinite or NaN values (or scales); "
+                                "the file is corrupt")
             if len(shape) == 2:
                 kinds.add(kind)
             if FAMILIES[arch].permute_qk and ".self_attn.q_proj." in name:
@@ -119,6 +123,14 @@ def read_weights(reader: Any, config: DecoderConfig, arch: str,
         if progress:
             progress(1)
     return weights, "+".join(sorted(kinds))
+
+
+def _finite(weight: Weight) -> bool:
+    """No inf or NaN in a float weight, or in a block weight's scales and offsets."""
+    if isinstance(weight, BlockQuantized):
+        return bool(np.isfinite(weight.scales).all()) and (
+            weight.offsets is None or bool(np.isfinite(weight.offsets).all()))
+    return bool(np.isfinite(np.asarray(weight)).all())
 
 
 def read_gguf(path: Path, progress: Callable[[int], None] | None = None, *,
@@ -133,7 +145,13 @@ def read_gguf(path: Path, progress: Callable[[int], None] | None = None, *,
     reader = reader if reader is not None else _reader(path)
     arch = check_gguf(reader)
     config = read_config(reader)
-    tokenizer_json, tok_cfg = read_tokenizer(reader, arch)
+    try:
+        tokenizer_json, tok_cfg = read_tokenizer(reader, arch)
+    except GgufError:
+        raise
+    except Exception as exc:  # the tokenizers library raises plain Exception
+        raise GgufError(f"the tokenizer in the metadata cannot be built "
+                        f"({type(exc).__name__}: {str(exc)[:200]})") from exc
     weights, fmt = read_weights(reader, config, arch, progress)
     meta = {k: field(reader, k) for k in ("general.name", "general.architecture",
                                            "general.size_label", "general.file_type")}

@@ -115,6 +115,34 @@ def test_a_bad_tensor_description_is_refused_by_name(tmp_path: Path, patch: dict
     _refused(tmp_path, path, match)
 
 
+def test_tensors_that_share_bytes_are_refused(tmp_path: Path) -> None:
+    import gguf
+
+    path = write_tiny_gguf(tmp_path / "overlap.gguf", "llama", "Q8_0")
+    reader = gguf.GGUFReader(str(path))
+    up = next(t for t in reader.tensors if t.name == "blk.0.ffn_up.weight")
+    shared = up.data_offset - reader.data_offset
+    del reader
+    _patch(path, "blk.0.ffn_gate.weight", offset=shared)
+    _refused(tmp_path, path, r"tensors 'blk\.0\.ffn_\w+\.weight' and "
+                             r"'blk\.0\.ffn_\w+\.weight' overlap")
+
+
+def test_a_tensor_of_nans_is_refused(tmp_path: Path) -> None:
+    import gguf
+    import numpy as np
+
+    path = write_tiny_gguf(tmp_path / "nan.gguf", "llama", "Q8_0")
+    reader = gguf.GGUFReader(str(path))
+    norm = next(t for t in reader.tensors if t.name == "blk.1.attn_norm.weight")
+    at, size = norm.data_offset, norm.n_bytes
+    del reader
+    data = bytearray(path.read_bytes())
+    data[at:at + size] = np.full(size // 4, np.nan, np.float32).tobytes()
+    path.write_bytes(bytes(data))
+    _refused(tmp_path, path, r"tensor 'blk\.1\.attn_norm\.weight' holds infinite or NaN")
+
+
 def test_the_cli_says_what_is_wrong_without_a_traceback(tmp_path: Path) -> None:
     path = write_tiny_gguf(tmp_path / "bad.gguf", "llama", "Q8_0",
                            fields={"llama.attention.head_count": 0})
@@ -141,3 +169,35 @@ def test_smollm2s_real_gguf_passes_the_checks() -> None:
 
     assert check_gguf(_reader(source_file("smollm2-135m-instruct", shared_store(),
                                           progress=False))) == "llama"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_damaged_headers_are_refused_or_imported_never_a_traceback(tmp_path: Path,
+                                                                   arch: str) -> None:
+    """Random damage to the metadata and tensor descriptions (fixed seed): every file is
+    either imported or refused with a GgufError; nothing else escapes."""
+    import random
+
+    import gguf
+
+    good = write_tiny_gguf(tmp_path / "ok.gguf", arch, "Q8_0")
+    src = good.read_bytes()
+    header = gguf.GGUFReader(str(good)).data_offset
+    rng = random.Random(7)
+    outcomes = {"imported": 0, "refused": 0}
+    for i in range(150):
+        data = bytearray(src)
+        for _ in range(rng.choice((1, 2, 4))):
+            at = rng.randrange(0, header - 4)
+            data[at:at + 4] = rng.choice((bytes([rng.randrange(256)]) + data[at + 1:at + 4],
+                                          b"\0\0\0\0", b"\xff\xff\xff\x7f",
+                                          struct.pack("<I", 1)))
+        path = tmp_path / f"damaged-{i}.gguf"
+        path.write_bytes(bytes(data))
+        try:
+            import_gguf(path, ModelStore(tmp_path / "store"), f"d{i}", progress=False)
+            outcomes["imported"] += 1
+        except GgufError:
+            outcomes["refused"] += 1
+        path.unlink()
+    assert outcomes["refused"] > 0, outcomes
