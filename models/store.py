@@ -27,6 +27,7 @@ import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import time
 import uuid
@@ -241,10 +242,26 @@ class ModelStore:
         shutil.rmtree(trash, ignore_errors=True)
 
     def clean_stale(self, model_id: str) -> None:
-        """Remove staging/trash leftovers of ``model_id`` (call under :meth:`lock`)."""
-        for pattern in (f".staging-{model_id}-*", f".trash-{model_id}-*"):
-            for leftover in self.root.glob(pattern):
+        """Remove staging/trash leftovers of ``model_id`` (call under :meth:`lock`).
+
+        Only ``.staging-<id>-<8 hex>`` and ``.trash-<id>-<8 hex>`` of exactly this id: a
+        glob on ``.staging-foo-*`` would also match ``.staging-foo-bar-1a2b3c4d``, the
+        folder another process is filling right now under ``foo-bar``'s lock.
+        """
+        if not self.root.is_dir():
+            return
+        for leftover in self.root.iterdir():
+            if _leftover_of(leftover.name) == check_model_id(model_id):
                 shutil.rmtree(leftover, ignore_errors=True)
+
+
+_LEFTOVER_RE = re.compile(r"\.(?:staging|trash)-(.+)-[0-9a-f]{8}")
+
+
+def _leftover_of(name: str) -> str | None:
+    """The model id a staging or trash folder name belongs to, else None."""
+    m = _LEFTOVER_RE.fullmatch(name)
+    return m.group(1) if m else None
 
 
 def io_contract(onnx_path: Path) -> dict[str, Any]:

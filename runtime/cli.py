@@ -46,6 +46,9 @@ def _version() -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    from uniun.runtime.paths import private_umask
+
+    private_umask()  # the home, results.db, a pulled model: owner-only (docs/security.md)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -58,6 +58,7 @@ from uniun.runtime.config_sections import (
     FrontConfig,
     HttpConfig,
     JobsConfig,
+    JournalConfig,
     LimitsConfig,
     LoggingConfig,
     MetricsConfig,
@@ -95,6 +96,7 @@ class RuntimeConfig:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
     trace: TraceConfig = field(default_factory=TraceConfig)
+    journal: JournalConfig = field(default_factory=JournalConfig)
     device: DeviceConfig = field(default_factory=DeviceConfig)
     source: Path | None = None
 

@@ -118,6 +118,8 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
         raise ConfigError("must not be empty", key="metrics.host", source=source)
     if section == "http":
         check_http(values, source)
+    if section == "journal" and values.get("synchronous", "full") not in ("full", "normal"):
+        raise ConfigError("must be full or normal", key="journal.synchronous", source=source)
     if section == "device" and values.get("background_priority", "idle") not in (
             "idle", "nice", "none"):
         raise ConfigError("must be idle, nice or none", key="device.background_priority",

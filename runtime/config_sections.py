@@ -319,6 +319,18 @@ class TraceConfig:
 
 
 @dataclass(frozen=True)
+class JournalConfig:
+    """The job journal, ``$UNIUN_HOME/journal.db`` (docs/scheduler-runner.md)."""
+
+    synchronous: str = field(default="full", metadata=_doc(
+        "full = a commit that records what a client was told (accepted, cancel "
+        "acknowledged, a job's end) is flushed to the disk before the reply, so it "
+        "survives a power cut (token commits are not flushed; they ride on the next "
+        "flush); normal = nothing is flushed per commit: durable against a crash of the "
+        "runtime, a power cut may lose the last commits (default full)"))
+
+
+@dataclass(frozen=True)
 class DeviceConfig:
     """Scheduling the whole device, not just the runner (docs/device.md)."""
 
@@ -353,5 +365,5 @@ SECTIONS: Mapping[str, type] = MappingProxyType({
     "supervisor": SupervisorConfig, "embed": EmbedConfig, "http": HttpConfig,
     "producers": ProducersConfig,
     "logging": LoggingConfig, "metrics": MetricsConfig, "trace": TraceConfig,
-    "device": DeviceConfig,
+    "journal": JournalConfig, "device": DeviceConfig,
 })

@@ -1,8 +1,8 @@
 """The one entry every runtime child process goes through.
 
 ``python -m uniun.runtime.process NAME --config FILE`` is what the supervisor spawns.
-It gives every process the same life: die with the supervisor (``PR_SET_PDEATHSIG``),
-log to ``$UNIUN_HOME/logs/NAME.log``, load the effective config, heartbeat to the
+It gives every process the same life: umask 077 (what it writes is its owner's only,
+``runtime.paths.private_umask``), die with the supervisor (``PR_SET_PDEATHSIG``), log to ``$UNIUN_HOME/logs/NAME.log``, load the effective config, heartbeat to the
 supervisor, turn SIGTERM into a graceful stop, then call the entry point registered for
 NAME: ``main(config: RuntimeConfig) -> int``.
 
@@ -39,6 +39,7 @@ from loguru import logger
 from uniun.runtime.config import ConfigError, RuntimeConfig, load_config
 from uniun.runtime.heartbeat import HeartbeatSender
 from uniun.runtime.logging_setup import JSON_ENV, configure_logging
+from uniun.runtime.paths import private_umask
 
 EntryPoint = Callable[[RuntimeConfig], int]
 PLUGINS_ENV = "UNIUN_PROCESS_PLUGINS"
@@ -198,6 +199,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("name", help="process name, e.g. scheduler, runner, embed-0")
     parser.add_argument("--config", type=Path, default=None, help="effective config TOML")
     args = parser.parse_args(argv)
+    private_umask()  # before the first file: the log, the journal, a socket
     die_with_parent()
     os.environ[NAME_ENV] = args.name
     try:

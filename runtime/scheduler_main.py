@@ -10,7 +10,9 @@ three actors of DESIGN.md §4 and wires them:
                                                                     [runner ROUTER] <--DEALER-- runner
 
 Start order matters: the journal is replayed into the host *before* either socket is
-bound, so the first request or runner Hello already sees every acknowledged job.
+bound, so the first request or runner Hello already sees every acknowledged job. A
+corrupt journal is moved aside first (:func:`open_journal`), so it costs its own jobs,
+not the runtime.
 
 Stop: the front answers ``shutting_down`` from the first moment; the host parks the
 running job (its progress is exact in the journal and the runner keeps the snapshot for
@@ -21,6 +23,7 @@ exits 0. Any actor's death is the process's death (exit 1; the supervisor restar
 from __future__ import annotations
 
 import os
+import sqlite3
 import sys
 import threading
 import time
@@ -32,13 +35,13 @@ from loguru import logger
 
 from uniun.actors.metrics import MetricSink
 from uniun.actors.scheduler.core import SchedulerCore
+from uniun.actors.scheduler.device_signal import DevicePublisher
 from uniun.actors.scheduler.front import FrontActor
 from uniun.actors.scheduler.front_messages import OpenFront, Stopping
-from uniun.actors.scheduler.model_ids import ModelIds
-from uniun.actors.scheduler.device_signal import DevicePublisher
 from uniun.actors.scheduler.host import Drain, Quiet, Replay, RunnerLane, SchedulerHost, Wire
 from uniun.actors.scheduler.inbox_order import Interactive
-from uniun.actors.scheduler.journal import Journal
+from uniun.actors.scheduler.journal import Journal, JournalEntry
+from uniun.actors.scheduler.model_ids import ModelIds
 from uniun.actors.scheduler.runner_link import OpenLink, RunnerLinkActor
 from uniun.models.constrain import check_format
 from uniun.models.store import ModelStore
@@ -50,6 +53,7 @@ from uniun.protocol.requests import JobRules
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir, uniun_home
 from uniun.runtime.proc_stats import ProcessSampler
+from uniun.runtime.quarantine import read_records
 from uniun.runtime.security import server_security
 
 __all__ = ["main", "journal_path"]
@@ -77,9 +81,8 @@ def _processes(state: dict | None = None) -> dict[str, int]:
 
 def _process_info(sampler: ProcessSampler) -> dict[str, dict]:
     """pid, CPU %, RSS and restarts of every process, for ``status.process_info``."""
-    from uniun.runtime.state import read_state
-
     from uniun.runtime.device import describe
+    from uniun.runtime.state import read_state
 
     state = read_state(run_dir()) or {}
     restarts = {k: v for k, v in (state.get("restarts") or {}).items() if isinstance(v, int)}
@@ -102,17 +105,19 @@ def main(config: RuntimeConfig) -> int:
     process.on_stop(stop.set)
     clock = time.monotonic
     policy = make_policy(config.policy.name, config.policy.policy_config(), clock)
-    journal = Journal(journal_path(), keep_segments=config.trace.keep_segments)
+    journal, replayed = open_journal(config)
     rules = JobRules(default_model=config.models.chat_model, kinds=tuple(config.jobs.kinds),
                      max_new_tokens_cap=config.limits.max_new_tokens_cap,
-                     max_prompt_chars=config.limits.max_prompt_chars, known_models=ModelIds(ModelStore(models_dir())),
+                     max_prompt_chars=config.limits.max_prompt_chars,
+                     known_models=ModelIds(ModelStore(models_dir())),
                      check_format=check_format)  # a schema that cannot compile is refused here
     ctx = zmq.Context()
     sampler = ProcessSampler()
     core = SchedulerCore(policy=policy, queue_cap=config.limits.queue_cap, clock=clock,
                          wall=time.time, processes=_processes,
                          process_info=lambda: _process_info(sampler),
-                         segments=config.trace.segments, metrics=config.metrics.enabled)
+                         segments=config.trace.segments, metrics=config.metrics.enabled,
+                         quarantined=read_records(run_dir()))
     sink = MetricSink() if config.metrics.enabled else None
     publisher = None
     if config.device.yield_signal:  # docs/device.md: the one-way yield signal
@@ -138,9 +143,7 @@ def main(config: RuntimeConfig) -> int:
     rc = 0
     try:
         host.tell(Wire(front=front, link=link))
-        host.tell(Replay(journal.replay(default_model=config.models.chat_model,
-                                        kinds=tuple(config.jobs.kinds),
-                                        max_new_tokens_cap=config.limits.max_new_tokens_cap)))
+        host.tell(Replay(replayed))
         link.tell(OpenLink())
         bound = front.ask(OpenFront(), timeout=30)
         logger.info("scheduler serving on {} with policy {}", bound, config.policy.name)
@@ -163,6 +166,41 @@ def main(config: RuntimeConfig) -> int:
         journal.close()
         ctx.destroy(linger=0)
     return rc
+
+
+def open_journal(config: RuntimeConfig) -> tuple[Journal, list[JournalEntry]]:
+    """The journal, opened and replayed; a corrupt one is moved aside first.
+
+    ``PRAGMA quick_check`` before opening, and a corruption error while replaying, both
+    move the file (and its -wal/-shm) to ``journal.db.corrupt-<time>`` and start a new
+    one: the jobs in a damaged journal are lost either way, and every job after it is
+    not (runtime/quarantine.py). What this runtime moved aside goes into ``status``
+    (``read_records``).
+    """
+    from uniun.runtime.quarantine import is_corruption, moved_aside, quarantine_if_corrupt
+
+    path = journal_path()
+    quarantine_if_corrupt(path, run_dir())
+
+    def opened() -> tuple[Journal, list[JournalEntry]]:
+        journal = Journal(path, keep_segments=config.trace.keep_segments,
+                          synchronous=config.journal.synchronous)
+        try:
+            return journal, journal.replay(
+                default_model=config.models.chat_model, kinds=tuple(config.jobs.kinds),
+                max_new_tokens_cap=config.limits.max_new_tokens_cap)
+        except BaseException:
+            journal.close()
+            raise
+
+    try:
+        result = opened()
+    except sqlite3.DatabaseError as err:
+        if not is_corruption(err):
+            raise
+        moved_aside(path, str(err), run_dir())
+        result = opened()
+    return result
 
 
 def _drain(front: pykka.ActorRef, host: pykka.ActorRef, *, grace_s: float) -> None:

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from loguru import logger
 
 from uniun.actors.producers.results_schema import MIGRATIONS, SCHEMA_VERSION
 
@@ -139,7 +140,7 @@ class ResultsStore:
         out = [dict(r) for r in rows]
         for item in out:
             if item["parsed"] is not None:
-                item["parsed"] = json.loads(item["parsed"])
+                item["parsed"] = _loads_or_raw(item["parsed"])
         return out
 
     def delete_note_embedding(self, note_path: str) -> None:
@@ -242,17 +243,26 @@ class ResultsStore:
         return _job_row(rows[0]) if rows else None
 
     def open_jobs(self, producer: str) -> list[dict[str, Any]]:
-        """Jobs persisted but not finished (pending or submitted), oldest first."""
+        """Jobs persisted but not finished (pending or submitted), oldest first. A row
+        that does not decode is logged, marked ``failed`` (so it is not met again) and
+        skipped."""
         rows = self.query("SELECT * FROM producer_jobs WHERE producer=? AND state IN"
                           " ('pending','submitted') ORDER BY created, job_id", (producer,))
-        return [_job_row(r) for r in rows]
+        out = []
+        for row in rows:
+            item = _job_row(row)
+            if item is None:
+                self.set_job_state(row["job_id"], "failed", "row unreadable")
+            else:
+                out.append(item)
+        return out
 
     def jobs_with_prefix(self, prefix: str) -> list[dict[str, Any]]:
         """Jobs whose id starts with ``prefix`` (e.g. every attempt at one note)."""
         escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
         rows = self.query("SELECT * FROM producer_jobs WHERE job_id LIKE ? ESCAPE '\\'"
                           " ORDER BY created", (escaped + "%",))
-        return [_job_row(r) for r in rows]
+        return [item for r in rows if (item := _job_row(r)) is not None]
 
     def supersede_jobs(self, prefix: str, producer: str,
                        make: Callable[[int], tuple[dict[str, Any], dict[str, Any]]]
@@ -288,7 +298,7 @@ class ResultsStore:
                                 " producer=? AND state IN ('pending','submitted')",
                                 (from_producer,)).fetchall()
             ids = [r["job_id"] for r in rows if r["updated"] < now - idle_s or (
-                owner_gone is not None and owner_gone(json.loads(r["meta"] or "{}")))]
+                owner_gone is not None and owner_gone(_meta(r["meta"])))]
             conn.executemany("UPDATE producer_jobs SET producer=?, updated=? WHERE job_id=?",
                              [(to_producer, now, j) for j in ids])
             return len(ids)
@@ -319,7 +329,7 @@ class ResultsStore:
                 item = dict(row)
                 for key in ("parsed", "timings"):
                     if item.get(key) is not None:
-                        item[key] = json.loads(item[key])
+                        item[key] = _loads_or_raw(item[key])
                 out.append(item)
         out.sort(key=lambda r: r["at"], reverse=True)
         return out[:limit]
@@ -342,11 +352,34 @@ def insert_gana_run(conn: sqlite3.Connection, run: dict[str, Any]) -> bool:
     return cur.rowcount == 1
 
 
-def _job_row(row: sqlite3.Row) -> dict[str, Any]:
+def _job_row(row: sqlite3.Row) -> dict[str, Any] | None:
+    """The row with its job and meta decoded; None (and a log line naming the job) when
+    they do not decode: one damaged row must not stop a producer from starting."""
     item = dict(row)
-    item["job"] = json.loads(item["job"])
-    item["meta"] = json.loads(item["meta"])
+    try:
+        item["job"] = json.loads(item["job"])
+        item["meta"] = json.loads(item["meta"])
+        if not isinstance(item["job"], dict) or not isinstance(item["meta"], dict):
+            raise TypeError("job and meta must be JSON objects")
+    except (TypeError, ValueError) as err:
+        logger.bind(job=item.get("job_id")).error(
+            "results.db: producer job row {!r} unreadable, skipped: {}", item.get("job_id"), err)
+        return None
     return item
+
+
+def _meta(text: str | None) -> dict[str, Any]:
+    """A job row's meta; an undecodable one reads as empty (its owner is unknown)."""
+    value = _loads_or_raw(text or "{}")
+    return value if isinstance(value, dict) else {}
+
+
+def _loads_or_raw(text: str) -> Any:
+    """JSON-decoded ``text``, or the text itself when it does not decode (listing only)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
 
 
 def _split_sql(script: str) -> list[str]:

@@ -187,7 +187,7 @@ class ClientRequests(CoreState):
         if procs is None or now - procs[0] >= PROCESSES_REUSE_S:
             procs = self._procs_cache = (now, self._processes(), self._process_info())
         body = status_body(self.policy, self.jobs, self.runner, self.snapshots, procs[1],
-                           queue_cap=self.queue_cap)
+                           queue_cap=self.queue_cap, quarantined=self.quarantined)
         body.update(self.rec.status_extra(), process_info=procs[2],
                     t2_share_max=self.policy.config.t2_share_max)
         self._status_cache = (now, self.changes, body)

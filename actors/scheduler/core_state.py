@@ -10,7 +10,7 @@ or written but these fields.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from loguru import logger
@@ -41,18 +41,21 @@ class CoreState:
     ``process_info``: name -> {pid, cpu_percent, rss_bytes, restarts}, for ``status``.
     ``segments`` / ``metrics``: record the timeline / make metric observations
     (:class:`~uniun.actors.scheduler.recorder.Recorder`).
+    ``quarantined``: the databases this runtime found corrupt at start, for ``status``.
     """
 
     def __init__(self, *, policy: PolicyBase, queue_cap: int, clock: Clock, wall: Clock,
                  processes: Callable[[], dict[str, int]] = dict,
                  process_info: Callable[[], dict[str, Any]] = dict,
-                 segments: bool = True, metrics: bool = True) -> None:
+                 segments: bool = True, metrics: bool = True,
+                 quarantined: Sequence[Mapping[str, Any]] = ()) -> None:
         self.policy = policy
         self.queue_cap = queue_cap
         self._clock = clock
         self._wall = wall
         self._processes = processes
         self._process_info = process_info
+        self.quarantined = tuple(quarantined)  # databases moved aside at start (status)
         self.rec = Recorder(wall=wall, clock=clock, chat_kind=policy.config.chat_kind,
                             segments=segments, metrics=metrics)
         self.jobs = JobTable()

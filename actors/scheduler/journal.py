@@ -10,8 +10,23 @@ When a job ends its row is marked with its terminal event (``done`` or ``error``
 its tokens are deleted; the last ``keep_done`` finished rows are kept so that an
 ``attach`` or an idempotent re-``submit`` after a restart still gets the outcome.
 
-SQLite in WAL mode with ``synchronous=NORMAL``: a commit is durable against a process
-crash (what the journal is for); an OS crash may lose the last few commits. One
+SQLite in WAL mode. Durability is chosen per commit (``[journal] synchronous``):
+
+- ``full`` (default): a commit that records what a client was told — a job accepted, a
+  cancel acknowledged, a job's end — runs with ``synchronous=FULL``: the log is flushed
+  to the disk before the reply goes out, so "accepted" survives a power cut, not only a
+  crash of the runtime. Commits of streamed tokens and timeline rows run with
+  ``NORMAL`` (no flush): the log is append-only, so the next flushed commit makes them
+  durable too. A power cut can therefore cost a running job the tokens streamed since
+  the last flushed commit (it resumes from the last durable token), never a job.
+  Submits are batched (the host commits up to a chunk of requests at once), so a burst
+  pays one flush per batch, not one per job; ``uniun-runtime bench`` measures it.
+- ``normal``: no commit flushes; durable against a crash of the runtime, and a power cut
+  may lose the last commits.
+
+A row that cannot be read back (its spec, outcome or tokens undecodable) is logged with
+its job id and dropped at replay; the other jobs come back. A file SQLite itself calls
+corrupt is moved aside before the journal is opened (``runtime/quarantine.py``). One
 connection: the main thread replays, then only the scheduler host actor writes.
 """
 
@@ -42,6 +57,9 @@ from uniun.protocol.jobmap import JobSpec, validate_job
 
 __all__ = ["Journal", "JournalEntry", "KEEP_SEGMENTS", "read_timeline"]
 
+SYNCHRONOUS = ("full", "normal")  # the first is the default
+# Writes that record what a client was told: under "full" their commit is flushed.
+_ACKNOWLEDGED = (JAccept, JCancelAsked, JFinish)
 PRUNE_EVERY = 100  # finished jobs between two prunes of the kept outcomes
 KEEP_SEGMENTS = 100_000  # timeline rows kept (segments and marks each; ~100 bytes a row)
 
@@ -115,7 +133,10 @@ class Journal:
     """SQLite-backed journal of accepted jobs (see module docstring)."""
 
     def __init__(self, path: Path, *, keep_done: int = 1000,
-                 keep_segments: int = KEEP_SEGMENTS) -> None:
+                 keep_segments: int = KEEP_SEGMENTS, synchronous: str = "full") -> None:
+        if synchronous not in SYNCHRONOUS:
+            raise ValueError(f"synchronous must be one of {', '.join(SYNCHRONOUS)}, "
+                             f"not {synchronous!r}")
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.keep_done = keep_done
@@ -124,7 +145,9 @@ class Journal:
         self._db = sqlite3.connect(str(path), isolation_level=None, timeout=10.0,
                                    check_same_thread=False)
         self._db.execute("PRAGMA journal_mode=WAL")
+        self.synchronous = synchronous
         self._db.execute("PRAGMA synchronous=NORMAL")
+        self._flushing = False  # the connection's synchronous is FULL right now
         self._db.executescript(_SCHEMA)
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
         if "cancel_asked" not in columns:  # a journal from before the column existed
@@ -147,6 +170,8 @@ class Journal:
         """
         if not writes:
             return
+        self._flush_commit(self.synchronous == "full"
+                           and any(isinstance(w, _ACKNOWLEDGED) for w in writes))
         finished = 0
         with self._db:
             self._db.execute("BEGIN")
@@ -156,6 +181,13 @@ class Journal:
         self._finished_since_prune += finished
         if self._finished_since_prune >= PRUNE_EVERY:
             self.prune()
+
+    def _flush_commit(self, flush: bool) -> None:
+        """FULL (flush the log at commit) or NORMAL for the next commit; set only when
+        it changes (a pragma between transactions is cheap, but not free)."""
+        if flush != self._flushing:
+            self._db.execute(f"PRAGMA synchronous={'FULL' if flush else 'NORMAL'}")
+            self._flushing = flush
 
     def _accept(self, w: JAccept) -> None:
         blob = msgpack.packb(w.spec.to_map(), use_bin_type=True)
@@ -200,6 +232,9 @@ class Journal:
         self._db.execute("INSERT INTO marks VALUES (?, ?, ?, ?)",
                          (w.what, w.at, w.job_id, w.detail))
 
+    def _entry(self, row: tuple[Any, ...], **rules: Any) -> JournalEntry:
+        return _entry_of(self._db, row, **rules)
+
     _APPLY: dict[type, Callable[[Journal, Any], None]] = {
         JAccept: _accept, JStarted: _started, JToken: _token, JPaused: _paused,
         JFinish: _finish, JCancelAsked: _cancel_asked, JSegment: _segment, JMark: _mark,
@@ -228,33 +263,59 @@ class Journal:
             "SELECT job_id, spec, accepted_at, seed, started, preemptions, started_at, "
             "first_token_at, final, cancel_asked, owner FROM jobs ORDER BY accepted_at, rowid"
         ).fetchall()
-        for (job_id, blob, accepted_at, seed, was_started, preemptions, started_at,
-             first_token_at, final, cancel_asked, owner) in rows:
+        for row in rows:
             try:
-                raw = msgpack.unpackb(blob, raw=False)
-                spec = validate_job(raw, default_model=default_model, kinds=kinds,
-                                    max_new_tokens_cap=max(max_new_tokens_cap,
-                                                           int(raw.get("max_new_tokens", 1))))
+                entry = self._entry(row, default_model=default_model, kinds=kinds,
+                                    max_new_tokens_cap=max_new_tokens_cap)
+            except sqlite3.DatabaseError:
+                raise  # the file itself is damaged: the caller moves it aside
             except Exception as err:  # a row we cannot read must not stop the others
-                logger.bind(job=job_id).error("journal row unreadable, dropped: {}", err)
-                self._db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
+                logger.bind(job=row[0]).error("journal row of job {!r} unreadable, dropped: "
+                                              "{}: {}", row[0], type(err).__name__, err)
+                self._db.execute("DELETE FROM jobs WHERE job_id = ?", (row[0],))
+                self._db.execute("DELETE FROM tokens WHERE job_id = ?", (row[0],))
                 continue
-            entry = JournalEntry(spec=spec, accepted_at=accepted_at, seed=seed,
-                                 started=bool(was_started), preemptions=preemptions,
-                                 started_at=started_at, first_token_at=first_token_at,
-                                 cancel_asked=bool(cancel_asked), owner=owner)
-            if final is not None:
-                entry.final = msgpack.unpackb(final, raw=False)
-            else:
-                for token_id, text in self._db.execute(
-                        "SELECT token_id, text FROM tokens WHERE job_id = ? ORDER BY seq",
-                        (job_id,)):
-                    entry.token_ids.append(token_id)
-                    entry.texts.append(text)
             out.append(entry)
         logger.info("journal replayed {} jobs ({} active) in {:.3f} s", len(out),
                     sum(e.final is None for e in out), time.monotonic() - started)
         return out
+
+
+def _entry_of(db: sqlite3.Connection, row: tuple[Any, ...], *, default_model: str,
+              kinds: tuple[str, ...], max_new_tokens_cap: int) -> JournalEntry:
+    """One replayed job from its ``jobs`` row and its tokens; raises on anything
+    undecodable or of the wrong type (the caller drops the row)."""
+    (job_id, blob, accepted_at, seed, was_started, preemptions, started_at,
+     first_token_at, final, cancel_asked, owner) = row
+    raw = msgpack.unpackb(blob, raw=False)
+    if not isinstance(raw, dict):
+        raise TypeError(f"spec is a {type(raw).__name__}, not a map")
+    spec = validate_job(raw, default_model=default_model, kinds=kinds,
+                        max_new_tokens_cap=max(max_new_tokens_cap,
+                                               int(raw.get("max_new_tokens", 1))))
+    if spec.job_id != job_id:
+        raise ValueError(f"spec names job {spec.job_id!r}")
+    entry = JournalEntry(spec=spec, accepted_at=float(accepted_at),
+                         seed=None if seed is None else int(seed),
+                         started=bool(was_started), preemptions=int(preemptions),
+                         started_at=None if started_at is None else float(started_at),
+                         first_token_at=(None if first_token_at is None
+                                         else float(first_token_at)),
+                         cancel_asked=bool(cancel_asked),
+                         owner=owner if isinstance(owner, str) else None)
+    if final is not None:
+        outcome = msgpack.unpackb(final, raw=False)
+        if not isinstance(outcome, dict):
+            raise TypeError(f"outcome is a {type(outcome).__name__}, not a map")
+        entry.final = outcome
+        return entry
+    for token_id, text in db.execute(
+            "SELECT token_id, text FROM tokens WHERE job_id = ? ORDER BY seq", (job_id,)):
+        if not isinstance(token_id, int) or not isinstance(text, str):
+            raise TypeError("a token row is not (integer, text)")
+        entry.token_ids.append(token_id)
+        entry.texts.append(text)
+    return entry
 
 
 def read_timeline(path: Path, *, since: float | None = None

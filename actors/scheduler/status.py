@@ -1,12 +1,14 @@
 """The body of the ``status`` reply (PROTOCOL.md "status carries at least ...").
 
 Pure: the core passes what it knows, the caller's ``processes`` map included (the
-scheduler's own pid and those the supervisor published; the core reads no files).
+scheduler's own pid and those the supervisor published; the core reads no files), and
+the databases this runtime found corrupt at start and moved aside, reported as
+``quarantined`` while there are any (docs/protocol.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from uniun.actors.policy import PolicyBase
@@ -20,7 +22,8 @@ HIDDEN = "(another key's job)"  # stands for a job id a keyed client may not see
 
 def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
                 snapshots: tuple[int, int], processes: dict[str, int], *,
-                queue_cap: int) -> dict[str, Any]:
+                queue_cap: int, quarantined: Sequence[Mapping[str, Any]] = ()
+                ) -> dict[str, Any]:
     body = dict(policy.status())
     running = policy.running
     procs = dict(processes)
@@ -38,6 +41,8 @@ def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
         ready=runner is not None and policy.loaded_model is not None,
         jobs=len(jobs), queue_cap=queue_cap,
         poisoned=jobs.poisoned())  # extension: dead-lettered jobs (docs/protocol.md)
+    if quarantined:  # extension: databases found corrupt at start, moved aside
+        body["quarantined"] = [dict(r) for r in quarantined]
     return body
 
 

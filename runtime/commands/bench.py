@@ -62,6 +62,10 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--burst", type=int, default=10_000, metavar="N",
                         help="chat TTFT during a burst of N small submits from a raw "
                              "protocol client (default 10000; 0 skips)")
+    parser.add_argument("--journal-sync", type=int, default=2000, metavar="N",
+                        help="submit throughput with [journal] synchronous = normal vs "
+                             "full: bursts of N submits and N/10 sent one at a time, in "
+                             "scheduler-only runtimes beside ~ (default 2000; 0 skips)")
     parser.add_argument("--ablations", action="store_true",
                         help="also rerun the producer modes with each [device] mechanism "
                              "off in turn (yield signal, OS priority, thread budget)")
@@ -131,6 +135,12 @@ def run(args: argparse.Namespace) -> int:
                     name: run_producers(args.model, args.reps, log, device=toml,
                                         modes=("idle", "producers", "flood"))
                     for name, toml in ABLATIONS.items()}
+        if args.journal_sync > 0:
+            from uniun.runtime.bench.journal_sync import run as run_journal_sync
+
+            result["journal_sync"] = run_journal_sync(
+                submits=args.journal_sync, singles=max(1, args.journal_sync // 10),
+                reps=args.reps, model=args.model, log=log)
         if args.burst > 0:
             from uniun.runtime.bench.burst import run as run_burst
 
@@ -203,6 +213,13 @@ def table(result: dict[str, Any]) -> Table:
         out.add_row(f"chat TTFT during a burst of {burst['submits']} submits",
                     f"p50 {burst['burst_ttft_p50_s']:.3f} s, max {burst['burst_ttft_max_s']:.3f} s"
                     f" (idle {burst['idle_ttft_p50_s']:.3f} s)")
+    sync = result.get("journal_sync") or {}
+    if sync:
+        normal, full = sync["modes"]["normal"], sync["modes"]["full"]
+        out.add_row("submits/s, journal synchronous normal / full: burst",
+                    f"{normal['burst_submits_per_s']:.0f} / {full['burst_submits_per_s']:.0f}")
+        out.add_row("submits/s, journal synchronous normal / full: one at a time",
+                    f"{normal['single_submits_per_s']:.0f} / {full['single_submits_per_s']:.0f}")
     for name, abl in (result.get("ablations") or {}).items():
         out.add_row(f"ablation {name}: producers / flood TTFT",
                     f"{abl['ratio_p50_producers']:.2f}x / {abl['ratio_p50_flood']:.2f}x idle")

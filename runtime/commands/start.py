@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import sqlite3
 import subprocess
 import sys
 import time
@@ -27,7 +28,7 @@ from uniun.runtime import process as process_registry
 from uniun.runtime.config import ConfigError, RuntimeConfig, load_config
 from uniun.runtime.config_toml import dump_config
 from uniun.runtime.logging_setup import configure_logging
-from uniun.runtime.paths import ensure_private_dir, models_dir
+from uniun.runtime.paths import ensure_private_dir, models_dir, secure_home
 from uniun.runtime.state import (
     EFFECTIVE_CONFIG,
     HTTP_ENDPOINT_FILE,
@@ -83,6 +84,12 @@ def run(args: argparse.Namespace) -> int:
         print(f"uniun-runtime: {err}", file=sys.stderr)
         return 2
     os.environ["UNIUN_HOME"] = str(config.home)  # children and runtime.paths agree
+    tightened = secure_home(config.home)  # 0700; what an older runtime left open, 0600
+    if tightened:
+        names = ", ".join(str(p.relative_to(config.home)) if p != config.home else str(p)
+                          for p in tightened[:6])
+        print(f"uniun: made {len(tightened)} path(s) in {config.home} owner-only: {names}"
+              f"{' ...' if len(tightened) > 6 else ''}", file=sys.stderr)
     ensure_private_dir(config.run_dir)
     children = plan_children(config)
     if not _endpoints_secure(config, children):
@@ -171,6 +178,7 @@ def serve(config: RuntimeConfig, children: list[str], *, daemon: bool = False) -
     from uniun.protocol.endpoints import remove_endpoint, write_endpoint
     config_file = run_dir / EFFECTIVE_CONFIG
     try:
+        _quarantine_results(config, run_dir)
         write_private(config_file, dump_config(config))
         write_endpoint(config.front.endpoint)
         supervisor = Supervisor(config, children, config_file=config_file)
@@ -187,6 +195,27 @@ def serve(config: RuntimeConfig, children: list[str], *, daemon: bool = False) -
         clear_state(run_dir)
         remove_endpoint(only_if=config.front.endpoint)
         lock.release()
+
+
+def _quarantine_results(config: RuntimeConfig, run_dir: Path) -> None:
+    """Move a corrupt ``results.db`` aside before any producer opens it.
+
+    Here, under the runtime's lock and before the children start, because several
+    processes share the file; the scheduler checks its own journal when it starts
+    (runtime/quarantine.py).
+    """
+    from uniun.runtime.quarantine import quarantine_if_corrupt, reset_records
+
+    reset_records(run_dir)
+    try:
+        record = quarantine_if_corrupt(config.results_path, run_dir)
+    except sqlite3.Error as err:  # locked by a CLI command, unreadable: not corruption
+        logger.warning("could not check {}: {}", config.results_path, err)
+        return
+    if record is not None:
+        print(f"uniun-runtime: warning: {config.results_path} was corrupt "
+              f"({record['reason']}); moved aside to {record['moved_to']}, starting with "
+              "an empty results store", file=sys.stderr)
 
 
 def _detach(args: argparse.Namespace, config: RuntimeConfig, children: list[str]) -> int:

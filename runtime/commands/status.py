@@ -56,7 +56,7 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table.add_column("value")
     shown = ("http", "policy", "lifecycle", "foreground", "loaded_model", "running", "queues",
              "vruntime", "t2_share", "snapshots", "processes", "ready", "process_info",
-             "poisoned")
+             "poisoned", "quarantined")
     table.add_row("front", endpoint)
     table.add_row("ready", "yes: a chat is answered now" if status.get("ready")
                   else "no: the runner is not up with a model yet")
@@ -74,6 +74,8 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table.add_row("snapshots", _snapshots(status.get("snapshots")))
     table.add_row("processes", _processes(status))
     table.add_row("poisoned", _poisoned(status.get("poisoned")))
+    if status.get("quarantined"):
+        table.add_row("quarantined", _quarantined(status["quarantined"]))
     for key in sorted(set(status) - set(shown)):
         table.add_row(key, _text(status[key]))
     return table
@@ -155,6 +157,15 @@ def _poisoned(value: Any) -> str:
         return "none"
     return "\n".join(f"{p.get('job_id')} ({p.get('kind')})" if isinstance(p, dict)
                      else _text(p) for p in value)
+
+
+def _quarantined(value: Any) -> str:
+    """Databases found corrupt at start and moved aside (runtime/quarantine.py)."""
+    if not isinstance(value, list):
+        return _text(value)
+    return "\n".join(f"{q.get('file')} was corrupt ({q.get('reason')}); moved to "
+                     f"{q.get('moved_to')}" if isinstance(q, dict) else _text(q)
+                     for q in value)
 
 
 def _snapshots(value: Any) -> str:

@@ -162,13 +162,14 @@ class Runtime:
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoint = f"ipc://{home / 'run' / 'front.sock'}"
         self.curve: ClientCurve | None = None  # keys for a tcp front with CURVE
+        self.umask = -1  # the umask ``start`` is launched with (-1: this process's)
         self._wires: list[Wire] = []
 
     def start(self) -> Runtime:
         out = open(self.home / "start.out", "wb")
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "uniun.runtime", "start", "--config", str(self.config_path)],
-            env=self.env, stdout=out, stderr=subprocess.STDOUT)
+            env=self.env, stdout=out, stderr=subprocess.STDOUT, umask=self.umask)
         self.wait_serving()
         return self
 

@@ -124,8 +124,13 @@ def _byte_vocab(arch: str) -> dict:
 
 def write_tiny_gguf(path: Path, arch: str = "llama", qtype: str = "Q8_0", *,
                     seed: int = 0, hidden: int = 64, layers: int = 2,
-                    extra_tensor: tuple[str, str] | None = None) -> Path:
-    """A tiny ``arch`` GGUF with matrices in ``qtype`` (see module doc); its path."""
+                    extra_tensor: tuple[str, str] | None = None,
+                    fields: dict[str, object] | None = None) -> Path:
+    """A tiny ``arch`` GGUF with matrices in ``qtype`` (see module doc); its path.
+
+    ``fields``: metadata written instead of the fixture's own (key -> value; None leaves
+    the key out; ints are written as int32 so negative ones fit), for the refusal tests.
+    """
     import gguf
 
     rng = np.random.default_rng(seed)
@@ -204,6 +209,13 @@ def write_tiny_gguf(path: Path, arch: str = "llama", qtype: str = "Q8_0", *,
         block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
         w.add_tensor(name, np.zeros((1, size), np.uint8),
                      raw_dtype=gguf.GGMLQuantizationType[kind])
+    for key, value in (fields or {}).items():
+        w.kv_data[0].pop(key, None)
+        if value is None:
+            continue
+        vtype = {bool: gguf.GGUFValueType.BOOL, int: gguf.GGUFValueType.INT32,
+                 float: gguf.GGUFValueType.FLOAT32, str: gguf.GGUFValueType.STRING}[type(value)]
+        w.add_key_value(key, value, vtype)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()

