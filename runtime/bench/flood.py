@@ -16,6 +16,8 @@ work's). Then, as a buggy or hostile local program would:
    from that moment until it is answered.
 
 What it checks: the front's fairness and bounds (docs/security.md, "The ZeroMQ front").
+:func:`batch_pick_bench` times the front's choice of the next batch with 10,000 and
+100,000 requests pending (in process, no runtime): it must not grow with the backlog.
 """
 
 from __future__ import annotations
@@ -97,6 +99,32 @@ def _ready(client: RawClient, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
     raise RuntimeError("the runtime did not become ready")
 
 
+def batch_pick_bench(pending: tuple[int, ...] = (10_000, 100_000), rounds: int = 200
+                     ) -> dict[str, float]:
+    """Median ms to take one batch from a ``FairInbox`` holding ``pending`` requests of
+    200 connections (half status, half bulk submits), for each size."""
+    from uniun.actors.scheduler.front import BATCH_BULK, BATCH_CONTROL
+    from uniun.actors.scheduler.inbox_order import FairInbox, Interactive, classify
+
+    rules = Interactive()
+    out: dict[str, float] = {}
+    for size in pending:
+        inbox = FairInbox(per_conn=size)
+        for i in range(size + rounds * (BATCH_CONTROL + BATCH_BULK)):
+            conn = b"c%d" % (i % 200)
+            raw = ({"v": 1, "type": "status", "id": f"s{i}"} if i % 2 else
+                   {"v": 1, "type": "submit", "id": f"j{i}",
+                    "job": {"job_id": f"j{i}", "kind": "nataraj", "prompt": "x"}})
+            inbox.push(classify(conn, raw, rules))
+        times = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            inbox.take_batch(BATCH_CONTROL, BATCH_BULK)
+            times.append((time.perf_counter() - t0) * 1000)
+        out[str(size)] = round(statistics.median(times), 4)
+    return out
+
+
 def run(model: str, requests: int, chats: int, log: Callable[[str], None]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="uniun-bench-flood-", dir="/tmp") as tmp:
         home = Path(tmp)
@@ -136,7 +164,10 @@ def run(model: str, requests: int, chats: int, log: Callable[[str], None]) -> di
             fresh.close()
             log(f"flood: scheduler RSS {rss_before / 2**20:.0f} -> peak {peak / 2**20:.0f} "
                 f"MiB; a new client served {served_s}s after the flooder was killed")
+            picks = batch_pick_bench()
+            log(f"flood: next batch chosen in {picks} ms (by requests pending)")
             return {"requests": requests, "chats": chats, "model": model,
+                    "batch_pick_ms_by_pending": picks,
                     "flooder_sent_all": sent_all,
                     "idle_ttft_s": [round(t, 4) for t in idle],
                     "flood_ttft_s": [round(t, 4) for t in flooded],

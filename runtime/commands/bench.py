@@ -66,6 +66,11 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="submit throughput with [journal] synchronous = normal vs "
                              "full: bursts of N submits and N/10 sent one at a time, in "
                              "scheduler-only runtimes beside ~ (default 2000; 0 skips)")
+    parser.add_argument("--flood", type=int, default=300_000, metavar="N",
+                        help="another client's chat TTFT while one connection floods the "
+                             "front with N status requests it never reads, the scheduler's "
+                             "RSS, and how soon a new client is served once the flooder "
+                             "is gone (default 300000; 0 skips)")
     parser.add_argument("--ablations", action="store_true",
                         help="also rerun the producer modes with each [device] mechanism "
                              "off in turn (yield signal, OS priority, thread budget)")
@@ -145,6 +150,10 @@ def run(args: argparse.Namespace) -> int:
             from uniun.runtime.bench.burst import run as run_burst
 
             result["burst"] = run_burst(args.model, args.burst, args.reps, log)
+        if args.flood > 0:
+            from uniun.runtime.bench.flood import run as run_flood
+
+            result["flood"] = run_flood(args.model, args.flood, args.reps, log)
     except RuntimeError as err:
         print(f"uniun-runtime: bench failed: {err}", file=sys.stderr)
         return 1
@@ -213,6 +222,15 @@ def table(result: dict[str, Any]) -> Table:
         out.add_row(f"chat TTFT during a burst of {burst['submits']} submits",
                     f"p50 {burst['burst_ttft_p50_s']:.3f} s, max {burst['burst_ttft_max_s']:.3f} s"
                     f" (idle {burst['idle_ttft_p50_s']:.3f} s)")
+    flood = result.get("flood") or {}
+    if flood:
+        out.add_row(f"chat TTFT while one connection floods {flood['requests']} unread",
+                    f"p50 {flood['flood_ttft_p50_s']:.3f} s ({flood['flood_vs_idle_p50']:.2f}x"
+                    f" idle), max {flood['flood_ttft_max_s']:.3f} s")
+        out.add_row("scheduler RSS growth during the flood",
+                    f"{flood['scheduler_rss_growth_bytes'] / 2**20:.0f} MiB")
+        out.add_row("new client served after the flooder is gone",
+                    _fmt(flood.get("served_after_disconnect_s")))
     sync = result.get("journal_sync") or {}
     if sync:
         normal, full = sync["modes"]["normal"], sync["modes"]["full"]
