@@ -132,7 +132,7 @@ static OrtStatus* attention_create(const OrtKernelInfo* info, void** out) {
   if (!st) st = ort_attr_int(info, "kv_num_heads", &k->kv_heads);
   if (!st && (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads))
     st = ort_status(ORT_INVALID_ARGUMENT,
-                "uniun.GgmlAttention: num_heads must be a multiple of kv_num_heads > 0");
+                    "uniun.GgmlAttention: num_heads must be a multiple of kv_num_heads > 0");
   if (st) free(k);
   *out = st ? NULL : k;
   return st;
@@ -189,22 +189,23 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
     return ort_status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: Q is not [b, s, heads * dim]");
   const int64_t b = qd[0], s = qd[1], dim = qd[2] / heads;
   if (dim % 16)
-    return ort_status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: head dim is not a multiple of 16");
+    return ort_status(ORT_INVALID_ARGUMENT,
+                      "uniun.GgmlAttention: head dim is not a multiple of 16");
   if (kt.nd != 3 || vt.nd != 3 || kd[0] != b || kd[1] != s || kd[2] != kvh * dim ||
       memcmp(kd, vt.dims, sizeof kd[0] * 3) != 0)
     return ort_status(ORT_INVALID_ARGUMENT,
-                  "uniun.GgmlAttention: K and V are not [b, s, kv_heads * dim]");
+                      "uniun.GgmlAttention: K and V are not [b, s, kv_heads * dim]");
   if (pkt.nd != 4 || pvt.nd != 4 || pd[0] != b || pd[1] != kvh || pd[3] != dim ||
       memcmp(pd, pvt.dims, sizeof pd[0] * 4) != 0)
     return ort_status(ORT_INVALID_ARGUMENT,
-                  "uniun.GgmlAttention: past key and value are not [b, kv_heads, n, dim]");
+                      "uniun.GgmlAttention: past key and value are not [b, kv_heads, n, dim]");
   if (mt.nd != 2 || md[0] != b || md[1] < s)
     return ort_status(ORT_INVALID_ARGUMENT,
-                  "uniun.GgmlAttention: attention_mask is not [b, past + s]");
+                      "uniun.GgmlAttention: attention_mask is not [b, past + s]");
   const int64_t total = md[1], past = total - s, cap = pd[2];
   if (cap < past)
     return ort_status(ORT_INVALID_ARGUMENT,
-                  "uniun.GgmlAttention: past holds fewer positions than attention_mask says");
+                      "uniun.GgmlAttention: past holds fewer positions than attention_mask says");
   /* in place (a preallocated buffer: capacity >= total) or concatenated */
   const int64_t out_cap = cap >= total ? cap : total;
   const int64_t present_dims[4] = {b, kvh, out_cap, dim};

@@ -48,7 +48,8 @@ static OrtStatus* shape(const OrtValue* v, int64_t* dims, size_t* nd) {
   TRY(API_FN(SLOT_GetTensorTypeAndShape, GetTensorTypeAndShapeFn)(v, &info));
   size_t count = 0;
   OrtStatus* st = API_FN(SLOT_GetDimensionsCount, GetDimensionsCountFn)(info, &count);
-  if (!st && count > 8) st = ort_status(ORT_INVALID_ARGUMENT, "uniun: a tensor with more than 8 dims");
+  if (!st && count > 8)
+    st = ort_status(ORT_INVALID_ARGUMENT, "uniun: a tensor with more than 8 dims");
   if (!st) st = API_FN(SLOT_GetDimensions, GetDimensionsFn)(info, dims, count);
   API_FN(SLOT_ReleaseTensorTypeAndShapeInfo, ReleaseTensorTypeAndShapeInfoFn)(info);
   *nd = count;

@@ -30,9 +30,9 @@ from loguru import logger
 
 from uniun.models.onnx_ops import op_types
 
-__all__ = ["OP_TYPE", "DOMAIN", "DATA_FILE", "FORMATS", "GGML_OPS", "KernelMissing", "library",
-           "fast", "ggml_fast", "path_name", "paths", "forced_path", "register", "prepare",
-           "matmul"]
+__all__ = ["DATA_FILE", "DOMAIN", "FORMATS", "GGML_OPS", "OP_TYPE", "KernelMissing", "fast",
+           "forced_path", "ggml_fast", "library", "matmul", "path_name", "paths", "prepare",
+           "register"]
 
 OP_TYPE = "QMatMul"
 DOMAIN = "uniun"

@@ -1,6 +1,6 @@
-/* QMatMul's portable kernels: any CPU runs them, and each vector kernel must match them
- * (our order: in its integer part, the float accumulation order differs; llama.cpp's
- * order: bit for bit). */
+/* QMatMul's portable kernels: any CPU runs them, and every vector kernel gives their
+ * results bit for bit (the integer sums are exact, and the float steps are the same fused
+ * multiply-adds in the same order). */
 #include <math.h>
 
 #include "qmatmul.h"
