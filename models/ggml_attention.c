@@ -13,7 +13,7 @@
 #include "ggml_ops.h"
 #include "isa.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
+#ifdef UNIUN_X86
 #include "ggml_vec.h"
 
 /* ggml_vec_dot_f16 (one query: the decode path): four accumulators over 64-value steps,

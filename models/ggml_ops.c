@@ -35,7 +35,7 @@
 
 EXPORT int uniun_ggml_supported(void) { return uniun_isa_supports(ISA_AVX2); }
 
-#if defined(__x86_64__) || defined(_M_X64)
+#ifdef UNIUN_X86
 #include "ggml_vec.h"
 
 /* ---- RMSNorm: ggml_compute_forward_rms_norm_f32, then ggml_mul by the weight ---------- */

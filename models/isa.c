@@ -7,7 +7,7 @@
 
 static int cpu_has(int level) {
   if (level == ISA_SCALAR) return 1;
-#if defined(__x86_64__) || defined(_M_X64)
+#ifdef UNIUN_X86
   __builtin_cpu_init();
   const int avx2 = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
                    __builtin_cpu_supports("f16c");

@@ -16,6 +16,12 @@
 
 #define EXPORT __attribute__((visibility("default")))
 
+/* The x86-64 variants are compiled in on x86-64 unless UNIUN_PORTABLE_ONLY is defined: the
+ * tests build the library that way too, to check it as a CPU without x86 gets it. */
+#if (defined(__x86_64__) || defined(_M_X64)) && !defined(UNIUN_PORTABLE_ONLY)
+#define UNIUN_X86 1
+#endif
+
 enum { ISA_SCALAR = 0, ISA_AVX2 = 1, ISA_AVX512 = 2 };
 
 /* Whether this CPU has `level` (0, 1 or 2). */

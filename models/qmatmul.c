@@ -11,8 +11,9 @@ int qmm_supports(int path) { return path >= ISA_SCALAR && uniun_isa_supports(pat
 int qmm_path(void) { return uniun_isa_level(); }
 
 void qmm_run_groups(int path, const Job* j, int g0, int g1) {
+  (void)path; /* without x86 variants, every path is the portable one */
   if (j->ggml) {
-#ifdef QMM_X86
+#ifdef UNIUN_X86
     if (path == ISA_AVX512) {
       qmm_groups_ggml_avx512(j, g0, g1);
       return;
@@ -21,7 +22,7 @@ void qmm_run_groups(int path, const Job* j, int g0, int g1) {
     qmm_groups_ggml_scalar(j, g0, g1);
     return;
   }
-#ifdef QMM_X86
+#ifdef UNIUN_X86
   if (path == ISA_AVX512) {
     qmm_groups_avx512(j, g0, g1);
     return;

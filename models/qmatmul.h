@@ -43,10 +43,6 @@
 
 #include "isa.h"
 
-#if defined(__x86_64__) || defined(_M_X64)
-#define QMM_X86 1
-#endif
-
 /* ---- formats ------------------------------------------------------------------------- */
 
 /* A block along K is 32 codes of 4 or 8 bits, a scale per row and, for some formats, an
@@ -174,7 +170,7 @@ static inline float qmm_offset_factor(const Job* j, size_t xb) {
 
 void qmm_groups_scalar(const Job* j, int g0, int g1);
 void qmm_groups_ggml_scalar(const Job* j, int g0, int g1);
-#ifdef QMM_X86
+#ifdef UNIUN_X86
 void qmm_groups_avx2(const Job* j, int g0, int g1);
 void qmm_groups_avx512(const Job* j, int g0, int g1);
 void qmm_groups_ggml_avx512(const Job* j, int g0, int g1);

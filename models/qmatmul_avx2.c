@@ -2,7 +2,7 @@
  * the portable loop there). */
 #include "qmatmul.h"
 
-#ifdef QMM_X86
+#ifdef UNIUN_X86
 #include <immintrin.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))

@@ -2,7 +2,7 @@
  * weights, the 16 rows' sums in one register) and llama.cpp's (16 rows at a time). */
 #include "qmatmul.h"
 
-#ifdef QMM_X86
+#ifdef UNIUN_X86
 #include <immintrin.h>
 
 #define MT 4 /* activation rows per pass over a group's weights */

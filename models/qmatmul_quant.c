@@ -5,7 +5,7 @@
 
 #include "qmatmul.h"
 
-#ifdef QMM_X86
+#ifdef UNIUN_X86
 #include <immintrin.h>
 #endif
 
@@ -34,7 +34,7 @@ static void quantize_row_scalar(const float* x, int K, QuantRow r) {
   }
 }
 
-#ifdef QMM_X86
+#ifdef UNIUN_X86
 __attribute__((target("avx512f,avx512bw,avx512vl")))
 static void quantize_row_avx512(const float* x, int K, QuantRow r) {
   for (int b = 0; b < K / QK; b++) {
@@ -90,7 +90,7 @@ static void quantize_row_avx2(const float* x, int K, QuantRow r) {
 #endif
 
 static void quantize_row(int path, const float* x, int k, QuantRow r) {
-#ifdef QMM_X86
+#ifdef UNIUN_X86
   if (path == ISA_AVX512) {
     quantize_row_avx512(x, k, r);
     return;
