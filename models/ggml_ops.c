@@ -1,11 +1,12 @@
-/* llama.cpp's arithmetic, reproduced bit for bit: RMSNorm, RoPE, SwiGLU and attention as
- * ggml's CPU backend computes them when built for AVX-512 (GGML_NATIVE on such a CPU).
+/* llama.cpp's arithmetic, reproduced bit for bit: RMSNorm, RoPE and SwiGLU here, attention
+ * in ggml_attention.c, as ggml's CPU backend computes them when built for AVX-512
+ * (GGML_NATIVE on such a CPU).
  *
  * Why: on a small quantised model, 8-bit activation quantisation turns a last-bit
  * difference into a flipped code, and greedy text drifts from llama.cpp's within 20
  * tokens on half the prompts even when every op is "correct": llama.cpp disagrees with
- * itself that often when only its flash-attention or batch setting changes (issue 10,
- * docs/models.md). The only way to give a user llama.cpp's tokens for llama.cpp's file is
+ * itself that often when only its flash-attention or batch setting changes
+ * (docs/models.md). The only way to give a user llama.cpp's tokens for llama.cpp's file is
  * to do the same float operations in the same order. Each function names the ggml code it
  * follows (ggml-cpu/ops.cpp, vec.cpp, vec.h, llamafile/sgemm.cpp, llama.cpp's vendored
  * copy in llama-cpp-python 0.3.36; MIT licence, (c) the ggml authors).
@@ -14,45 +15,28 @@
  * - sums: ggml's vector reductions (_mm512_reduce_add_ps, its 4-accumulator dot product,
  *   tinyBLAS's one accumulator per output) are written out lane by lane (reduce16_avx);
  * - fused multiply-adds: fmaf() exactly where ggml's build fuses, and nowhere else
- *   (this file is compiled with fp-contract off);
+ *   (these files are compiled with fp-contract off);
  * - fp16: K, V, the query and the softmax output are rounded to fp16 where ggml stores or
  *   converts them (its KV cache is fp16, and its fp16 matmul converts the other side).
  *
  * The vector loops use AVX2 + FMA (and AVX-512 where the CPU has it, for the same
  * results); uniun_ggml_supported() says whether this CPU has the former. Elsewhere (ARM)
  * the functions are stubs that are never called: the operators refuse to start there
- * (models/ggml_ort.c), and the converter does not build this graph.
+ * (ggml_ort.c), and the converter does not build this graph.
  */
 #pragma GCC optimize("fp-contract=off")
 
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "ggml_ops.h"
+#include "isa.h"
 
-#define EXPORT __attribute__((visibility("default")))
+EXPORT int uniun_ggml_supported(void) { return uniun_isa_supports(ISA_AVX2); }
 
-#if defined(__x86_64__) || defined(_M_X64)
-#include <immintrin.h>
-#define VEC __attribute__((target("avx2,fma,f16c")))
-
-/* x rounded to fp16 (to nearest, ties to even: F16C's vcvtps2ph, as ggml converts), n
- * values; in place allowed. */
-VEC static void round_half(const float* x, float* y, int64_t n) {
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8)
-    _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i),
-                                                            _MM_FROUND_TO_NEAREST_INT)));
-  for (; i < n; i++) y[i] = _cvtsh_ss(_cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT));
-}
-
-EXPORT int uniun_ggml_supported(void) {
-  __builtin_cpu_init();
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-         __builtin_cpu_supports("f16c");
-}
+#ifdef UNIUN_X86
+#include "ggml_vec.h"
 
 /* ---- RMSNorm: ggml_compute_forward_rms_norm_f32, then ggml_mul by the weight ---------- */
 
@@ -72,81 +56,30 @@ VEC EXPORT void uniun_ggml_rms_norm(const float* x, const float* w, float* y, in
 /* ---- RoPE: ggml_rope_cache_init + rotate_pairs (no YaRN, no frequency factors) ---------- */
 
 /* x, y: [tokens][heads][dim]. interleaved: ggml's NORMAL mode (pairs 2i, 2i+1: llama's
- * GGUF row order), else NEOX (pairs i, i + dim/2). */
+ * GGUF row order), else NEOX (pairs i, i + dim/2). A token's angles are made pair by pair
+ * as ggml's cache makes them (theta *= theta_scale), each used for every head at once. */
 VEC EXPORT void uniun_ggml_rope(const float* x, const int64_t* pos, float* y, int64_t tokens,
-                            int heads, int dim, float base, int interleaved) {
+                                int heads, int dim, float base, int interleaved) {
   const float theta_scale = powf(base, -2.0f / dim);
-  float* cache = malloc(sizeof(float) * dim);
-  if (!cache) return;
+  const int offset = interleaved ? 1 : dim / 2;
   for (int64_t t = 0; t < tokens; t++) {
     float theta = (float)pos[t];
     for (int i0 = 0; i0 < dim; i0 += 2) {
-      cache[i0] = cosf(theta);
-      cache[i0 + 1] = sinf(theta);
+      const float c = cosf(theta), s = sinf(theta);
       theta *= theta_scale;
-    }
-    for (int h = 0; h < heads; h++) {
-      const float* src = x + (t * heads + h) * dim;
-      float* dst = y + (t * heads + h) * dim;
-      const int offset = interleaved ? 1 : dim / 2;
-      for (int i0 = 0; i0 < dim; i0 += 2) {
-        const int ic = interleaved ? i0 : i0 / 2;
-        const float c = cache[i0], s = cache[i0 + 1];
+      const int ic = interleaved ? i0 : i0 / 2;
+      for (int h = 0; h < heads; h++) {
+        const float* src = x + (t * heads + h) * dim;
+        float* dst = y + (t * heads + h) * dim;
         const float x0 = src[ic], x1 = src[ic + offset];
         dst[ic] = fmaf(x0, c, -(x1 * s));
         dst[ic + offset] = fmaf(x0, s, x1 * c);
       }
     }
   }
-  free(cache);
 }
 
-/* ---- exp and SiLU: vec.h's ggml_v_expf / ggml_v_silu, AVX-512 flavour ------------------ */
-
-/* One lane of ggml_v_expf (__m512): polynomial on the reduced argument, then scalef. */
-VEC static float v_expf(float x) {
-  const float r = 0x1.8p23f;
-  const float z = fmaf(x, 0x1.715476p+0f, r);
-  const float n = z - r;
-  const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
-  if (fabsf(n) > 192.f) return n <= 0.f ? 0.f : INFINITY;
-  const float u = b * b;
-  const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
-                            fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
-                       u, fmaf(0x1.ffffecp-1f, b, 1.0f));
-  return scalbnf(j, (int)n); /* scalef: j * 2^n, rounded once */
-}
-
-/* ggml_v_expf over 8 lanes; a lane outside scalef's plain range goes through v_expf. */
-VEC static __m256 v_expf8(__m256 x) {
-  const __m256 r = _mm256_set1_ps(0x1.8p23f);
-  const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), r);
-  const __m256 n = _mm256_sub_ps(z, r);
-  const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
-                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
-  const __m256 u = _mm256_mul_ps(b, b);
-  const __m256 j = _mm256_fmadd_ps(
-      _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b,
-                                      _mm256_set1_ps(0x1.573e2ep-5f)),
-                      u,
-                      _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b,
-                                      _mm256_set1_ps(0x1.fffdb6p-2f))),
-      u, _mm256_fmadd_ps(_mm256_set1_ps(0x1.ffffecp-1f), b, _mm256_set1_ps(1.0f)));
-  /* 2^n is a normal float for n in [-125, 127], and j * 2^n then rounds as scalef does
-   * (j in [0.7, 1.5]: the product stays normal down to n = -125). */
-  const __m256 lo = _mm256_set1_ps(-125.f), hi = _mm256_set1_ps(127.f);
-  const int inside = _mm256_movemask_ps(_mm256_and_ps(_mm256_cmp_ps(n, lo, _CMP_GE_OQ),
-                                                      _mm256_cmp_ps(n, hi, _CMP_LE_OQ)));
-  if (inside == 0xFF) {
-    const __m256i e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n),
-                                                         _mm256_set1_epi32(127)), 23);
-    return _mm256_mul_ps(j, _mm256_castsi256_ps(e));
-  }
-  float xs[8], out[8];
-  _mm256_storeu_ps(xs, x);
-  for (int i = 0; i < 8; i++) out[i] = v_expf(xs[i]);
-  return _mm256_loadu_ps(out);
-}
+/* ---- SiLU: vec.h's ggml_v_silu, AVX-512 flavour (ggml_vec.h's v_expf8) ------------------ */
 
 /* ggml_vec_swiglu_f32: silu(g) * u, silu(x) = x / (1 + exp(-x)). n: any length (ggml's
  * scalar tail uses libm's expf; this one too). */
@@ -166,246 +99,16 @@ VEC static void swiglu_vec(const float* g, const float* u, float* y, int64_t n) 
 EXPORT void uniun_ggml_swiglu(const float* g, const float* u, float* y, int64_t n) {
   swiglu_vec(g, u, y, n);
 }
-
-/* ---- attention: mul_mat(K, Q), soft_max_ext, mul_mat(V, P) in llama.cpp's non-flash path */
-
-/* _mm512_reduce_add_ps's order (GCC's avx512fintrin.h: halves, quarters, then pairs) over
- * the 16 lanes lo (0-7), hi (8-15): what ggml's 16-lane sums end with. */
-VEC static inline float reduce16_avx(__m256 lo, __m256 hi) {
-  const __m256 t3 = _mm256_add_ps(hi, lo);
-  const __m128 t6 = _mm_add_ps(_mm256_extractf128_ps(t3, 1), _mm256_castps256_ps128(t3));
-  const __m128 t8 = _mm_add_ps(t6, _mm_movehl_ps(t6, t6));
-  return _mm_cvtss_f32(_mm_add_ss(t8, _mm_movehdup_ps(t8)));
-}
-
-/* ggml_vec_dot_f16 (one query: the decode path): four accumulators over 64-value steps,
- * then (acc0 + acc2) + (acc1 + acc3), reduce16, and a double-precision tail. */
-VEC static float dot_one(const float* x, const float* y, int n) {
-  __m256 acc[4][2];
-  for (int a = 0; a < 4; a++) acc[a][0] = acc[a][1] = _mm256_setzero_ps();
-  const int np = n & ~63;
-  for (int i = 0; i < np; i += 64)
-    for (int a = 0; a < 4; a++)
-      for (int h = 0; h < 2; h++)
-        acc[a][h] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 16 * a + 8 * h),
-                                    _mm256_loadu_ps(y + i + 16 * a + 8 * h), acc[a][h]);
-  __m256 r[2];
-  for (int h = 0; h < 2; h++)
-    r[h] = _mm256_add_ps(_mm256_add_ps(acc[0][h], acc[2][h]), _mm256_add_ps(acc[1][h], acc[3][h]));
-  double sum = reduce16_avx(r[0], r[1]);
-  for (int i = np; i < n; i++) sum += (double)(x[i] * y[i]);
-  return (float)sum;
-}
-
-/* tinyBLAS (many queries, n % 16 == 0): one 16-lane accumulator, reduce16. */
-VEC static float dot_many(const float* x, const float* y, int n) {
-  __m256 lo = _mm256_setzero_ps(), hi = _mm256_setzero_ps();
-  for (int i = 0; i < n; i += 16) {
-    lo = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), lo);
-    hi = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8), _mm256_loadu_ps(y + i + 8), hi);
-  }
-  return reduce16_avx(lo, hi);
-}
-
-/* Softmax of one score row over keys [0, keys): ggml_compute_forward_soft_max_f32 with
- * ggml_vec_soft_max_f32 (16 at a time, each 16's sum added in double). Keys from
- * `visible` on (later positions) are masked (-inf), and so are those with open[k] == 0.
- * keys is a multiple of 16. */
-VEC static void softmax_row(float* w, int keys, int visible, const int64_t* open,
-                            float scale) {
-  float max = -INFINITY;
-  for (int k = 0; k < keys; k++) {
-    w[k] = (k < visible && (!open || open[k])) ? w[k] * scale : -INFINITY;
-    max = w[k] > max ? w[k] : max;
-  }
-  double sum = 0.0;
-  const __m256 vmax = _mm256_set1_ps(max);
-  for (int k = 0; k < keys; k += 16) {
-    const __m256 lo = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(w + k), vmax));
-    const __m256 hi = v_expf8(_mm256_sub_ps(_mm256_loadu_ps(w + k + 8), vmax));
-    _mm256_storeu_ps(w + k, lo);
-    _mm256_storeu_ps(w + k + 8, hi);
-    sum += (double)reduce16_avx(lo, hi);
-  }
-  const float inv = (float)(1.0 / sum);
-  for (int k = 0; k < keys; k++) w[k] *= inv;
-}
-
-/* One query head's attention over the cache; see uniun_ggml_attention. */
-typedef struct {
-  const float *q, *k, *v;    /* q: [tokens][heads][dim] fp16-exact; k, v: [kv_heads][stride][dim] */
-  const int64_t* open;       /* [keys] key mask (1 = may look), or NULL */
-  float* out;                /* [tokens][heads][dim] */
-  int tokens, heads, kv_heads, dim, keys, stride, past;
-  float scale;
-} Attn;
-
-/* out[d] = reduce16 over the 16 lanes (lane l: acc[l * dim + d]) for every d, 8 at once;
- * banks 4: each lane first (bank0 + bank2) + (bank1 + bank3), ggml_vec_dot_f16's order. */
-VEC static void lanes_to_out(const float* acc, int banks, int dim, float* out) {
-  const size_t bank = (size_t)16 * dim;
-  for (int d = 0; d < dim; d += 8) {
-    __m256 lane[16];
-    for (int l = 0; l < 16; l++) {
-      const float* s = acc + (size_t)l * dim + d;
-      lane[l] = banks == 1 ? _mm256_loadu_ps(s)
-                           : _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(s),
-                                                         _mm256_loadu_ps(s + 2 * bank)),
-                                           _mm256_add_ps(_mm256_loadu_ps(s + bank),
-                                                         _mm256_loadu_ps(s + 3 * bank)));
-    }
-    __m256 t3[8], t6[4];
-    for (int i = 0; i < 8; i++) t3[i] = _mm256_add_ps(lane[8 + i], lane[i]);
-    for (int i = 0; i < 4; i++) t6[i] = _mm256_add_ps(t3[4 + i], t3[i]);
-    _mm256_storeu_ps(out + d, _mm256_add_ps(_mm256_add_ps(t6[0], t6[2]),
-                                            _mm256_add_ps(t6[1], t6[3])));
-  }
-}
-
-/* P V on AVX2: for each output value d, a dot product over the keys with V's column d;
- * lane = key mod 16, bank = (key / 16) mod 4 (banks 4: ggml_vec_dot_f16; 1: tinyBLAS).
- * Each lane's accumulator stays in a register over its keys, 8 values of d at once. */
-VEC static void weighted_sum(const float* vh, const float* p, int visible, int dim, int banks,
-                             float* acc, float* out) {
-  for (int bk = 0; bk < banks; bk++) {
-    for (int d = 0; d < dim; d += 8) {
-      for (int l0 = 0; l0 < 16; l0 += 8) {
-        __m256 s[8];
-        for (int l = 0; l < 8; l++) s[l] = _mm256_setzero_ps();
-        /* keys of this bank and these lanes, in order: k = 16 * (banks * j + bk) + l */
-        for (int base = 16 * bk; base < visible; base += 16 * banks)
-          for (int l = 0; l < 8; l++) {
-            const int k = base + l0 + l;
-            if (k < visible)
-              s[l] = _mm256_fmadd_ps(_mm256_loadu_ps(vh + (size_t)k * dim + d),
-                                     _mm256_set1_ps(p[k]), s[l]);
-          }
-        float* dst = acc + ((size_t)bk * 16 + l0) * dim + d;
-        for (int l = 0; l < 8; l++) _mm256_storeu_ps(dst + (size_t)l * dim, s[l]);
-      }
-    }
-  }
-  lanes_to_out(acc, banks, dim, out);
-}
-
-/* The same three dot products with 16-wide registers: half the instructions, identical
- * results (the lanes and their order are ggml's either way; _mm512_reduce_add_ps is the
- * reduce16 above). dim is a multiple of 16. */
-#define V512 __attribute__((target("avx512f,avx512dq,avx2,fma,f16c")))
-
-V512 static void scores_512(const float* kh, const float* q, int visible, int dim, int many,
-                            float* scores) {
-  for (int k = 0; k < visible; k++) {
-    const float* x = kh + (size_t)k * dim;
-    if (many) {
-      __m512 acc = _mm512_setzero_ps();
-      for (int i = 0; i < dim; i += 16)
-        acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(q + i), acc);
-      scores[k] = _mm512_reduce_add_ps(acc);
-      continue;
-    }
-    __m512 acc[4];
-    for (int a = 0; a < 4; a++) acc[a] = _mm512_setzero_ps();
-    const int np = dim & ~63;
-    for (int i = 0; i < np; i += 64)
-      for (int a = 0; a < 4; a++)
-        acc[a] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + 16 * a), _mm512_loadu_ps(q + i + 16 * a),
-                                 acc[a]);
-    double sum = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[2]),
-                                                    _mm512_add_ps(acc[1], acc[3])));
-    for (int i = np; i < dim; i++) sum += (double)(x[i] * q[i]);
-    scores[k] = (float)sum;
-  }
-}
-
-V512 static void weighted_sum_512(const float* vh, const float* p, int visible, int dim,
-                                  int banks, float* acc, float* out) {
-  /* one (bank, lane) at a time, its keys in order, all of d in registers (dim <= 128) */
-  const int blocks = dim / 16;
-  for (int bk = 0; bk < banks; bk++)
-    for (int l = 0; l < 16; l++) {
-      __m512 s[8];
-      for (int i = 0; i < blocks; i++) s[i] = _mm512_setzero_ps();
-      for (int k = 16 * bk + l; k < visible; k += 16 * banks) {
-        const __m512 pk = _mm512_set1_ps(p[k]);
-        const float* vk = vh + (size_t)k * dim;
-        for (int i = 0; i < blocks; i++)
-          s[i] = _mm512_fmadd_ps(_mm512_loadu_ps(vk + 16 * i), pk, s[i]);
-      }
-      float* dst = acc + ((size_t)bk * 16 + l) * dim;
-      for (int i = 0; i < blocks; i++) _mm512_storeu_ps(dst + 16 * i, s[i]);
-    }
-  lanes_to_out(acc, banks, dim, out);
-}
-
-VEC static void attention_head(const Attn* a, int h, int t0, int t1, float* scores,
-                               float* acc, int wide) {
-  const int kvh = h / (a->heads / a->kv_heads);
-  const int many = a->tokens > 1;
-  const int dim = a->dim;
-  const float* kh = a->k + (size_t)kvh * a->stride * dim;
-  const float* vh = a->v + (size_t)kvh * a->stride * dim;
-  const int banks = many ? 1 : 4;
-  for (int t = t0; t < t1; t++) {
-    const float* q = a->q + ((size_t)t * a->heads + h) * dim;
-    float* out = a->out + ((size_t)t * a->heads + h) * dim;
-    /* keys after the query's position are masked: their scores and weights are not needed
-     * (a weight of 0 adds nothing to ggml's sums either) */
-    const int visible = a->past + t + 1 < a->keys ? a->past + t + 1 : a->keys;
-    const int keys16 = (visible + 15) & ~15;
-    if (wide) {
-      scores_512(kh, q, visible, dim, many, scores);
-    } else
-      for (int k = 0; k < visible; k++)
-        scores[k] = many ? dot_many(kh + (size_t)k * dim, q, dim)
-                         : dot_one(kh + (size_t)k * dim, q, dim);
-    for (int k = visible; k < keys16; k++) scores[k] = 0.f;
-    softmax_row(scores, keys16, visible, a->open, a->scale);
-    round_half(scores, scores, visible); /* as ggml's P V converts them */
-    if (wide) {
-      weighted_sum_512(vh, scores, visible, dim, banks, acc, out);
-      continue;
-    }
-    weighted_sum(vh, scores, visible, dim, banks, acc, out);
-  }
-}
-
-EXPORT size_t uniun_ggml_attention_scratch(int keys, int dim) {
-  return sizeof(float) * ((size_t)((keys + 15) & ~15) + (size_t)4 * 16 * dim);
-}
-
-/* Attention of queries [t0, t1) of `tokens` (positions past .. past + tokens - 1) over
- * `keys` cached keys, heads [h0, h1). q, k and v hold fp16 values (uniun.GgmlAttention
- * rounds them: the cache as llama.cpp stores it, the query as its fp16 matmul converts it).
- * dim is a multiple of 16. */
-EXPORT void uniun_ggml_attention(const float* q, const float* k, const float* v,
-                                 const int64_t* open, float* out, int tokens, int heads,
-                                 int kv_heads, int dim, int keys, int stride, int past,
-                                 float scale, int h0, int h1, int t0, int t1, void* scratch) {
-  Attn a = {q, k, v, open, out, tokens, heads, kv_heads, dim, keys, stride, past, scale};
-  float* scores = scratch;
-  float* acc = scores + ((keys + 15) & ~15);
-  __builtin_cpu_init();
-  const int wide =
-      dim <= 128 && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq");
-  for (int h = h0; h < h1; h++) attention_head(&a, h, t0, t1, scores, acc, wide);
-}
-
 EXPORT void uniun_ggml_round_half(const float* x, float* y, int64_t n) { round_half(x, y, n); }
 
 #else /* not x86: stubs, never called (uniun_ggml_supported() is 0, the operators refuse) */
 
-EXPORT int uniun_ggml_supported(void) { return 0; }
+#pragma GCC diagnostic ignored "-Wunused-parameter"
 EXPORT void uniun_ggml_rms_norm(const float* x, const float* w, float* y, int64_t rows, int n,
                                 float eps) {}
 EXPORT void uniun_ggml_rope(const float* x, const int64_t* pos, float* y, int64_t tokens,
                             int heads, int dim, float base, int interleaved) {}
 EXPORT void uniun_ggml_swiglu(const float* g, const float* u, float* y, int64_t n) {}
-EXPORT size_t uniun_ggml_attention_scratch(int keys, int dim) { return 0; }
-EXPORT void uniun_ggml_attention(const float* q, const float* k, const float* v,
-                                 const int64_t* open, float* out, int tokens, int heads,
-                                 int kv_heads, int dim, int keys, int stride, int past,
-                                 float scale, int h0, int h1, int t0, int t1, void* scratch) {}
 EXPORT void uniun_ggml_round_half(const float* x, float* y, int64_t n) {}
 
 #endif

@@ -1,6 +1,6 @@
-/* models/ggml_ops.c's kernels: llama.cpp's arithmetic for RMSNorm, RoPE, SwiGLU and
- * attention (see there). Plain functions, for the onnxruntime operators of ggml_ort.c and
- * for tests through ctypes. */
+/* llama.cpp's arithmetic for RMSNorm, RoPE, SwiGLU (ggml_ops.c) and attention
+ * (ggml_attention.c). Plain functions, for the onnxruntime operators of ggml_ort.c and for
+ * tests through ctypes. */
 #ifndef UNIUN_GGML_OPS_H
 #define UNIUN_GGML_OPS_H
 

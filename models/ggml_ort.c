@@ -1,5 +1,5 @@
-/* The ggml-arithmetic operators (models/ggml_ops.c) as onnxruntime custom operators, in the
- * "uniun" domain next to QMatMul:
+/* The ggml-arithmetic operators (ggml_ops.c, ggml_attention.c) as onnxruntime custom
+ * operators, in the "uniun" domain next to QMatMul:
  *
  *   GgmlRmsNorm(X, W, epsilon[1]) -> Y               RMSNorm of the last axis, times W
  *   GgmlRope(X, position_ids, base[1]) -> Y          X [b, s, heads * dim]; attrs num_heads,
@@ -20,112 +20,27 @@
 #include <string.h>
 
 #include "ggml_ops.h"
-#include "ort_abi.h"
+#include "ort_op.h"
 
-#define TYPE_INT64 7
-#define MAX_IN 7
-
-typedef struct OpSpec {
-  OrtCustomOp base; /* first: onnxruntime hands the callbacks &base */
-  const char* name;
-  int inputs, outputs;
-  int input_types[MAX_IN];
-  OrtStatus* (*create)(const OrtKernelInfo*, void**);
-  OrtStatus* (*compute)(void*, OrtKernelContext*);
-} OpSpec;
-
-static const OpSpec* spec(const OrtCustomOp* op) { return (const OpSpec*)op; }
-static const char* op_name(const OrtCustomOp* op) { return spec(op)->name; }
-static const char* op_provider(const OrtCustomOp* op) { (void)op; return "CPUExecutionProvider"; }
-static int op_input_type(const OrtCustomOp* op, size_t i) { return spec(op)->input_types[i]; }
-static size_t op_input_count(const OrtCustomOp* op) { return (size_t)spec(op)->inputs; }
-static int op_output_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return TYPE_FLOAT; }
-static size_t op_output_count(const OrtCustomOp* op) { return (size_t)spec(op)->outputs; }
-static int op_required(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
-static int op_memory_type(const OrtCustomOp* op, size_t i) { (void)op; (void)i; return 0; }
-static int op_one(const OrtCustomOp* op) { (void)op; return 1; }
-static OrtStatus* op_create(const OrtCustomOp* op, const OrtApi* api, const OrtKernelInfo* info,
-                            void** out) {
-  (void)api;
-  return spec(op)->create(info, out);
-}
-
-/* Every kernel starts with its op's spec (op_compute finds the compute function there). */
 typedef struct {
-  const OpSpec* op;
   int64_t heads, kv_heads, interleaved;
 } Kernel;
 
-static void op_destroy(void* kernel) { free(kernel); }
-
-static OrtStatus* op_compute(void* kernel, OrtKernelContext* ctx) {
-  return ((const Kernel*)kernel)->op->compute(kernel, ctx);
-}
-
-#define OP(NAME, OUTPUTS, CREATE, COMPUTE, ...)                                              \
-  {{OP_STRUCT_VERSION, NULL, op_name, op_provider, op_input_type, op_input_count,            \
-    op_output_type, op_output_count, NULL, op_destroy, op_required, op_required,              \
-    op_memory_type, op_one, op_one, op_one, op_one, op_create, op_compute, NULL},             \
-   NAME, sizeof((int[]){__VA_ARGS__}) / sizeof(int), OUTPUTS, {__VA_ARGS__}, CREATE, COMPUTE}
-
-/* One input or output: its shape and its data. */
-typedef struct {
-  int64_t dims[8];
-  size_t nd;
-  void* data;
-} Tensor;
-
-static OrtStatus* input(OrtKernelContext* ctx, size_t i, Tensor* t) {
-  const OrtValue* v;
-  TRY(API_FN(SLOT_KernelContext_GetInput, GetInputFn)(ctx, i, &v));
-  TRY(tensor_shape(v, t->dims, &t->nd));
-  return tensor_data(v, &t->data);
-}
-
-static OrtStatus* output(OrtKernelContext* ctx, size_t i, const int64_t* dims, size_t nd,
-                         void** data) {
-  OrtValue* v;
-  TRY(API_FN(SLOT_KernelContext_GetOutput, GetOutputFn)(ctx, i, dims, nd, &v));
-  return tensor_data(v, data);
-}
-
-static int64_t elements(const int64_t* dims, size_t nd) {
-  int64_t n = 1;
-  for (size_t i = 0; i < nd; i++) n *= dims[i];
-  return n;
-}
-
-/* a one-element float input */
-static OrtStatus* scalar(OrtKernelContext* ctx, size_t i, const char* what, float* out) {
-  Tensor t;
-  TRY(input(ctx, i, &t));
-  if (elements(t.dims, t.nd) != 1) return status(ORT_INVALID_ARGUMENT, what);
-  *out = *(const float*)t.data;
-  return NULL;
-}
-
-static OrtStatus* attr(const OrtKernelInfo* info, const char* name, int64_t* out) {
-  return API_FN(SLOT_KernelInfoGetAttribute_int64, GetIntFn)(info, name, out);
-}
-
-static OrtStatus* new_kernel(const OpSpec* op, Kernel** out) {
+static OrtStatus* new_kernel(Kernel** out) {
   *out = NULL;
   if (!uniun_ggml_supported())
-    return status(ORT_FAIL, "uniun: the ggml operators need a CPU with AVX2, FMA and F16C; "
-                            "convert the model again here (it then uses the usual graph)");
+    return ort_status(ORT_FAIL, "uniun: the ggml operators need a CPU with AVX2, FMA and F16C; "
+                                "convert the model again here (it then uses the usual graph)");
   *out = calloc(1, sizeof(Kernel));
-  if (!*out) return status(ORT_FAIL, "uniun: out of memory");
-  (*out)->op = op;
+  if (!*out) return ort_status(ORT_FAIL, "uniun: out of memory");
   return NULL;
 }
 
 /* ---- GgmlRmsNorm ----------------------------------------------------------------------- */
 
-static const OpSpec rms_norm_op;
-
 static OrtStatus* rms_norm_create(const OrtKernelInfo* info, void** out) {
   (void)info;
-  return new_kernel(&rms_norm_op, (Kernel**)out);
+  return new_kernel((Kernel**)out);
 }
 
 static OrtStatus* rms_norm_compute(void* kernel, OrtKernelContext* ctx) {
@@ -133,30 +48,28 @@ static OrtStatus* rms_norm_compute(void* kernel, OrtKernelContext* ctx) {
   Tensor x, w;
   float eps;
   void* y;
-  TRY(input(ctx, 0, &x));
-  TRY(input(ctx, 1, &w));
-  TRY(scalar(ctx, 2, "uniun.GgmlRmsNorm: epsilon is not one float", &eps));
-  if (x.nd < 1 || elements(w.dims, w.nd) != x.dims[x.nd - 1])
-    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRmsNorm: W's size is not X's last axis");
-  TRY(output(ctx, 0, x.dims, x.nd, &y));
+  TRY(ort_input(ctx, 0, &x));
+  TRY(ort_input(ctx, 1, &w));
+  TRY(ort_scalar(ctx, 2, "uniun.GgmlRmsNorm: epsilon is not one float", &eps));
+  if (x.nd < 1 || ort_elements(w.dims, w.nd) != x.dims[x.nd - 1])
+    return ort_status(ORT_INVALID_ARGUMENT, "uniun.GgmlRmsNorm: W's size is not X's last axis");
+  TRY(ort_output(ctx, 0, x.dims, x.nd, &y));
   const int n = (int)x.dims[x.nd - 1];
-  if (n > 0) uniun_ggml_rms_norm(x.data, w.data, y, elements(x.dims, x.nd) / n, n, eps);
+  if (n > 0) uniun_ggml_rms_norm(x.data, w.data, y, ort_elements(x.dims, x.nd) / n, n, eps);
   return NULL;
 }
 
-static const OpSpec rms_norm_op = OP("GgmlRmsNorm", 1, rms_norm_create, rms_norm_compute,
-                                     TYPE_FLOAT, TYPE_FLOAT, TYPE_FLOAT);
+const OpSpec op_ggml_rms_norm = OP("GgmlRmsNorm", 1, 0, rms_norm_create, rms_norm_compute,
+                                   TYPE_FLOAT, TYPE_FLOAT, TYPE_FLOAT);
 
 /* ---- GgmlRope -------------------------------------------------------------------------- */
 
-static const OpSpec rope_op;
-
 static OrtStatus* rope_create(const OrtKernelInfo* info, void** out) {
   Kernel* k;
-  TRY(new_kernel(&rope_op, &k));
-  OrtStatus* st = attr(info, "num_heads", &k->heads);
-  if (!st) st = attr(info, "interleaved", &k->interleaved);
-  if (!st && k->heads <= 0) st = status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: num_heads <= 0");
+  TRY(new_kernel(&k));
+  OrtStatus* st = ort_attr_int(info, "num_heads", &k->heads);
+  if (!st) st = ort_attr_int(info, "interleaved", &k->interleaved);
+  if (!st && k->heads <= 0) st = ort_status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: num_heads <= 0");
   if (st) free(k);
   *out = st ? NULL : k;
   return st;
@@ -167,63 +80,59 @@ static OrtStatus* rope_compute(void* kernel, OrtKernelContext* ctx) {
   Tensor x, pos;
   float base;
   void* y;
-  TRY(input(ctx, 0, &x));
-  TRY(input(ctx, 1, &pos));
-  TRY(scalar(ctx, 2, "uniun.GgmlRope: base is not one float", &base));
+  TRY(ort_input(ctx, 0, &x));
+  TRY(ort_input(ctx, 1, &pos));
+  TRY(ort_scalar(ctx, 2, "uniun.GgmlRope: base is not one float", &base));
   if (x.nd != 3 || x.dims[2] % kn->heads || (x.dims[2] / kn->heads) % 2)
-    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: X is not [b, s, heads * even dim]");
+    return ort_status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: X is not [b, s, heads * even dim]");
   if (pos.nd != 2 || pos.dims[0] != x.dims[0] || pos.dims[1] != x.dims[1])
-    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: position_ids is not [b, s]");
-  TRY(output(ctx, 0, x.dims, x.nd, &y));
+    return ort_status(ORT_INVALID_ARGUMENT, "uniun.GgmlRope: position_ids is not [b, s]");
+  TRY(ort_output(ctx, 0, x.dims, x.nd, &y));
   uniun_ggml_rope(x.data, pos.data, y, x.dims[0] * x.dims[1], (int)kn->heads,
                   (int)(x.dims[2] / kn->heads), base, (int)kn->interleaved);
   return NULL;
 }
 
-static const OpSpec rope_op = OP("GgmlRope", 1, rope_create, rope_compute, TYPE_FLOAT,
-                                 TYPE_INT64, TYPE_FLOAT);
+const OpSpec op_ggml_rope = OP("GgmlRope", 1, 0, rope_create, rope_compute, TYPE_FLOAT,
+                               TYPE_INT64, TYPE_FLOAT);
 
 /* ---- GgmlSwiGlu ------------------------------------------------------------------------ */
 
-static const OpSpec swiglu_op;
-
 static OrtStatus* swiglu_create(const OrtKernelInfo* info, void** out) {
   (void)info;
-  return new_kernel(&swiglu_op, (Kernel**)out);
+  return new_kernel((Kernel**)out);
 }
 
 static OrtStatus* swiglu_compute(void* kernel, OrtKernelContext* ctx) {
   (void)kernel;
   Tensor g, u;
   void* y;
-  TRY(input(ctx, 0, &g));
-  TRY(input(ctx, 1, &u));
+  TRY(ort_input(ctx, 0, &g));
+  TRY(ort_input(ctx, 1, &u));
   if (g.nd != u.nd || memcmp(g.dims, u.dims, g.nd * sizeof(int64_t)) != 0)
-    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlSwiGlu: G and U differ in shape");
-  TRY(output(ctx, 0, g.dims, g.nd, &y));
+    return ort_status(ORT_INVALID_ARGUMENT, "uniun.GgmlSwiGlu: G and U differ in shape");
+  TRY(ort_output(ctx, 0, g.dims, g.nd, &y));
   /* ggml runs its vector loop per row: the scalar tail is per row too */
   const int64_t row = g.nd ? g.dims[g.nd - 1] : 1;
-  for (int64_t r = 0; row > 0 && r < elements(g.dims, g.nd) / row; r++)
+  for (int64_t r = 0; row > 0 && r < ort_elements(g.dims, g.nd) / row; r++)
     uniun_ggml_swiglu((const float*)g.data + r * row, (const float*)u.data + r * row,
                       (float*)y + r * row, row);
   return NULL;
 }
 
-static const OpSpec swiglu_op = OP("GgmlSwiGlu", 1, swiglu_create, swiglu_compute, TYPE_FLOAT,
-                                   TYPE_FLOAT);
+const OpSpec op_ggml_swiglu = OP("GgmlSwiGlu", 1, 0, swiglu_create, swiglu_compute, TYPE_FLOAT,
+                                 TYPE_FLOAT);
 
 /* ---- GgmlAttention --------------------------------------------------------------------- */
 
-static const OpSpec attention_op;
-
 static OrtStatus* attention_create(const OrtKernelInfo* info, void** out) {
   Kernel* k;
-  TRY(new_kernel(&attention_op, &k));
-  OrtStatus* st = attr(info, "num_heads", &k->heads);
-  if (!st) st = attr(info, "kv_num_heads", &k->kv_heads);
+  TRY(new_kernel(&k));
+  OrtStatus* st = ort_attr_int(info, "num_heads", &k->heads);
+  if (!st) st = ort_attr_int(info, "kv_num_heads", &k->kv_heads);
   if (!st && (k->heads <= 0 || k->kv_heads <= 0 || k->heads % k->kv_heads))
-    st = status(ORT_INVALID_ARGUMENT,
-                "uniun.GgmlAttention: num_heads must be a multiple of kv_num_heads > 0");
+    st = ort_status(ORT_INVALID_ARGUMENT,
+                    "uniun.GgmlAttention: num_heads must be a multiple of kv_num_heads > 0");
   if (st) free(k);
   *out = st ? NULL : k;
   return st;
@@ -267,42 +176,43 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
   const Kernel* kn = kernel;
   Tensor qt, kt, vt, pkt, pvt, mt;
   float scale;
-  TRY(input(ctx, 0, &qt));
-  TRY(input(ctx, 1, &kt));
-  TRY(input(ctx, 2, &vt));
-  TRY(input(ctx, 3, &pkt));
-  TRY(input(ctx, 4, &pvt));
-  TRY(input(ctx, 5, &mt));
-  TRY(scalar(ctx, 6, "uniun.GgmlAttention: scale is not one float", &scale));
+  TRY(ort_input(ctx, 0, &qt));
+  TRY(ort_input(ctx, 1, &kt));
+  TRY(ort_input(ctx, 2, &vt));
+  TRY(ort_input(ctx, 3, &pkt));
+  TRY(ort_input(ctx, 4, &pvt));
+  TRY(ort_input(ctx, 5, &mt));
+  TRY(ort_scalar(ctx, 6, "uniun.GgmlAttention: scale is not one float", &scale));
   const int64_t heads = kn->heads, kvh = kn->kv_heads;
   const int64_t *qd = qt.dims, *kd = kt.dims, *pd = pkt.dims, *md = mt.dims;
   if (qt.nd != 3 || qd[2] % heads)
-    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: Q is not [b, s, heads * dim]");
+    return ort_status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: Q is not [b, s, heads * dim]");
   const int64_t b = qd[0], s = qd[1], dim = qd[2] / heads;
   if (dim % 16)
-    return status(ORT_INVALID_ARGUMENT, "uniun.GgmlAttention: head dim is not a multiple of 16");
+    return ort_status(ORT_INVALID_ARGUMENT,
+                      "uniun.GgmlAttention: head dim is not a multiple of 16");
   if (kt.nd != 3 || vt.nd != 3 || kd[0] != b || kd[1] != s || kd[2] != kvh * dim ||
       memcmp(kd, vt.dims, sizeof kd[0] * 3) != 0)
-    return status(ORT_INVALID_ARGUMENT,
-                  "uniun.GgmlAttention: K and V are not [b, s, kv_heads * dim]");
+    return ort_status(ORT_INVALID_ARGUMENT,
+                      "uniun.GgmlAttention: K and V are not [b, s, kv_heads * dim]");
   if (pkt.nd != 4 || pvt.nd != 4 || pd[0] != b || pd[1] != kvh || pd[3] != dim ||
       memcmp(pd, pvt.dims, sizeof pd[0] * 4) != 0)
-    return status(ORT_INVALID_ARGUMENT,
-                  "uniun.GgmlAttention: past key and value are not [b, kv_heads, n, dim]");
+    return ort_status(ORT_INVALID_ARGUMENT,
+                      "uniun.GgmlAttention: past key and value are not [b, kv_heads, n, dim]");
   if (mt.nd != 2 || md[0] != b || md[1] < s)
-    return status(ORT_INVALID_ARGUMENT,
-                  "uniun.GgmlAttention: attention_mask is not [b, past + s]");
+    return ort_status(ORT_INVALID_ARGUMENT,
+                      "uniun.GgmlAttention: attention_mask is not [b, past + s]");
   const int64_t total = md[1], past = total - s, cap = pd[2];
   if (cap < past)
-    return status(ORT_INVALID_ARGUMENT,
-                  "uniun.GgmlAttention: past holds fewer positions than attention_mask says");
+    return ort_status(ORT_INVALID_ARGUMENT,
+                      "uniun.GgmlAttention: past holds fewer positions than attention_mask says");
   /* in place (a preallocated buffer: capacity >= total) or concatenated */
   const int64_t out_cap = cap >= total ? cap : total;
   const int64_t present_dims[4] = {b, kvh, out_cap, dim};
   void *y, *ok, *ov;
-  TRY(output(ctx, 0, qd, 3, &y));
-  TRY(output(ctx, 1, present_dims, 4, &ok));
-  TRY(output(ctx, 2, present_dims, 4, &ov));
+  TRY(ort_output(ctx, 0, qd, 3, &y));
+  TRY(ort_output(ctx, 1, present_dims, 4, &ok));
+  TRY(ort_output(ctx, 2, present_dims, 4, &ov));
   if (b == 0 || s == 0) return NULL;
   const void* pasts[2] = {pkt.data, pvt.data};
   void* presents[2] = {ok, ov};
@@ -318,8 +228,8 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
   const size_t qbytes = sizeof(float) * s * heads * dim;
   const int rows = s < ROWS_PER_TASK ? (int)s : ROWS_PER_TASK;
   const size_t tasks = (size_t)heads * (size_t)((s + rows - 1) / rows);
-  char* scratch = uniun_thread_scratch(qbytes + each * tasks);
-  if (!scratch) return status(ORT_FAIL, "uniun.GgmlAttention: out of memory");
+  char* scratch = ort_scratch(qbytes + each * tasks);
+  if (!scratch) return ort_status(ORT_FAIL, "uniun.GgmlAttention: out of memory");
   OrtStatus* st = NULL;
   for (int64_t i = 0; i < b && !st; i++) {
     float* q16 = (float*)scratch;
@@ -328,18 +238,11 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
                    (const float*)ov + i * kvh * out_cap * dim, (const int64_t*)mt.data + i * total,
                    (float*)y + i * s * heads * dim, (int)s, (int)heads, (int)kvh, (int)dim,
                    (int)total, (int)out_cap, (int)past, scale, rows, scratch + qbytes, each};
-    st = API_FN(SLOT_KernelContext_ParallelFor, ParallelForFn)(ctx, head_task, tasks, 0, &t);
+    st = ort_parallel_for(ctx, head_task, tasks, &t);
   }
   return st;
 }
 
-static const OpSpec attention_op =
-    OP("GgmlAttention", 3, attention_create, attention_compute, TYPE_FLOAT, TYPE_FLOAT,
+const OpSpec op_ggml_attention =
+    OP("GgmlAttention", 3, 0, attention_create, attention_compute, TYPE_FLOAT, TYPE_FLOAT,
        TYPE_FLOAT, TYPE_FLOAT, TYPE_FLOAT, TYPE_INT64, TYPE_FLOAT);
-
-const OrtCustomOp* const* uniun_ggml_ort_ops(size_t* count) {
-  static const OrtCustomOp* const ops[] = {&rms_norm_op.base, &rope_op.base, &swiglu_op.base,
-                                           &attention_op.base};
-  *count = sizeof ops / sizeof ops[0];
-  return ops;
-}

@@ -4,8 +4,7 @@
  * table (OrtApi) that only ever grows: a slot, once released, keeps its index. So the
  * few functions used are called by slot index (onnxruntime_c_api.h, struct OrtApi, in
  * order), and registration checks a known slot (GetBuildInfoString) before trusting the
- * table. Shared by models/qmatmul.c (uniun.QMatMul, and the registration of the domain)
- * and models/ggml_ort.c (the ggml-arithmetic operators).
+ * table (ort_library.c). Types and slots only: calling them is ort_op.h's job.
  */
 #ifndef UNIUN_ORT_ABI_H
 #define UNIUN_ORT_ABI_H
@@ -55,12 +54,16 @@ typedef struct OrtCustomOp {
 
 #define ORT_API_VERSION_USED 17 /* onnxruntime 1.17+: KernelContext_ParallelFor */
 #define OP_STRUCT_VERSION 16    /* CreateKernelV2 / KernelComputeV2 return a status */
-#define TYPE_FLOAT 1
+#define TYPE_FLOAT 1            /* ONNXTensorElementDataType */
 #define TYPE_UINT8 2
+#define TYPE_INT64 7
+#define ORT_FAIL 1              /* OrtErrorCode */
 #define ORT_INVALID_ARGUMENT 2
-#define ORT_FAIL 1
+#define ORT_REQUIRED 0          /* OrtCustomOpInputOutputCharacteristic */
+#define ORT_OPTIONAL 1
 
-/* Slots of the OrtApi function table (onnxruntime_c_api.h, struct OrtApi, in order). */
+/* Slots of the OrtApi function table (onnxruntime_c_api.h, struct OrtApi, in order), and
+ * each one's type. */
 enum {
   SLOT_CreateStatus = 0,
   SLOT_CreateCustomOpDomain = 26,
@@ -81,51 +84,23 @@ enum {
   SLOT_KernelContext_ParallelFor = 274,
 };
 
-/* set once, by RegisterCustomOps (qmatmul.c), before any operator runs */
-extern const OrtApi* uniun_ort_api;
-
-#define API_FN(slot, type) ((type)((void* const*)uniun_ort_api)[slot])
-
-static inline OrtStatus* status(int code, const char* msg) {
-  return API_FN(SLOT_CreateStatus, OrtStatus* (*)(int, const char*))(code, msg);
-}
-
-#define TRY(call)                   \
-  do {                              \
-    OrtStatus* st_ = (call);        \
-    if (st_) return st_;            \
-  } while (0)
-
-static inline OrtStatus* tensor_shape(const OrtValue* v, int64_t* dims, size_t* nd) {
-  OrtTensorTypeAndShapeInfo* info;
-  TRY(API_FN(SLOT_GetTensorTypeAndShape, OrtStatus* (*)(const OrtValue*,
-                                                         OrtTensorTypeAndShapeInfo**))(v, &info));
-  size_t count = 0;
-  OrtStatus* st = API_FN(SLOT_GetDimensionsCount,
-                         OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, size_t*))(info, &count);
-  if (!st && count > 8) st = status(ORT_INVALID_ARGUMENT, "uniun: a tensor with more than 8 dims");
-  if (!st)
-    st = API_FN(SLOT_GetDimensions, OrtStatus* (*)(const OrtTensorTypeAndShapeInfo*, int64_t*,
-                                                    size_t))(info, dims, count);
-  API_FN(SLOT_ReleaseTensorTypeAndShapeInfo, void (*)(OrtTensorTypeAndShapeInfo*))(info);
-  *nd = count;
-  return st;
-}
-
-static inline OrtStatus* tensor_data(const OrtValue* v, void** out) {
-  return API_FN(SLOT_GetTensorMutableData, OrtStatus* (*)(OrtValue*, void**))((OrtValue*)v, out);
-}
-
+typedef OrtStatus* (*CreateStatusFn)(int, const char*);
+typedef OrtStatus* (*CreateCustomOpDomainFn)(const char*, OrtCustomOpDomain**);
+typedef OrtStatus* (*CustomOpDomainAddFn)(OrtCustomOpDomain*, const OrtCustomOp*);
+typedef OrtStatus* (*AddCustomOpDomainFn)(OrtSessionOptions*, OrtCustomOpDomain*);
+typedef OrtStatus* (*GetTensorMutableDataFn)(OrtValue*, void**);
+typedef OrtStatus* (*GetDimensionsCountFn)(const OrtTensorTypeAndShapeInfo*, size_t*);
+typedef OrtStatus* (*GetDimensionsFn)(const OrtTensorTypeAndShapeInfo*, int64_t*, size_t);
+typedef OrtStatus* (*GetTensorTypeAndShapeFn)(const OrtValue*, OrtTensorTypeAndShapeInfo**);
+typedef OrtStatus* (*GetIntFn)(const OrtKernelInfo*, const char*, int64_t*);
+typedef OrtStatus* (*GetStringFn)(const OrtKernelInfo*, const char*, char*, size_t*);
+typedef OrtStatus* (*GetInputCountFn)(const OrtKernelContext*, size_t*);
 typedef OrtStatus* (*GetInputFn)(const OrtKernelContext*, size_t, const OrtValue**);
 typedef OrtStatus* (*GetOutputFn)(OrtKernelContext*, size_t, const int64_t*, size_t, OrtValue**);
-typedef OrtStatus* (*GetIntFn)(const OrtKernelInfo*, const char*, int64_t*);
+typedef void (*ReleaseStatusFn)(OrtStatus*);
+typedef void (*ReleaseTensorTypeAndShapeInfoFn)(OrtTensorTypeAndShapeInfo*);
+typedef const char* (*GetBuildInfoStringFn)(void);
 typedef OrtStatus* (*ParallelForFn)(const OrtKernelContext*, void (*)(void*, size_t), size_t,
                                     size_t, void*);
-
-/* This thread's scratch buffer, at least `need` bytes, or NULL (qmatmul.c). */
-void* uniun_thread_scratch(size_t need);
-
-/* The operators of models/ggml_ort.c, for RegisterCustomOps to add to the domain. */
-const OrtCustomOp* const* uniun_ggml_ort_ops(size_t* count);
 
 #endif

@@ -1,22 +1,26 @@
-"""The QMatMul kernel library: where it is, whether it runs here, and how a session gets it.
+"""The kernel library: where it is, whether it runs here, and how a session gets it.
 
-``models/qmatmul.c`` is built by ``bin/setup`` (``pip install -e .``) into
-``models/_qmatmul*.so``: an onnxruntime custom-operator library (op ``uniun.QMatMul``:
-4- and 8-bit blocks as the GGUF file has them, activations in 8 bits, docs/models.md).
-It is optional: without a C compiler the install succeeds without it, and the converter
-then writes ``MatMulNBits`` graphs, as before.
+``models/*.c`` are built by ``bin/setup`` (``pip install -e .``) into
+``models/_qmatmul*.so``: an onnxruntime custom-operator library (the ``uniun`` domain:
+``QMatMul``, 4- and 8-bit blocks as the GGUF file has them with activations in 8 bits, and
+the ggml-arithmetic operators; docs/models.md, "The kernel library"). It is optional for a
+user's install: without a C compiler the install succeeds without it, and the converter
+then writes ``MatMulNBits`` graphs.
 
 The converter uses it when :func:`fast` (the library is there and this CPU has its
-AVX-512 VNNI or AVX2 path; elsewhere the portable path would be slower than
-``MatMulNBits``), and
-a session that loads a graph with the op registers the library (:func:`register`). Tests
-and benchmarks call the kernel directly through :func:`matmul`.
+AVX-512 VNNI or AVX2 level; elsewhere the portable kernels would be slower than
+``MatMulNBits``), and a session that loads a graph with its operators registers the
+library (:func:`register`). Tests and benchmarks call the kernel directly through
+:func:`matmul`, and run every instruction-set level this CPU has (:func:`paths`) by
+forcing one (:func:`forced_path`).
 """
 
 from __future__ import annotations
 
 import ctypes
 import importlib.machinery
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -26,19 +30,22 @@ from loguru import logger
 
 from uniun.models.onnx_ops import op_types
 
-__all__ = ["OP_TYPE", "DOMAIN", "DATA_FILE", "FORMATS", "GGML_OPS", "KernelMissing", "library",
-           "fast", "ggml_fast", "path_name", "paths", "register", "prepare", "matmul"]
+__all__ = ["DATA_FILE", "DOMAIN", "FORMATS", "GGML_OPS", "OP_TYPE", "KernelMissing", "fast",
+           "forced_path", "ggml_fast", "library", "matmul", "path_name", "paths", "prepare",
+           "register"]
 
 OP_TYPE = "QMatMul"
 DOMAIN = "uniun"
 DATA_FILE = "model.qblocks.data"  # a converted model's QMatMul blocks (read in place)
-# Codes (4 or 8 bits) minus a zero point, times a scale, plus an offset (qmatmul.c): the
+# Codes (4 or 8 bits) minus a zero point, times a scale, plus an offset (qmatmul.h): the
 # fp16 formats are GGUF's Q4_0, Q4_1, Q8_0 (and Q5_0 as 8-bit codes); the "f" formats hold
 # float32 scales and offsets, for what fp16 cannot (K-quants, Q5_1); "q8_0h" is Q6_K's
 # shape, a float32 scale per 16.
 FORMATS = {"q4_0": 0, "q4_1": 1, "q8_0": 2, "q4_0f": 3, "q4_1f": 4, "q8_0f": 5, "q8_1f": 6,
            "q8_0h": 7}
-PATHS = {"scalar": 0, "avx512": 1, "avx2": 2}
+# The instruction-set levels (isa.h), in order: each kernel runs its best variant at or
+# below the level in force.
+PATHS = {"scalar": 0, "avx2": 1, "avx512": 2}
 GGML_OPS = {"GgmlRmsNorm", "GgmlRope", "GgmlSwiGlu", "GgmlAttention"}  # models/ggml_ort.c
 
 
@@ -64,63 +71,76 @@ def _lib() -> ctypes.CDLL | None:
         return None
     try:
         lib = ctypes.CDLL(str(path))
-        lib.uniun_ggml_attention  # noqa: B018 - a build older than this module lacks it
+        lib.uniun_isa_force  # noqa: B018 - a build older than this module lacks it
     except (OSError, AttributeError):
         return None  # not loadable, or stale: KernelMissing then says to run bin/setup
     p = ctypes.c_void_p
     lib.uniun_qmatmul.argtypes = [ctypes.c_int, ctypes.c_int, p, ctypes.c_int, ctypes.c_int, p,
                                   ctypes.c_int, p, p, ctypes.c_int]
     lib.uniun_qmatmul.restype = ctypes.c_int
-    lib.uniun_qmatmul_best_path.restype = ctypes.c_int
-    lib.uniun_qmatmul_supports.argtypes = [ctypes.c_int]
-    lib.uniun_qmatmul_supports.restype = ctypes.c_int
+    for name in ("uniun_isa_best", "uniun_isa_level"):
+        getattr(lib, name).restype = ctypes.c_int
+    for name in ("uniun_isa_supports", "uniun_isa_force"):
+        getattr(lib, name).argtypes = [ctypes.c_int]
+        getattr(lib, name).restype = ctypes.c_int
     lib.uniun_qmatmul_block_bytes.argtypes = [ctypes.c_int]
     lib.uniun_qmatmul_block_bytes.restype = ctypes.c_size_t
     return lib
 
 
 def path_name() -> str | None:
-    """The kernel path this CPU runs (``avx512``, ``avx2`` or ``scalar``), None without the
-    library."""
+    """The best level this CPU has (``avx512``, ``avx2`` or ``scalar``), None without the
+    library. What the converter decides by; a forced level does not change it."""
     lib = _lib()
     if lib is None:
         return None
-    best = lib.uniun_qmatmul_best_path()
+    best = lib.uniun_isa_best()
     return next(name for name, code in PATHS.items() if code == best)
 
 
 def paths() -> list[str]:
-    """Every kernel path this CPU can run (tests compare them all)."""
+    """Every level this CPU can run (tests force each in turn and compare them all)."""
     lib = _lib()
-    return [] if lib is None else [n for n, c in PATHS.items() if lib.uniun_qmatmul_supports(c)]
+    return [] if lib is None else [n for n, c in PATHS.items() if lib.uniun_isa_supports(c)]
+
+
+@contextmanager
+def forced_path(name: str) -> Iterator[None]:
+    """Run every kernel call of this process at level ``name`` (``scalar``, ``avx2``,
+    ``avx512``) inside the block, sessions already loaded included; the level before is
+    back afterwards. ``UNIUN_ISA=<name>`` does the same for a whole process."""
+    lib = _lib()
+    if lib is None:
+        raise KernelMissing("the kernel library is not built (run bin/setup)")
+    if lib.uniun_isa_force(PATHS[name]) != 0:
+        raise ValueError(f"this CPU has no {name} level (it has {', '.join(paths())})")
+    try:
+        yield
+    finally:
+        lib.uniun_isa_force(-1)
 
 
 def fast() -> bool:
-    """Whether converting to QMatMul pays here: the library loads and runs a vector path.
-
-    Measured on the AVX-512 EPYC (docs/models.md): SmolLM2 decodes in 5.2-5.8 ms per token
-    on the AVX-512 VNNI path and 5.9-6.5 on the AVX2 one (forced with
-    ``UNIUN_QMATMUL_PATH=avx2``), against 10.2-11.2 for ``MatMulNBits`` with MLAS's own
-    AVX-512 kernels; prefill 1005, 782 and 729 tokens/s. So AVX2 alone pays too; the
-    portable path (54 ms) does not.
-    """
+    """Whether converting to QMatMul pays here: the library loads and this CPU has a vector
+    level. Both the AVX-512 VNNI and the AVX2 kernels decode faster than ``MatMulNBits``
+    (MLAS's AVX-512 kernels included); the portable one is several times slower."""
     return path_name() in ("avx512", "avx2")
 
 
 def ggml_fast() -> bool:
     """Whether llama.cpp's arithmetic (``models/convert/ggml_decoder.py``) runs fast here:
-    QMatMul's ggml order has an AVX-512 VNNI path only (elsewhere it runs the portable
-    one), and the ggml operators need AVX2, FMA and F16C."""
+    QMatMul's ggml order has an AVX-512 VNNI kernel only (below that level it runs the
+    portable one), and the ggml operators need AVX2, FMA and F16C."""
     lib = _lib()
     return lib is not None and path_name() == "avx512" and bool(lib.uniun_ggml_supported())
 
 
 def register(options: Any) -> None:
-    """Add the library's ``uniun.QMatMul`` to onnxruntime ``SessionOptions``."""
+    """Add the library's ``uniun`` operators to onnxruntime ``SessionOptions``."""
     path = library()
     if path is None or _lib() is None:
         raise KernelMissing(
-            "this model was converted for the QMatMul kernel (models/qmatmul.c), and "
+            "this model was converted for the QMatMul kernel (models/qmatmul*.c), and "
             "this installation has no build of it: run bin/setup with a C compiler installed "
             "(gcc), or convert the model again here (it then uses MatMulNBits)")
     options.register_custom_ops_library(str(path))
@@ -143,8 +163,8 @@ def prepare(options: Any, model_file: Path) -> set[str]:
 def matmul(data: np.ndarray, fmt: str, n: int, k: int, x: np.ndarray,
            residual: np.ndarray | None = None, *, path: str | None = None,
            ggml: bool = False) -> np.ndarray:
-    """``x @ W.T (+ residual)`` for packed ``data`` (one thread; ``path`` None: the best;
-    ``ggml``: llama.cpp's summation order, formats q4_1 and q8_0)."""
+    """``x @ W.T (+ residual)`` for packed ``data`` (one thread; ``path`` None: the level in
+    force; ``ggml``: llama.cpp's summation order, formats q4_1 and q8_0)."""
     lib = _lib()
     if lib is None:
         raise KernelMissing("the QMatMul library is not built (run bin/setup)")

@@ -14,11 +14,17 @@ each ``import`` of a ``uniun`` module becomes an edge from its room to the targe
 A function-level import is allowed (it keeps heavy libraries out of processes that do not
 need them), but not to hide a cycle: the graph of all imports, function-level ones
 included, must have no cycle between modules.
+
+The kernel library (``models/*.c``) keeps the same rules in C: files under ~400 lines, one
+job each, and no cycle between files (a file that uses a symbol another one defines
+depends on it; the symbols are read from each file's object code).
 """
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -236,6 +242,70 @@ def test_modules_stay_readable(room_name: str) -> None:
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in (ROOT / room_name).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 420]
     assert not long, "\n".join(long)
+
+
+C_FILES = sorted((ROOT / "models").glob("*.[ch]"))
+
+
+def test_c_files_stay_readable() -> None:
+    """The kernel library's files under ~400 lines too; a longer one is split by job."""
+    assert C_FILES
+    long = [f"{p.relative_to(ROOT)}: {n} lines" for p in C_FILES
+            if (n := len(p.read_text().splitlines())) > 420]
+    assert not long, "\n".join(long)
+
+
+def _symbols(obj: Path) -> tuple[set[str], set[str]]:
+    """The global symbols an object file defines, and those it uses from elsewhere."""
+    out = subprocess.run(["nm", str(obj)], capture_output=True, text=True, check=True).stdout
+    defined, used = set(), set()
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3 and parts[1] in "TDBRCVW":
+            defined.add(parts[2])
+        elif len(parts) == 2 and parts[0] == "U":
+            used.add(parts[1])
+    return defined, used
+
+
+def c_file_graph(objects: dict[str, Path]) -> dict[str, set[str]]:
+    symbols = {name: _symbols(obj) for name, obj in objects.items()}
+    owner = {sym: name for name, (defined, _) in symbols.items() for sym in defined}
+    return {name: {owner[s] for s in used if s in owner and owner[s] != name}
+            for name, (_, used) in symbols.items()}
+
+
+def _compile(tmp_path: Path, *flags: str) -> dict[str, Path]:
+    """Every models/*.c compiled to an object file in tmp_path: {file name: object}."""
+    cc = os.environ.get("CC", "cc")
+    assert shutil.which(cc), f"no C compiler ({cc}): the kernel library cannot be built"
+    objects = {}
+    for source in (p for p in C_FILES if p.suffix == ".c"):
+        obj = tmp_path / f"{source.stem}.o"
+        done = subprocess.run([cc, "-std=gnu11", "-fPIC", *flags, "-c", str(source), "-o",
+                               str(obj)], check=False, capture_output=True, text=True)
+        assert done.returncode == 0, done.stderr
+        objects[source.name] = obj
+    return objects
+
+
+def test_the_library_builds_clean_and_whole_without_its_x86_variants(tmp_path: Path) -> None:
+    """bin/setup builds the x86-64 library with warnings as errors; this builds it as a CPU
+    without x86 gets it (stubs where a kernel is x86-only) the same way, and links it with
+    every symbol resolved."""
+    objects = _compile(tmp_path, "-O2", "-DUNIUN_PORTABLE_ONLY", "-Wall", "-Wextra", "-Werror")
+    cc = os.environ.get("CC", "cc")
+    done = subprocess.run([cc, "-shared", "-Wl,--no-undefined", "-o", str(tmp_path / "lib.so"),
+                           *map(str, objects.values()), "-lm"], check=False,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+
+
+def test_c_files_form_no_cycle(tmp_path: Path) -> None:
+    graph = c_file_graph(_compile(tmp_path))
+    assert graph["ort_library.c"] >= {"qmatmul_ort.c", "ggml_ort.c"}  # the graph is read
+    cycle = _cycle(graph)
+    assert cycle is None, "a cycle between C files: " + " -> ".join(cycle or [])
 
 
 def test_top_level_folders_are_uniun_subpackages() -> None:

@@ -35,7 +35,7 @@ from uniun.models.convert.qmatmul_pack import format_of
 
 __all__ = ["ggml_unsupported", "ggml_layers", "llama_cpp_rows", "GGML_FORMATS"]
 
-GGML_FORMATS = ("q4_1", "q8_0")  # QMatMul's formats with ggml=1 (qmatmul.c)
+GGML_FORMATS = ("q4_1", "q8_0")  # QMatMul's formats with ggml=1 (qmatmul_format.c)
 
 
 def _linear_names(cfg: DecoderConfig, weights: Mapping[str, Weight]) -> list[str]:

@@ -1,7 +1,7 @@
 """Weights in the ``uniun.QMatMul`` layout: GGUF's blocks, regrouped for the kernel.
 
 Why apart from the graph builder: this is the one place that knows the byte layout the
-C kernel reads (``models/qmatmul.c`` documents it: rows in groups of 16; per group and
+C kernel reads (``models/qmatmul.h`` documents it: rows in groups of 16; per group and
 32-wide block, the codes of the 16 rows interleaved four elements at a time, then their
 scales and, where the format has one, their offsets). Everything here is numpy and runs
 once, at conversion.

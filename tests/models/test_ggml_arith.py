@@ -1,12 +1,16 @@
-"""llama.cpp's arithmetic (models/ggml_ops.c, models/ggml_ort.c, ggml_decoder.py).
+"""llama.cpp's arithmetic (models/ggml_ops.c, ggml_attention.c, ggml_ort.c, ggml_decoder.py).
 
-Two kinds of check. Each operator computes what its name says (RMSNorm, RoPE, SwiGLU,
-attention over an fp16 cache), against numpy in float64 with a tolerance, refuses bad
-shapes with its name, and keeps the KV contract the runner relies on (in place in a
-preallocated buffer, concatenated otherwise). And the whole graph gives llama.cpp's
+Two kinds of check. Each operator computes what its name says (RMSNorm, RoPE in both pair
+orders, SwiGLU, attention over an fp16 cache), against numpy in float64 with a tolerance,
+refuses bad shapes with its name, and keeps the KV contract the runner relies on (in place
+in a preallocated buffer, concatenated otherwise). And the whole graph gives llama.cpp's
 logits bit for bit: SmolLM2's Q4_1 GGUF, converted with ``arith="ggml"``, against the
 logits llama.cpp itself produced (recorded by scripts/record_llamacpp_logits.py, in
 tests/models/data).
+
+Attention and QMatMul come in a variant per instruction-set level (models/isa.h); each
+check that reaches them runs at every level this CPU has (``qmatmul.forced_path``), and the
+variants must agree bit for bit, as llama.cpp's logits require.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import onnxruntime as ort
@@ -34,6 +39,9 @@ def _ggml_cpu() -> bool:
 
 pytestmark = pytest.mark.skipif(not _ggml_cpu(), reason="the ggml operators need AVX2, FMA "
                                 "and F16C (x86-64-v3), which this CPU lacks")
+
+# The levels the ggml operators have variants at (below AVX2 they keep their AVX2 code).
+GGML_LEVELS = [level for level in qmatmul.paths() if level != "scalar"]
 
 
 def _session(tmp_path: Path, nodes: list, inputs: list, outputs: list,
@@ -65,16 +73,19 @@ def test_norm_rope_and_swiglu_compute_their_math(tmp_path: Path) -> None:
     nodes = [helper.make_node("GgmlRmsNorm", ["x", "w", "eps"], ["norm"], domain="uniun"),
              helper.make_node("GgmlRope", ["x", "pos", "base"], ["rope"], domain="uniun",
                               num_heads=2, interleaved=1),
+             helper.make_node("GgmlRope", ["x", "pos", "base"], ["neox"], domain="uniun",
+                              num_heads=2, interleaved=0),
              helper.make_node("GgmlSwiGlu", ["x", "u"], ["swiglu"], domain="uniun")]
     io = [helper.make_tensor_value_info("x", F, [2, 5, 64]),
           helper.make_tensor_value_info("u", F, [2, 5, 64]),
           helper.make_tensor_value_info("pos", TensorProto.INT64, [2, 5])]
-    outs = [helper.make_tensor_value_info(n, F, None) for n in ("norm", "rope", "swiglu")]
+    outs = [helper.make_tensor_value_info(n, F, None)
+            for n in ("norm", "rope", "neox", "swiglu")]
     sess = _session(tmp_path, nodes, io, outs,
                     [numpy_helper.from_array(w, "w"), _scalar("eps", 1e-5),
                      _scalar("base", 10000.0)])
     u = rng.standard_normal((2, 5, 64)).astype(np.float32)
-    norm, rope, swiglu = sess.run(None, {"x": x, "u": u, "pos": pos})
+    norm, rope, neox, swiglu = sess.run(None, {"x": x, "u": u, "pos": pos})
 
     x64 = x.astype(np.float64)
     want = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-5) * w
@@ -86,6 +97,12 @@ def test_norm_rope_and_swiglu_compute_their_math(tmp_path: Path) -> None:
     want = np.stack([heads[..., 0] * cos - heads[..., 1] * sin,
                      heads[..., 0] * sin + heads[..., 1] * cos], -1).reshape(2, 5, 64)
     np.testing.assert_allclose(rope, want, rtol=1e-5, atol=1e-5)
+    # not interleaved (NEOX): pairs (i, i + 16) of each head, the same frequencies
+    halves = x64.reshape(2, 5, 2, 2, 16)
+    first, second = halves[..., 0, :], halves[..., 1, :]
+    want = np.stack([first * cos - second * sin, first * sin + second * cos],
+                    -2).reshape(2, 5, 64)
+    np.testing.assert_allclose(neox, want, rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(swiglu, x64 / (1 + np.exp(-x64)) * u, rtol=1e-5, atol=1e-6)
 
 
@@ -116,7 +133,13 @@ def _softmax_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, past: int,
     return out.reshape(s, heads * dim)
 
 
-def test_attention_is_softmax_attention_over_an_fp16_cache(tmp_path: Path) -> None:
+@pytest.mark.parametrize("level", GGML_LEVELS)
+def test_attention_is_softmax_attention_over_an_fp16_cache(tmp_path: Path, level: str) -> None:
+    with qmatmul.forced_path(level):
+        _check_attention(tmp_path)
+
+
+def _check_attention(tmp_path: Path) -> None:
     heads, kv_heads, dim, past, s = 6, 2, 32, 21, 7
     sess = _attention_graph(tmp_path, heads, kv_heads, dim)
     rng = np.random.default_rng(1)
@@ -152,6 +175,31 @@ def test_attention_is_softmax_attention_over_an_fp16_cache(tmp_path: Path) -> No
                                    "v": v_new[:, t:t + 1], "past_k": pk[:, :, :past + t],
                                    "past_v": pv[:, :, :past + t], "mask": mask[:, :past + t + 1]})
         np.testing.assert_allclose(y1[0, 0], y[0, t], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("level", [lv for lv in GGML_LEVELS if lv != qmatmul.path_name()])
+@pytest.mark.parametrize("dim", [16, 64, 128])
+def test_every_attention_variant_gives_the_best_ones_bits(tmp_path: Path, level: str,
+                                                         dim: int) -> None:
+    """A prompt pass (tinyBLAS's order) and a decode step (ggml_vec_dot_f16's) over a
+    cache with a masked key, at a lower level and at the best: equal, not close."""
+    heads, kv_heads, past, s = 4, 2, 40, 9
+    sess = _attention_graph(tmp_path, heads, kv_heads, dim)
+    rng = np.random.default_rng(dim)
+    q = rng.standard_normal((1, s, heads * dim)).astype(np.float32)
+    k, v = (rng.standard_normal((1, s, kv_heads * dim)).astype(np.float32) for _ in range(2))
+    past_k, past_v = (_half(rng.standard_normal((1, kv_heads, past, dim)).astype(np.float32))
+                      for _ in range(2))
+    mask = np.ones((1, past + s), np.int64)
+    mask[0, 5] = 0
+    feeds = [{"q": q, "k": k, "v": v, "past_k": past_k, "past_v": past_v, "mask": mask},
+             {"q": q[:, :1], "k": k[:, :1], "v": v[:, :1], "past_k": past_k,
+              "past_v": past_v, "mask": mask[:, :past + 1]}]
+    best = [sess.run(None, f)[0] for f in feeds]
+    with qmatmul.forced_path(level):
+        lower = [sess.run(None, f)[0] for f in feeds]
+    for want, got in zip(best, lower):
+        assert np.array_equal(got, want), f"{np.count_nonzero(got != want)} values differ"
 
 
 def test_attention_appends_in_place_to_a_preallocated_buffer(tmp_path: Path) -> None:
@@ -218,12 +266,27 @@ def ggml_smollm2(smollm2: str, tmp_path_factory: pytest.TempPathFactory) -> Path
     return folder
 
 
-def test_the_ggml_graph_gives_llama_cpps_logits_bit_for_bit(ggml_smollm2: Path) -> None:
+@pytest.mark.parametrize("level", qmatmul.paths())
+def test_the_ggml_graph_gives_llama_cpps_logits_bit_for_bit(ggml_smollm2: Path,
+                                                            level: str) -> None:
+    """At every level: below AVX-512, QMatMul's llama.cpp order runs its portable loop and
+    attention its AVX2 variant, and the logits must not move by a bit. Below the best
+    level one prompt is replayed (the portable loop is slow; the other prompts reach no
+    other variant)."""
     from uniun.models.session import DecoderSession
 
     record = json.loads(GOLDEN.read_text())
+    runs = record["runs"] if level == qmatmul.path_name() else record["runs"][:1]
     session = DecoderSession.load(ggml_smollm2, threads=2, prefix_cache_bytes=0)
-    for run in record["runs"]:
+    with qmatmul.forced_path(level):
+        _replay_golden(session, runs)
+    # llama.cpp sums a one-query pass in another order than a many-query one, and so do
+    # we: a resume must replay generated tokens one per pass to give the same tokens
+    assert session.exact_replay
+
+
+def _replay_golden(session: Any, runs: list[dict]) -> None:
+    for run in runs:
         logits, kv = session.forward(run["prompt"], None)
         tokens = []
         for step, want in enumerate(run["steps"]):
@@ -235,9 +298,6 @@ def test_the_ggml_graph_gives_llama_cpps_logits_bit_for_bit(ggml_smollm2: Path) 
             tokens.append(int(got.argmax()))
             logits, kv = session.forward([tokens[-1]], kv)
         assert tokens == run["tokens"]
-    # llama.cpp sums a one-query pass in another order than a many-query one, and so do
-    # we: a resume must replay generated tokens one per pass to give the same tokens
-    assert session.exact_replay
 
 
 def test_models_it_does_not_apply_to_are_refused_or_built_the_usual_way() -> None:

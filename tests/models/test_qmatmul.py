@@ -1,15 +1,19 @@
-"""The QMatMul kernel (models/qmatmul.c) against an independent numpy reference.
+"""The QMatMul kernel (models/qmatmul*.c) against an independent numpy reference.
 
 The reference does llama.cpp's arithmetic in float64 from the unpacked blocks: the
 activations quantised to 8 bits per 32 (scale amax / 127 rounded to fp16, codes rounded
 to nearest even, Q8_1's fp16 ``d * sum``), integer dot products per block, then
 ``d_w * d_x * isum (+ m_w * s_x)``. The kernel must agree to float32 rounding, on every
 path this CPU has, for every format, with rows that do not fill a group of 16, several
-activation rows, and a residual.
+activation rows, and a residual; and every path must give the portable one's bits. Paths are models/isa.h's levels: the tests run each one
+this CPU has, called directly or forced on a session (``qmatmul.forced_path``).
 """
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +63,7 @@ def reference(w: BlockQuantized, fmt: str, x: np.ndarray,
 
     Activations: 8 bits per 32, scale amax / 127 kept in fp16, codes rounded to nearest
     even. Q4_1 is llama.cpp's ``d * isum * d_x + m * s_x``, with ``s_x = d_x * sum x_q`` in
-    float (llama.cpp rounds it to fp16: see qmatmul.c); every other format is
+    float (llama.cpp rounds it to fp16: see qmatmul.h); every other format is
     ``(code - zero point) . x_q * scale * d_x (+ offset * d_x * sum x_q)``.
     """
     n, k = w.shape
@@ -92,9 +96,29 @@ def reference(w: BlockQuantized, fmt: str, x: np.ndarray,
 
 
 def test_the_kernel_library_is_built_and_names_its_path() -> None:
-    assert qmatmul.library() is not None, "bin/setup did not build models/qmatmul.c"
+    assert qmatmul.library() is not None, "bin/setup did not build models/*.c"
     assert qmatmul.path_name() in ("avx512", "avx2", "scalar")
     assert "scalar" in qmatmul.paths() and qmatmul.path_name() in qmatmul.paths()
+
+
+def test_a_level_is_forced_for_a_block_or_a_process_and_a_missing_one_refused() -> None:
+    lib = qmatmul._lib()
+    assert lib is not None
+    best = qmatmul.PATHS[qmatmul.path_name() or "scalar"]
+    assert lib.uniun_isa_level() == best
+    with qmatmul.forced_path("scalar"):
+        assert lib.uniun_isa_level() == 0
+    assert lib.uniun_isa_level() == best
+    assert lib.uniun_isa_force(3) == -1 and lib.uniun_isa_level() == best
+    with pytest.raises(KeyError), qmatmul.forced_path("avx1024"):
+        pass
+    # a whole process, from its environment; a level the CPU lacks leaves the best
+    probe = ("from uniun.models import qmatmul; import sys; "
+             "sys.stdout.write(str(qmatmul._lib().uniun_isa_level()))")
+    for name in ("scalar", "no-such-level"):
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                             check=True, env={**os.environ, "UNIUN_ISA": name}).stdout
+        assert out == str(0 if name == "scalar" else best)
 
 
 @pytest.mark.parametrize("path", _paths())
@@ -111,6 +135,9 @@ def test_every_format_and_path_matches_llama_cpps_arithmetic(fmt: str, path: str
             got = qmatmul.matmul(packed.data, fmt, n, k, x, residual, path=path)
             want = reference(w, fmt, x, residual)
             np.testing.assert_allclose(got, want, rtol=2e-6, atol=2e-6 * np.abs(want).max())
+            # and the portable kernel's bits: the same fused steps in the same order
+            portable = qmatmul.matmul(packed.data, fmt, n, k, x, residual, path="scalar")
+            assert np.array_equal(got, portable)
 
 
 def test_a_row_does_not_depend_on_the_rows_beside_it() -> None:
@@ -152,7 +179,16 @@ def _graph(packed_data: np.ndarray, n: int, k: int, fmt: str) -> bytes:
     return model.SerializeToString()
 
 
-def test_onnxruntime_runs_the_op_on_its_threads_as_the_kernel_does(tmp_path: Path) -> None:
+@pytest.mark.parametrize("path", _paths())
+def test_onnxruntime_runs_the_op_on_its_threads_as_the_kernel_does(tmp_path: Path,
+                                                                  path: str) -> None:
+    """The operator runs the level in force, cut across onnxruntime's threads, and gives
+    what the one-thread call on that path gives."""
+    with qmatmul.forced_path(path):
+        _check_op(tmp_path, path)
+
+
+def _check_op(tmp_path: Path, path_name: str) -> None:
     w = random_blocks("q4_1", 300, 576)
     packed = pack(w)
     assert packed is not None
@@ -167,7 +203,8 @@ def test_onnxruntime_runs_the_op_on_its_threads_as_the_kernel_does(tmp_path: Pat
     r = rng.standard_normal((2, 5, 300)).astype(np.float32)
     [y] = session.run(None, {"x": x, "r": r})
     assert y.shape == (2, 5, 300)
-    assert np.array_equal(y.reshape(10, 300), qmatmul.matmul(packed.data, "q4_1", 300, 576, x, r))
+    assert np.array_equal(y.reshape(10, 300),
+                          qmatmul.matmul(packed.data, "q4_1", 300, 576, x, r, path=path_name))
 
     wrong = tmp_path / "wrong.onnx"  # blocks of another N: refused with a reason, no crash
     wrong.write_bytes(_graph(packed.data, 320, 576, "q4_1"))

@@ -1,0 +1,98 @@
+/* QMatMul's AVX2 kernel, for CPUs without AVX-512 VNNI (our order; llama.cpp's order runs
+ * the portable loop there). */
+#include "qmatmul.h"
+
+#ifdef UNIUN_X86
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+
+AVX2 static inline __m256 load8_scales(int f32, const uint8_t* p) {
+  return f32 ? _mm256_loadu_ps((const float*)p)
+             : _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)p));
+}
+
+/* The AVX2 path, for CPUs without AVX-512 VNNI: the same layout, each 64-byte chunk as
+ * two 8-row halves. No vpdpbusd: vpmaddubsw (u8 x s8 pairs to int16) then vpmaddwd
+ * (pairs to int32). 4-bit codes: a pair is at most 15 * 127 * 2, so a block's eight
+ * products add up in int16 before the widening. 8-bit codes: the code minus 128 as a
+ * signed byte, multiplied as |w| x sign(x, w) (at most 128 * 127 * 2 per pair), which
+ * also applies the zero point. One activation row at a time: 16 ymm registers do not
+ * hold a block's expanded weights for several. */
+AVX2 static inline __attribute__((always_inline)) void groups_avx2_as(
+    const Job* j, int g0, int g1, const int bits, const int zp, const int f32,
+    const int offset, const int halves) {
+  const int nb = j->k / QK;
+  const size_t cb = bits == 4 ? 256 : 512, sb = GROUP * (f32 ? 4 : 2), hb = sb / 2;
+  const size_t bb = cb + sb * (offset || halves ? 2 : 1);
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
+  for (int g = g0; g < g1; g++) {
+    const int left = j->n - g * GROUP < GROUP ? j->n - g * GROUP : GROUP;
+    const uint8_t* wg = j->w + (size_t)g * nb * bb;
+    for (int mi = 0; mi < j->m; mi++) {
+      float out[GROUP] = {0};
+      if (j->r) memcpy(out, j->r + (size_t)mi * j->n + g * GROUP, (size_t)left * 4);
+      __m256 acc0 = _mm256_loadu_ps(out), acc1 = _mm256_loadu_ps(out + 8);
+      for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = wg + (size_t)b * bb;
+        const size_t xb = (size_t)mi * nb + b;
+        int32_t g4[8];
+        memcpy(g4, j->xq + (size_t)mi * j->k + b * QK, 32);
+        __m256i s[2][2]; /* [half of the block][rows 0-7, 8-15] */
+        if (bits == 4) {
+          __m256i p0 = _mm256_setzero_si256(), p1 = _mm256_setzero_si256();
+          for (int c = 0; c < 4; c++) {
+            const __m256i v0 = _mm256_loadu_si256((const __m256i*)(blk + 64 * c));
+            const __m256i v1 = _mm256_loadu_si256((const __m256i*)(blk + 64 * c + 32));
+            const __m256i xa = _mm256_set1_epi32(g4[2 * c]), xh = _mm256_set1_epi32(g4[2 * c + 1]);
+            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(_mm256_and_si256(v0, low), xa));
+            p0 = _mm256_add_epi16(p0, _mm256_maddubs_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(v0, 4), low), xh));
+            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(_mm256_and_si256(v1, low), xa));
+            p1 = _mm256_add_epi16(p1, _mm256_maddubs_epi16(
+                _mm256_and_si256(_mm256_srli_epi16(v1, 4), low), xh));
+          }
+          const __m256i z = _mm256_set1_epi32(zp * j->xsum[xb]);
+          s[0][0] = _mm256_sub_epi32(_mm256_madd_epi16(p0, ones), z);
+          s[0][1] = _mm256_sub_epi32(_mm256_madd_epi16(p1, ones), z);
+        } else {
+          s[0][0] = s[0][1] = s[1][0] = s[1][1] = _mm256_setzero_si256();
+          for (int c = 0; c < 8; c++) {
+            const int h = halves && c >= 4;
+            const __m256i xa = _mm256_set1_epi32(g4[c]);
+            for (int r = 0; r < 2; r++) {
+              const __m256i w = _mm256_xor_si256(
+                  _mm256_loadu_si256((const __m256i*)(blk + 64 * c + 32 * r)), flip);
+              const __m256i pr = _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(xa, w));
+              s[h][r] = _mm256_add_epi32(s[h][r], _mm256_madd_epi16(pr, ones));
+            }
+          }
+        }
+        const __m256 xd = _mm256_set1_ps(j->xd[xb]);
+        for (int h = 0; h < (halves ? 2 : 1); h++) {
+          const uint8_t* sc = blk + cb + h * sb;
+          acc0 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][0]),
+                                 _mm256_mul_ps(load8_scales(f32, sc), xd), acc0);
+          acc1 = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[h][1]),
+                                 _mm256_mul_ps(load8_scales(f32, sc + hb), xd), acc1);
+        }
+        if (offset) {
+          const __m256 xo = _mm256_set1_ps(qmm_offset_factor(j, xb));
+          acc0 = _mm256_fmadd_ps(load8_scales(f32, blk + cb + sb), xo, acc0);
+          acc1 = _mm256_fmadd_ps(load8_scales(f32, blk + cb + sb + hb), xo, acc1);
+        }
+      }
+      _mm256_storeu_ps(out, acc0);
+      _mm256_storeu_ps(out + 8, acc1);
+      memcpy(j->y + (size_t)mi * j->n + g * GROUP, out, (size_t)left * 4);
+    }
+  }
+}
+
+AVX2 void qmm_groups_avx2(const Job* j, int g0, int g1) {
+#define PATH_FN groups_avx2_as
+  switch (j->fmt) { QMM_FORMATS(AS_CASE) }
+#undef PATH_FN
+}
+#endif
