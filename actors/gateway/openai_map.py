@@ -22,9 +22,20 @@ from typing import Any
 
 from uniun.actors.gateway.errors import ApiError, bad_request
 
-__all__ = ["JobRequest", "chat_job", "completion_job", "embedding_texts", "chat_response",
-           "chat_chunk", "completion_response", "completion_chunk", "usage_of", "uniun_info",
-           "IGNORED_CHAT_FIELDS", "UNIUN_FIELDS"]
+__all__ = [
+    "IGNORED_CHAT_FIELDS",
+    "UNIUN_FIELDS",
+    "JobRequest",
+    "chat_chunk",
+    "chat_job",
+    "chat_response",
+    "completion_chunk",
+    "completion_job",
+    "completion_response",
+    "embedding_texts",
+    "uniun_info",
+    "usage_of",
+]
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 IGNORED_CHAT_FIELDS = frozenset({

@@ -26,13 +26,21 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from uniun.actors.gateway import openai_map as om
+from uniun.actors.gateway.body import carriable, parse_json
 from uniun.actors.gateway.errors import ApiError, from_protocol
-from uniun.actors.gateway.gateway import Gateway
+from uniun.actors.gateway.gateway import Gateway, too_many
 from uniun.actors.gateway.link import JobRun, Outcome
-from uniun.protocol.client import ClientError
+from uniun.protocol.client import ClientError, Timeout
+from uniun.protocol.codec import EncodeError
 
-__all__ = ["chat_completions", "completions", "embeddings", "list_models", "get_model",
-           "health"]
+__all__ = [
+    "chat_completions",
+    "completions",
+    "embeddings",
+    "get_model",
+    "health",
+    "list_models",
+]
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
@@ -42,14 +50,12 @@ def _sse(data: Any) -> bytes:
 
 
 async def _body(request: Request, gateway: Gateway) -> Any:
+    """The body as checked JSON (the door has read it within the size limit)."""
     raw = await request.body()
-    if len(raw) > gateway.settings.max_body_bytes:
+    if len(raw) > gateway.settings.max_body_bytes:  # the door refuses this first
         raise ApiError(413, f"request body over {gateway.settings.max_body_bytes} bytes",
                        code="bad_envelope")
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"the body is not JSON: {err}", code="bad_envelope") from None
+    return parse_json(raw)
 
 
 def _failure(outcome: Outcome) -> ApiError:
@@ -61,18 +67,19 @@ def _failure(outcome: Outcome) -> ApiError:
         return from_protocol(str(outcome.data.get("code")), str(outcome.data.get("message")))
     if outcome.kind == "cancelled":
         return ApiError(499, "the request was cancelled", code="cancelled")
-    return ApiError(503, f"the scheduler is not reachable ({outcome.error})", "server_error",
+    logger.bind(job=outcome.data.get("job_id") if outcome.data else None).info(
+        "HTTP request not served: {}", outcome.error)
+    return ApiError(503, "the scheduler is not reachable; retry", "server_error",
                     code="shutting_down")
 
 
 async def _start(gateway: Gateway, job: dict[str, Any]) -> tuple[JobRun, dict[str, Any]]:
     """Submit; return the run and its ``accepted`` reply, or raise the refusal."""
     gateway.check_open()
+    carriable(job)
     link = gateway.link
     if link.open >= link.max_open:
-        raise ApiError(429, f"{link.open} requests are open at the gateway (the cap is "
-                            f"{link.max_open}); retry later", "rate_limit_error",
-                       code="queue_full")
+        raise too_many(link.open, link.max_open)
     link.open += 1
     run = link.start_job(job)
     first = await run.next()
@@ -199,21 +206,37 @@ async def embeddings(request: Request) -> Response:
     body = await _body(request, gateway)
     texts = om.embedding_texts(body, model=gateway.settings.embed_model)
     gateway.check_open()
-    try:
-        vectors = await gateway.link.embed(texts)
-    except ClientError as err:
-        raise from_protocol(err.code, err.message, err.field) from None
-    except ConnectionError as err:  # no pool (EmbedUnavailable, SchedulerUnavailable)
-        raise ApiError(503, str(err), "server_error", code="shutting_down") from None
+    with gateway.slot():  # embedding requests count against max_open_requests too
+        vectors = await _embed(gateway, texts)
+        # The tokenizer runs in a thread: a 256-text request must not stall the loop.
+        tokens = await asyncio.to_thread(gateway.count_embed_tokens, texts)
     base64_out = body.get("encoding_format") == "base64"
     data = []
     for i, row in enumerate(vectors):
         vector: Any = (base64.b64encode(row.astype("<f4").tobytes()).decode() if base64_out
                        else [float(x) for x in row])
         data.append({"object": "embedding", "index": i, "embedding": vector})
-    tokens = gateway.count_embed_tokens(texts)
     return JSONResponse({"object": "list", "data": data, "model": gateway.settings.embed_model,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def _embed(gateway: Gateway, texts: list[str]) -> Any:
+    """The pool's vectors, or the refusal as an HTTP error with nothing internal in it."""
+    try:
+        return await gateway.link.embed(texts)
+    except EncodeError as err:  # texts over the frame limit
+        raise ApiError(400, f"the request cannot be sent to the embedding pool: {err}",
+                       param="input", code="bad_envelope") from None
+    except ClientError as err:
+        if err.code == "unknown_model":  # the pool's own model is missing: our side
+            logger.warning("embedding request refused: {}", err.message)
+            raise ApiError(503, "the embedding model is not available on this runtime",
+                           "server_error", code="shutting_down") from None
+        raise from_protocol(err.code, err.message, err.field) from None
+    except (ConnectionError, Timeout) as err:  # no pool, or it did not answer in time
+        logger.warning("embedding request not served: {}", err)
+        raise ApiError(503, "the embedding pool is not reachable; retry", "server_error",
+                       code="shutting_down") from None
 
 
 async def list_models(request: Request) -> Response:

@@ -16,6 +16,8 @@ from starlette.testclient import TestClient
 from uniun.actors.gateway.app import build_app
 from uniun.actors.gateway.gateway import Gateway, GatewaySettings
 
+BASE = "http://127.0.0.1:8765"  # a Host the door lets in (Starlette's default is not)
+
 
 def _gateway(tmp_path: Path, api_key: str = "") -> Gateway:
     return Gateway(GatewaySettings(front=f"ipc://{tmp_path}/nobody.sock", embed=None,
@@ -27,7 +29,7 @@ def _gateway(tmp_path: Path, api_key: str = "") -> Gateway:
 def keyed(tmp_path: Path) -> Iterator[TestClient]:
     gateway = _gateway(tmp_path, api_key="s3cret")
     extra = [Route("/metrics", lambda _r: PlainTextResponse("up 1\n"))]
-    with TestClient(build_app(gateway, extra_routes=extra)) as client:
+    with TestClient(build_app(gateway, extra_routes=extra), base_url=BASE) as client:
         yield client
     gateway.close()
 
@@ -55,8 +57,9 @@ def test_health_is_open_and_unavailable_without_a_scheduler(keyed: TestClient) -
 
 def test_errors_have_openai_shape(tmp_path: Path) -> None:
     gateway = _gateway(tmp_path)
-    with TestClient(build_app(gateway)) as client:
-        bad = client.post("/v1/chat/completions", content=b"{not json")
+    with TestClient(build_app(gateway), base_url=BASE) as client:
+        bad = client.post("/v1/chat/completions", content=b"{not json",
+                          headers={"Content-Type": "application/json"})
         assert bad.status_code == 400 and bad.json()["error"]["type"] == "invalid_request_error"
         missing = client.post("/v1/chat/completions", json={"messages": []})
         assert missing.status_code == 400 and missing.json()["error"]["param"] == "model"
