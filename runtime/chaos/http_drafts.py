@@ -29,7 +29,7 @@ from hypothesis import strategies as st
 
 from uniun.runtime.chaos.fuzz_frames import HOSTILE_MODEL_IDS
 
-__all__ = ["HttpDraft", "Target", "http_drafts", "Raw", "dump"]
+__all__ = ["HttpDraft", "Raw", "Target", "dump", "http_drafts"]
 
 MAX_NEW = 4  # new tokens of a valid request
 JOB_IDS = tuple(f"fz-http-{i}" for i in range(4))  # shared: idempotent resubmits happen
@@ -280,7 +280,7 @@ def _headers(draw: st.DrawFn, t: Target, *, body: bytes, post: bool
     host = _fill(draw(st.sampled_from(LOOPBACK_HOSTS)), t.port)
     headers: list[tuple[bytes, bytes]] = [(b"Host", host)]
     ctype: bytes | None = draw(st.sampled_from(JSON_TYPES)) if post else None
-    label, refuses = "", False
+    refuses = False
     if t.api_key:
         headers.append((b"Authorization", b"Bearer " + t.api_key.encode()))
     trick = draw(st.sampled_from(("none", "none", "host", "origin", "same-origin", "ctype",

@@ -32,7 +32,7 @@ from typing import Any
 from uniun.runtime.chaos.http_drafts import HttpDraft, Target, http_drafts
 from uniun.runtime.chaos.http_wire import Reply, exchange
 
-__all__ = ["HttpFuzzReport", "run_http_fuzz", "error_object_problem", "internal_text"]
+__all__ = ["HttpFuzzReport", "error_object_problem", "internal_text", "run_http_fuzz"]
 
 REPLY_TIMEOUT_S = 60.0  # generous: a slow shared machine with background work running
 MAX_VIOLATIONS = 50  # kept in the report; the count goes on
@@ -142,16 +142,17 @@ class HttpFuzzReport:
 
     def text(self) -> str:
         growth = self.rss_growth_mb
-        lines = [f"{self.requests} requests, seed {self.seed}, {self.seconds:.1f} s: "
-                 f"{'OK' if self.ok else f'{self.violation_count} VIOLATIONS'}",
-                 f"5xx answers {self.five_xx}, unanswered {self.unanswered}, door "
-                 f"refusals answered 2xx {self.door_open}, error bodies not OpenAI "
-                 f"{self.bad_error_bodies}, internal text {self.internal_leaks}, error "
-                 f"events in streams {self.stream_errors}",
-                 f"gateway pid {self.gateway_pid[0]} -> {self.gateway_pid[1]}, RSS "
-                 f"baseline {self.rss_baseline_mb} MB, growth "
-                 f"{'?' if growth is None else f'{growth:.1f}'} MB (budget "
-                 f"{self.rss_budget_mb:g})", "statuses:"]
+        head = (f"{self.requests} requests, seed {self.seed}, {self.seconds:.1f} s: "
+                f"{'OK' if self.ok else f'{self.violation_count} VIOLATIONS'}")
+        counts = (f"5xx answers {self.five_xx}, unanswered {self.unanswered}, door "
+                  f"refusals answered 2xx {self.door_open}, error bodies not OpenAI "
+                  f"{self.bad_error_bodies}, internal text {self.internal_leaks}, error "
+                  f"events in streams {self.stream_errors}")
+        memory = (f"gateway pid {self.gateway_pid[0]} -> {self.gateway_pid[1]}, RSS "
+                  f"baseline {self.rss_baseline_mb} MB, growth "
+                  f"{'?' if growth is None else f'{growth:.1f}'} MB (budget "
+                  f"{self.rss_budget_mb:g})")
+        lines = [head, counts, memory, "statuses:"]
         lines += [f"  {k:<6} {v}" for k, v in sorted(self.statuses.items())]
         lines.append("error codes:")
         lines += [f"  {k:<26} {v}" for k, v in self.codes.most_common()]

@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass, field
 from urllib.parse import urlsplit
 
-__all__ = ["Reply", "exchange", "split_base_url", "MAX_REPLY_BYTES"]
+__all__ = ["MAX_REPLY_BYTES", "Reply", "exchange", "split_base_url"]
 
 MAX_REPLY_BYTES = 8 << 20  # an answer longer than this is cut (and reported), bytes
 

@@ -112,7 +112,7 @@ def test_a_chunked_body_is_cut_off_at_the_limit(serve) -> None:
         chunk = b"x" * 1000
         for _ in range(LIMIT // len(chunk) + 1):  # one chunk past the limit, then wait
             conn.sendall(b"%x\r\n%s\r\n" % (len(chunk), chunk))
-        status, body = read_answer(conn)
+        status, _ = read_answer(conn)
         gone = closed(conn)
     assert status == 413 and gone
 
@@ -151,7 +151,7 @@ def test_slow_headers_after_a_kept_alive_answer_are_cut_off_too(serve) -> None:
             data += conn.recv(65536)
         assert data.startswith(b"HTTP/1.1 404")
         conn.sendall(b"GET /v1/models HTTP/1.1\r\nHost: 127")
-        status, body = read_answer(conn)
+        status, _ = read_answer(conn)
         gone = closed(conn)
     assert status == 408 and gone
 
@@ -160,7 +160,7 @@ def test_a_body_that_does_not_arrive_is_408(serve) -> None:
     served = serve(read_timeout_s=0.5)
     with served.connect() as conn:
         conn.sendall(HEAD + b"Content-Length: 100\r\n\r\n{\"model\"")
-        status, body = read_answer(conn)
+        status, _ = read_answer(conn)
         gone = closed(conn)
     assert status == 408 and gone
 
