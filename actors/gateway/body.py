@@ -1,17 +1,18 @@
 """A request body as JSON, parsed so that every client mistake is a 400, never a 5xx.
 
 Why more than ``json.loads``: it accepts things that break later, far from the request
-that caused them. ``NaN`` and ``Infinity`` (not JSON) become floats; ``"\\ud800"`` (a
-lone surrogate, not Unicode) becomes a ``str`` that no UTF-8 encoder will take, so the
-job could not be sent to the scheduler and the answer could not be written; a number
-like ``1e30`` or ``2**64`` does not fit the protocol's 64-bit integers; ``[[[[...]]]]``
-nested 100,000 deep exhausts the parser's recursion (``RecursionError``); a deep but
-parsable document exceeds the protocol's nesting limit. Each of these is refused here,
-with the parameter that holds it, before any field is read.
+that caused them. ``NaN`` and ``Infinity`` (not JSON) become floats, and so does
+``1e999`` (infinity); ``"\\ud800"`` (a lone surrogate, not Unicode) becomes a ``str``
+that no UTF-8 encoder will take, so the job could not be sent to the scheduler and the
+answer could not be written; an integer like ``2**64`` does not fit the protocol's
+64-bit integers; ``[[[[...]]]]`` nested 100,000 deep exhausts the parser's recursion
+(``RecursionError``); a deep but parsable document exceeds the protocol's nesting
+limit. Each of these is refused here, with the parameter that holds it, before any
+field is read.
 
 And the last net, :func:`carriable`: the job map encoded exactly as the protocol client
-will send it, under the client's own limits, so nothing a request holds can
-fail on its way out (as a 5xx) after the door and the mapping let it through.
+will send it, under the client's own limits, so nothing a request holds can fail on its
+way out (as a 5xx) after the door and the mapping let it through.
 
 Pure: no I/O.
 """
@@ -19,6 +20,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any
 
 from uniun.actors.gateway.errors import ApiError
@@ -81,6 +83,8 @@ def _check_tree(root: Any) -> None:
                 and not INT_MIN <= node <= INT_MAX:
             raise _bad("an integer is out of the range the runtime carries "
                        "(-2^63 to 2^64-1)", path or None)
+        elif isinstance(node, float) and not math.isfinite(node):  # 1e999 parses as inf
+            raise _bad("a number is out of the range of a 64-bit float", path or None)
 
 
 def _check_text(text: str, param: str | None) -> None:

@@ -3,9 +3,9 @@ health. Each handler maps the request (``openai_map``), runs it through the
 :class:`~uniun.actors.gateway.link.SchedulerLink` and answers in OpenAI's shapes; every
 refusal is an :class:`~uniun.actors.gateway.errors.ApiError`.
 
-Streaming: the job's first outcome (accepted or refused) is awaited *before* the SSE
-response starts, so a refusal is a proper HTTP status (400/404/429/503), never an error
-buried in a 200 stream. After that, tokens become ``chat.completion.chunk`` events; a
+Streaming: the job's start (or its refusal, by the scheduler or by the runner) is
+awaited *before* the SSE response starts, so a refusal is a proper HTTP status
+(400/404/429/503), never an error buried in a 200 stream. After that, tokens become ``chat.completion.chunk`` events; a
 ``paused`` (the job was preempted) sends nothing, so the client sees a slower stream; an
 ``error`` event becomes ``data: {"error": ...}`` and the stream ends without ``[DONE]``.
 A client that disconnects cancels its job: Starlette cancels the streaming generator
@@ -43,6 +43,10 @@ __all__ = [
 ]
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# How the runner words a prompt longer than the model's context (models/session.py); the
+# scheduler relays it as a non-retryable runner_failed, which is the client's mistake.
+CONTEXT_OVERFLOW = "does not fit the model's"
+STARTED = frozenset({"started", "token", "done"})  # events that show the job has begun
 
 
 def _sse(data: Any) -> bytes:
@@ -64,7 +68,14 @@ def _failure(outcome: Outcome) -> ApiError:
         err = outcome.error
         return from_protocol(err.code, err.message, err.field)
     if outcome.kind == "event" and outcome.data is not None:
-        return from_protocol(str(outcome.data.get("code")), str(outcome.data.get("message")))
+        data = outcome.data
+        message = str(data.get("message"))
+        if data.get("code") == "runner_failed" and not data.get("retryable") \
+                and CONTEXT_OVERFLOW in message:
+            # The runner refused the prompt as too long for the model: the client's to fix.
+            return ApiError(400, message.rsplit(": ", 1)[-1] + "; shorten the prompt",
+                            code="context_length_exceeded")
+        return from_protocol(str(data.get("code")), message)
     if outcome.kind == "cancelled":
         return ApiError(499, "the request was cancelled", code="cancelled")
     logger.bind(job=outcome.data.get("job_id") if outcome.data else None).info(
@@ -82,7 +93,12 @@ async def _start(gateway: Gateway, job: dict[str, Any]) -> tuple[JobRun, dict[st
         raise too_many(link.open, link.max_open)
     link.open += 1
     run = link.start_job(job)
-    first = await run.next()
+    try:
+        first = await run.next()
+    except BaseException:  # the handler was cancelled (shutdown): stop the job, free the slot
+        run.cancel()
+        link.open -= 1
+        raise
     if first.kind != "accepted":
         await _drain(run)
         link.open -= 1
@@ -129,15 +145,58 @@ async def _collect(gateway: Gateway, request: Request, run: JobRun) -> dict[str,
     return done
 
 
+async def _until_started(gateway: Gateway, request: Request, run: JobRun) -> list[Outcome]:
+    """The outcomes up to the job's start (``started``, or a token or ``done`` first).
+
+    A stream's response begins only then, so a job the runner refuses before its start
+    (a prompt longer than the model's context) is an HTTP error status, not an error
+    inside a 200 stream; a client waits for the headers instead of for the first token,
+    which takes as long. A failure is raised (its slot given back); a client that goes
+    away meanwhile cancels the job.
+    """
+    watcher = asyncio.ensure_future(_watch_disconnect(request, run))
+    seen: list[Outcome] = []
+    failure: ApiError | None = None
+    try:
+        while (outcome := await run.next()).kind != "end":
+            if outcome.kind == "event" and outcome.data is not None \
+                    and outcome.data["type"] in STARTED:
+                seen.append(outcome)
+                return seen
+            if outcome.kind == "event" and outcome.data is not None \
+                    and outcome.data["type"] != "error":
+                seen.append(outcome)
+            elif outcome.kind != "accepted":
+                failure = failure or _failure(outcome)
+        failure = failure or ApiError(503, "the job ended before it started; retry",
+                                      "server_error", code="shutting_down")
+    except BaseException:
+        run.cancel()  # the handler was cancelled (shutdown): stop the job too
+        gateway.link.open -= 1
+        raise
+    finally:
+        watcher.cancel()
+    gateway.link.open -= 1
+    raise failure
+
+
 async def _stream(gateway: Gateway, run: JobRun, chunk: Callable[..., dict[str, Any]],
                   first: dict[str, Any] | None, include_usage: bool,
-                  accepted: dict[str, Any]) -> AsyncIterator[bytes]:
-    """SSE of a job: ``first`` (the role chunk), text chunks, the finish, usage, [DONE]."""
+                  accepted: dict[str, Any], pending: list[Outcome]) -> AsyncIterator[bytes]:
+    """SSE of a job: ``first`` (the role chunk), text chunks, the finish, usage, [DONE].
+    ``pending``: outcomes already read (by :func:`_until_started`), handled first."""
     ended = False
+
+    async def outcomes() -> AsyncIterator[Outcome]:
+        for outcome in pending:
+            yield outcome
+        while (outcome := await run.next()).kind != "end":
+            yield outcome
+
     try:
         if first is not None:
             yield _sse(first)
-        while (outcome := await run.next()).kind != "end":
+        async for outcome in outcomes():
             event = outcome.data if outcome.kind == "event" else None
             if event is None:
                 if outcome.kind != "accepted":
@@ -196,8 +255,10 @@ async def _complete(gateway: Gateway, request: Request, req: om.JobRequest, *,
         return om.completion_chunk(req, created, text=text, finish_reason=finish_reason,
                                    usage=usage, final_usage=final_usage)
 
+    pending = await _until_started(gateway, request, run)
     first = om.chat_chunk(req, created, role=True, content="") if chat else None
-    return StreamingResponse(_stream(gateway, run, chunk, first, req.include_usage, accepted),
+    return StreamingResponse(_stream(gateway, run, chunk, first, req.include_usage, accepted,
+                                     pending),
                              media_type="text/event-stream", headers=SSE_HEADERS)
 
 

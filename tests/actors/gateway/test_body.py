@@ -54,6 +54,8 @@ def test_non_json_constants_are_400(raw: bytes) -> None:
 def test_numbers_the_protocol_cannot_carry_are_400() -> None:
     assert refusal(b'{"seed": 18446744073709551616}').param == "seed"
     assert refusal(b'{"x": [-9223372036854775809]}').param == "x[0]"
+    assert refusal(b'{"a": {"b": 1e999}}').param == "a.b"
+    assert refusal(b'{"a": -1e999}').param == "a"
     error = refusal(b'{"a": ' + b"9" * 5000 + b"}")
     assert "digits" in error.message and "sys." not in error.message
 
