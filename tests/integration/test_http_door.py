@@ -34,7 +34,7 @@ pytestmark = pytest.mark.integration
 
 CONFIG = BASE_CONFIG.replace("[embed]\nenabled = false", "[embed]\nenabled = true\nworkers = 1") \
     + "\n[http]\nport = 0\n"
-FUZZ_REQUESTS = 1000  # the bounded run; `uniun-runtime fuzz --http` does the long ones
+FUZZ_REQUESTS = 2000  # the bounded run; `uniun-runtime fuzz --http` does the long ones
 CHAT = [{"role": "user", "content": "Hi"}]
 
 
