@@ -1,8 +1,9 @@
 """The gateway's ASGI application: the door, the API-key check, routes, OpenAI-shaped errors.
 
 Layers, outermost first: :class:`~uniun.actors.gateway.door.Door` (Host, Origin,
-Content-Type, the body read within its limit and timeout), :class:`BearerAuth`, then
-Starlette's routing. Every answer that is not a success is an OpenAI error object,
+Content-Type, declared length), :class:`BearerAuth`,
+:class:`~uniun.actors.gateway.door.BodyLimit` (the body read within its limit and
+timeout: only for a client with the key), then Starlette's routing. Every answer that is not a success is an OpenAI error object,
 a bug of ours included (500 ``internal``, its text in the log only).
 
 Why Starlette on uvicorn (docs/http.md): both are small, maintained and the usual base of
@@ -33,7 +34,7 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from uniun.actors.gateway import routes
-from uniun.actors.gateway.door import Door, DoorPolicy
+from uniun.actors.gateway.door import BodyLimit, Door, DoorPolicy
 from uniun.actors.gateway.errors import ApiError
 from uniun.actors.gateway.gateway import Gateway
 
@@ -116,4 +117,4 @@ def build_app(gateway: Gateway, *, extra_routes: Sequence[BaseRoute] = (),
     policy = DoorPolicy.make(settings.bind_host, settings.allowed_hosts,
                              max_body_bytes=settings.max_body_bytes,
                              read_timeout_s=settings.read_timeout_s)
-    return Door(BearerAuth(app, settings.api_key, open_paths), policy)
+    return Door(BearerAuth(BodyLimit(app, policy), settings.api_key, open_paths), policy)

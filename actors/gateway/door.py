@@ -24,9 +24,10 @@ rule closes each before any handler runs:
 
 Why one module of pure rules and a thin adapter: the rules are functions of the method
 and the headers, with no I/O and no clock, so they are unit-tested exhaustively without
-a server; the same rules guard the gateway (:class:`Door`, an ASGI middleware) and the
-supervisor's metrics listener (``runtime/metrics_http.py``, ``http.server``). This
-module imports nothing from Starlette or uvicorn, so the supervisor can use it.
+a server; the same rules guard the gateway (:class:`Door` and :class:`BodyLimit`, ASGI
+middleware) and the supervisor's metrics listener (``runtime/metrics_http.py``,
+``http.server``). This module imports nothing from Starlette or uvicorn, so the
+supervisor can use it.
 Refusals are :class:`~uniun.actors.gateway.errors.ApiError` values: OpenAI's error
 object, the same shape as every other refusal of the gateway.
 """
@@ -44,6 +45,7 @@ from uniun.actors.gateway.errors import ApiError
 
 __all__ = [
     "LOOPBACK_NAMES",
+    "BodyLimit",
     "Door",
     "DoorPolicy",
     "check_request",
@@ -213,11 +215,29 @@ Scope = dict[str, Any]
 
 
 class Door:
-    """ASGI middleware: the rules above, then the whole body read within the limit and the
-    timeout, then the application, which receives that body as one message.
+    """ASGI middleware: the rules above, on the headers alone. The body is read further
+    in, by :class:`BodyLimit`, once the API key (if any) has been checked, so a client
+    without the key never has a body read."""
 
-    Reading the body here (instead of leaving it to the handler) is what lets the limit
-    hold while reading: a handler's ``await request.body()`` would have buffered it all.
+    def __init__(self, app: Any, policy: DoorPolicy) -> None:
+        self.app = app
+        self.policy = policy
+
+    async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
+        if scope["type"] == "http":
+            refusal = check_request(scope["method"], scope["headers"], self.policy)
+            if refusal is not None:
+                await send_error(send, refusal, close=True)
+                return
+        await self.app(scope, receive, send)
+
+
+class BodyLimit:
+    """ASGI middleware: the whole body of a POST/PUT/PATCH read here, within the limit and
+    the timeout, then handed to the application as one message.
+
+    Reading it here (instead of leaving it to the handler) is what lets the limit hold
+    while reading: a handler's ``await request.body()`` would have buffered it all.
     """
 
     def __init__(self, app: Any, policy: DoorPolicy) -> None:
@@ -225,14 +245,7 @@ class Door:
         self.policy = policy
 
     async def __call__(self, scope: Scope, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        refusal = check_request(scope["method"], scope["headers"], self.policy)
-        if refusal is not None:
-            await send_error(send, refusal, close=True)
-            return
-        if scope["method"] not in BODY_METHODS:
+        if scope["type"] != "http" or scope["method"] not in BODY_METHODS:
             await self.app(scope, receive, send)
             return
         body = await self._read_body(receive, send)

@@ -43,9 +43,11 @@ __all__ = [
 ]
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-# How the runner words a prompt longer than the model's context (models/session.py); the
-# scheduler relays it as a non-retryable runner_failed, which is the client's mistake.
-CONTEXT_OVERFLOW = "does not fit the model's"
+# How the runner words a prompt it cannot start (models/session.py): the scheduler relays
+# it as a non-retryable runner_failed, but it is the client's mistake, so a 400 with
+# this code. The text is all the protocol carries for it today.
+PROMPT_REFUSALS = {"does not fit the model's": "context_length_exceeded",
+                   "the prompt has no tokens": "invalid_field"}
 STARTED = frozenset({"started", "token", "done"})  # events that show the job has begun
 
 
@@ -70,11 +72,10 @@ def _failure(outcome: Outcome) -> ApiError:
     if outcome.kind == "event" and outcome.data is not None:
         data = outcome.data
         message = str(data.get("message"))
-        if data.get("code") == "runner_failed" and not data.get("retryable") \
-                and CONTEXT_OVERFLOW in message:
-            # The runner refused the prompt as too long for the model: the client's to fix.
-            return ApiError(400, message.rsplit(": ", 1)[-1] + "; shorten the prompt",
-                            code="context_length_exceeded")
+        if data.get("code") == "runner_failed" and not data.get("retryable"):
+            for phrase, code in PROMPT_REFUSALS.items():
+                if phrase in message:  # the runner refused the prompt: the client's to fix
+                    return ApiError(400, message.rsplit(": ", 1)[-1], code=code)
         return from_protocol(str(data.get("code")), message)
     if outcome.kind == "cancelled":
         return ApiError(499, "the request was cancelled", code="cancelled")

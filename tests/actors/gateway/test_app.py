@@ -130,3 +130,22 @@ def test_health_says_nothing_internal(keyed: TestClient, tmp_path: Path) -> None
     assert reply.status_code == 503
     assert "ipc://" not in reply.text and str(tmp_path) not in reply.text
     assert "Error" not in reply.text
+
+
+@pytest.mark.parametrize(("message", "code"), [
+    (("the runner cannot run this job: prompt of 5000 tokens does not fit the model's "
+      "4096-position context"), "context_length_exceeded"),
+    ("the runner cannot run this job: the prompt has no tokens for this model",
+     "invalid_field")])
+def test_a_prompt_the_runner_cannot_start_is_the_clients_400(message: str, code: str) -> None:
+    from uniun.actors.gateway.link import Outcome
+    from uniun.actors.gateway.routes import _failure
+
+    error = _failure(Outcome("event", {"type": "error", "code": "runner_failed",
+                                       "message": message, "retryable": False}))
+    assert error.status == 400 and error.code == code
+    assert "runner cannot" not in error.message
+    other = _failure(Outcome("event", {"type": "error", "code": "runner_failed",
+                                       "message": "the runner cannot run this job: model x "
+                                                  "failed to load", "retryable": False}))
+    assert other.status == 503 and "load" not in other.message

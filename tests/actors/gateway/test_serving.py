@@ -28,11 +28,11 @@ LIMIT = 4096  # the body limit of these servers, bytes
 
 class Served:
     def __init__(self, tmp_path: Path, *, header_timeout_s: float, read_timeout_s: float,
-                 max_connections: int) -> None:
+                 max_connections: int, api_key: str = "") -> None:
         self.gateway = Gateway(GatewaySettings(
             front=f"ipc://{tmp_path}/nobody.sock", embed=None, embed_model="e",
             models_root=tmp_path / "models", max_body_bytes=LIMIT,
-            read_timeout_s=read_timeout_s))
+            read_timeout_s=read_timeout_s, api_key=api_key))
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -59,9 +59,10 @@ def serve(tmp_path: Path) -> Iterator[Callable[..., Served]]:
     made: list[Served] = []
 
     def make(header_timeout_s: float = 60.0, read_timeout_s: float = 60.0,
-             max_connections: int = 64) -> Served:
+             max_connections: int = 64, api_key: str = "") -> Served:
         made.append(Served(tmp_path, header_timeout_s=header_timeout_s,
-                           read_timeout_s=read_timeout_s, max_connections=max_connections))
+                           read_timeout_s=read_timeout_s, max_connections=max_connections,
+                           api_key=api_key))
         return made[-1]
 
     yield make
@@ -163,6 +164,20 @@ def test_a_body_that_does_not_arrive_is_408(serve) -> None:
         status, _ = read_answer(conn)
         gone = closed(conn)
     assert status == 408 and gone
+
+
+def test_without_the_api_key_no_body_is_read(serve) -> None:
+    """401 comes from the headers alone: the body (announced, never sent) is not awaited."""
+    served = serve(api_key="k")
+    with served.connect() as conn:
+        conn.sendall(HEAD + b"Content-Length: 100\r\n\r\n")
+        status, body = read_answer(conn)
+    assert status == 401 and body["error"]["code"] == "invalid_api_key"
+    with served.connect() as conn:
+        conn.sendall(HEAD + b"Authorization: Bearer k\r\nContent-Length: 12\r\n\r\n"
+                     b'{"model": 5}')
+        status, body = read_answer(conn)
+    assert status == 400 and body["error"]["param"] == "model"
 
 
 def test_over_the_connection_cap_a_request_gets_429(serve) -> None:
