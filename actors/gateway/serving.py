@@ -16,6 +16,13 @@ flight), and a request over it gets 429 ``queue_full`` with ``Retry-After``, as 
 gateway's other limits answer. A request h11 cannot parse gets an OpenAI error object
 too, instead of uvicorn's plain-text 400.
 
+A refusal sent while the client is still sending its body (413 for a body over the
+limit, 415, 421 ...) ends with a *lingering close*, as nginx and Apache do: the server
+shuts its side for writing and reads, and drops, what the client still sends, for up to
+:data:`LINGER_S` or :data:`LINGER_BYTES`, before closing. Closing at once would make the
+kernel answer the unread bytes with a reset, and a client busy sending (``http.client``,
+a raw socket) would lose the refusal and see only "connection reset".
+
 The protocol class is made per server (:func:`protocol_class`), with its settings as
 class attributes, because uvicorn instantiates it itself.
 """
@@ -31,10 +38,35 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uniun.actors.gateway.door import error_bytes, send_error
 from uniun.actors.gateway.errors import ApiError
 
-__all__ = ["HEADER_TIMEOUT_S", "MAX_CONNECTIONS", "protocol_class"]
+__all__ = ["HEADER_TIMEOUT_S", "LINGER_BYTES", "LINGER_S", "MAX_CONNECTIONS", "protocol_class"]
 
 HEADER_TIMEOUT_S = 10.0  # a request's headers must be complete within this, seconds
 MAX_CONNECTIONS = 512  # connections (and requests in flight) served at once
+LINGER_S = 2.0  # after a refusal mid-body: read and drop for at most this long, seconds
+LINGER_BYTES = 4 << 20  # ... or at most this many bytes
+
+
+class _Lingering:
+    """The connection's transport, whose ``close`` lingers while the client is still
+    sending a body (see the module docstring); everything else is the transport's."""
+
+    def __init__(self, transport: asyncio.Transport, protocol: GatewayProtocol) -> None:
+        self.raw = transport
+        self._protocol = protocol
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.raw, name)
+
+    def is_closing(self) -> bool:
+        return self._protocol.lingering or self.raw.is_closing()
+
+    def close(self) -> None:
+        protocol = self._protocol
+        if not self.is_closing() and protocol.conn.their_state is h11.SEND_BODY \
+                and self.raw.can_write_eof():
+            protocol.start_lingering()
+            return
+        self.raw.close()
 
 
 def _raw_answer(error: ApiError) -> bytes:
@@ -56,6 +88,9 @@ class GatewayProtocol(H11Protocol):
         self._header_timer: asyncio.TimerHandle | None = None
         self._app = self.app
         self.app = self._capped
+        self.lingering = False
+        self._linger_left = LINGER_BYTES
+        self._linger_timer: asyncio.TimerHandle | None = None
 
     # -- the cap ----------------------------------------------------------------------
 
@@ -73,7 +108,27 @@ class GatewayProtocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(transport)
+        self.transport = _Lingering(transport, self)  # type: ignore[assignment]
         self._arm_header_timer()
+
+    # -- the lingering close ----------------------------------------------------------
+
+    def start_lingering(self) -> None:
+        raw = self.transport.raw  # type: ignore[attr-defined]
+        self.lingering = True
+        self._cancel_header_timer()
+        self._unset_keepalive_if_required()
+        raw.write_eof()
+        raw.resume_reading()
+        self._linger_timer = self.loop.call_later(LINGER_S, raw.close)
+
+    def data_received(self, data: bytes) -> None:
+        if self.lingering:  # the rest of a refused body: dropped
+            self._linger_left -= len(data)
+            if self._linger_left <= 0:
+                self.transport.raw.close()  # type: ignore[attr-defined]
+            return
+        super().data_received(data)
 
     def _arm_header_timer(self) -> None:
         self._cancel_header_timer()
@@ -108,6 +163,8 @@ class GatewayProtocol(H11Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_header_timer()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         super().connection_lost(exc)
 
     # -- malformed requests -----------------------------------------------------------

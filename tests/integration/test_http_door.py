@@ -253,3 +253,28 @@ def test_a_bounded_fuzz_run_finds_no_5xx_and_no_open_door(rt: Runtime, port: int
     assert report.requests == FUZZ_REQUESTS
     assert report.ok, "\n".join(report.violations)
     assert report.statuses[200] > 0 and report.five_xx == 0
+
+
+def test_the_fuzz_command_prints_a_verdict_and_writes_its_report(rt: Runtime, port: int,
+                                                                  tmp_path: Path) -> None:
+    import os
+    import subprocess
+    import sys
+
+    out = tmp_path / "http-fuzz.json"
+    env = dict(os.environ, UNIUN_HOME=str(rt.home), UNIUN_CONFIG=str(rt.config_path))
+    done = subprocess.run([sys.executable, "-m", "uniun.runtime", "fuzz", "--http",
+                           "--requests", "40", "--seed", "3", "--out", str(out)],
+                          env=env, capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "verdict: OK" in done.stdout and "probe declared_256mib  413 refused" in done.stdout
+    report = json.loads(out.read_text())
+    assert report["ok"] and report["fuzz"]["requests"] == 40
+    assert report["url"] == f"http://127.0.0.1:{port}"
+    assert report["fuzz"]["gateway_pid"][0] == rt.status()["processes"]["http"]
+    empty = tmp_path / "no-runtime"
+    empty.mkdir()
+    none = subprocess.run([sys.executable, "-m", "uniun.runtime", "fuzz", "--http"],
+                          env={**env, "UNIUN_HOME": str(empty), "UNIUN_CONFIG": ""},
+                          capture_output=True, text=True, timeout=WAIT_S, check=False)
+    assert none.returncode == 2 and "no HTTP gateway is serving" in none.stderr

@@ -218,3 +218,21 @@ def test_what_h11_cannot_parse_is_a_json_400(serve, raw: bytes) -> None:
             pass
         status, body = read_answer(conn)
     assert 400 <= status < 500 and set(body["error"]) == {"message", "type", "param", "code"}
+
+
+def test_a_client_still_sending_a_refused_body_reads_the_refusal(serve) -> None:
+    """The lingering close: http.client sends all 3 MB before it reads anything; a server
+    that closed at once would reset the connection under it, and the 413 would be lost."""
+    import http.client
+
+    served = serve()
+    for _ in range(10):
+        conn = http.client.HTTPConnection("127.0.0.1", served.port, timeout=WAIT_S)
+        try:
+            conn.request("POST", "/v1/chat/completions", body=b"x" * (3 << 20),
+                         headers={"Content-Type": "application/json"})
+            reply = conn.getresponse()
+            assert reply.status == 413
+            assert json.loads(reply.read())["error"]["code"] == "bad_envelope"
+        finally:
+            conn.close()
