@@ -50,7 +50,7 @@ from uniun.models.kv import JobProgress, KVCache, ParkedState, SnapshotCorrupt
 from uniun.models.prefix_cache import PrefixCache
 from uniun.models.sampling import Sampler, SamplingParams
 
-__all__ = ["DecoderSession", "Generation", "TokenEvent", "FinishedError", "MIN_CACHED_PREFIX"]
+__all__ = ["MIN_CACHED_PREFIX", "DecoderSession", "FinishedError", "Generation", "TokenEvent"]
 
 MIN_CACHED_PREFIX = 16  # static prefixes shorter than this (tokens) are not worth caching
 
@@ -114,6 +114,8 @@ class DecoderSession(DecoderModel):
                 raise ValueError("prompt_ids must not be empty")
         else:
             ids, static = self.encode(prompt=prompt, messages=messages)
+            if not ids:  # some control characters tokenize to nothing
+                raise ValueError("the prompt has no tokens for this model")
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         if self.max_positions is not None and len(ids) >= self.max_positions:

@@ -21,10 +21,22 @@ from dataclasses import dataclass
 from typing import Any
 
 from uniun.actors.gateway.errors import ApiError, bad_request
+from uniun.protocol.jobmap import MAX_JOB_ID_CHARS
 
-__all__ = ["JobRequest", "chat_job", "completion_job", "embedding_texts", "chat_response",
-           "chat_chunk", "completion_response", "completion_chunk", "usage_of", "uniun_info",
-           "IGNORED_CHAT_FIELDS", "UNIUN_FIELDS"]
+__all__ = [
+    "IGNORED_CHAT_FIELDS",
+    "UNIUN_FIELDS",
+    "JobRequest",
+    "chat_chunk",
+    "chat_job",
+    "chat_response",
+    "completion_chunk",
+    "completion_job",
+    "completion_response",
+    "embedding_texts",
+    "uniun_info",
+    "usage_of",
+]
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 IGNORED_CHAT_FIELDS = frozenset({
@@ -96,7 +108,7 @@ def _messages(value: Any) -> list[dict[str, str]]:
         if not isinstance(msg, dict):
             raise bad_request("each message must be an object", f"messages[{i}]")
         role = msg.get("role")
-        if role not in ROLES:
+        if not isinstance(role, str) or role not in ROLES:
             raise bad_request(f"role {role!r} is not supported (system, developer, user, "
                               "assistant)", f"messages[{i}].role")
         if msg.get("tool_calls"):
@@ -205,6 +217,12 @@ def _scheduling(ext: Mapping[str, Any], now: float) -> dict[str, Any]:
         raise bad_request(f"unknown uniun field {unknown[0]!r} (known: "
                           f"{', '.join(sorted(UNIUN_FIELDS))})", f"uniun.{unknown[0]}")
     job: dict[str, Any] = {"kind": ext.get("kind", "chat")}
+    job_id = ext.get("job_id")
+    if job_id is not None and (not isinstance(job_id, str) or not job_id
+                               or len(job_id) > MAX_JOB_ID_CHARS):
+        # The protocol client keys its streams by job id before the scheduler sees it.
+        raise bad_request(f"uniun.job_id must be a string of 1-{MAX_JOB_ID_CHARS} "
+                          "characters", "uniun.job_id")
     for key in ("flow", "foreground_hint", "job_id", "deadline"):
         if ext.get(key) is not None:
             job[key] = ext[key]

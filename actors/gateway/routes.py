@@ -3,9 +3,9 @@ health. Each handler maps the request (``openai_map``), runs it through the
 :class:`~uniun.actors.gateway.link.SchedulerLink` and answers in OpenAI's shapes; every
 refusal is an :class:`~uniun.actors.gateway.errors.ApiError`.
 
-Streaming: the job's first outcome (accepted or refused) is awaited *before* the SSE
-response starts, so a refusal is a proper HTTP status (400/404/429/503), never an error
-buried in a 200 stream. After that, tokens become ``chat.completion.chunk`` events; a
+Streaming: the job's start (or its refusal, by the scheduler or by the runner) is
+awaited *before* the SSE response starts, so a refusal is a proper HTTP status
+(400/404/429/503), never an error buried in a 200 stream. After that, tokens become ``chat.completion.chunk`` events; a
 ``paused`` (the job was preempted) sends nothing, so the client sees a slower stream; an
 ``error`` event becomes ``data: {"error": ...}`` and the stream ends without ``[DONE]``.
 A client that disconnects cancels its job: Starlette cancels the streaming generator
@@ -26,15 +26,29 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from uniun.actors.gateway import openai_map as om
+from uniun.actors.gateway.body import carriable, parse_json
 from uniun.actors.gateway.errors import ApiError, from_protocol
-from uniun.actors.gateway.gateway import Gateway
+from uniun.actors.gateway.gateway import Gateway, too_many
 from uniun.actors.gateway.link import JobRun, Outcome
-from uniun.protocol.client import ClientError
+from uniun.protocol.client import ClientError, Timeout
+from uniun.protocol.codec import EncodeError
 
-__all__ = ["chat_completions", "completions", "embeddings", "list_models", "get_model",
-           "health"]
+__all__ = [
+    "chat_completions",
+    "completions",
+    "embeddings",
+    "get_model",
+    "health",
+    "list_models",
+]
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# How the runner words a prompt it cannot start (models/session.py): the scheduler relays
+# it as a non-retryable runner_failed, but it is the client's mistake, so a 400 with
+# this code. The text is all the protocol carries for it today.
+PROMPT_REFUSALS = {"does not fit the model's": "context_length_exceeded",
+                   "the prompt has no tokens": "invalid_field"}
+STARTED = frozenset({"started", "token", "done"})  # events that show the job has begun
 
 
 def _sse(data: Any) -> bytes:
@@ -42,14 +56,12 @@ def _sse(data: Any) -> bytes:
 
 
 async def _body(request: Request, gateway: Gateway) -> Any:
+    """The body as checked JSON (the door has read it within the size limit)."""
     raw = await request.body()
-    if len(raw) > gateway.settings.max_body_bytes:
+    if len(raw) > gateway.settings.max_body_bytes:  # the door refuses this first
         raise ApiError(413, f"request body over {gateway.settings.max_body_bytes} bytes",
                        code="bad_envelope")
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"the body is not JSON: {err}", code="bad_envelope") from None
+    return parse_json(raw)
 
 
 def _failure(outcome: Outcome) -> ApiError:
@@ -58,24 +70,36 @@ def _failure(outcome: Outcome) -> ApiError:
         err = outcome.error
         return from_protocol(err.code, err.message, err.field)
     if outcome.kind == "event" and outcome.data is not None:
-        return from_protocol(str(outcome.data.get("code")), str(outcome.data.get("message")))
+        data = outcome.data
+        message = str(data.get("message"))
+        if data.get("code") == "runner_failed" and not data.get("retryable"):
+            for phrase, code in PROMPT_REFUSALS.items():
+                if phrase in message:  # the runner refused the prompt: the client's to fix
+                    return ApiError(400, message.rsplit(": ", 1)[-1], code=code)
+        return from_protocol(str(data.get("code")), message)
     if outcome.kind == "cancelled":
         return ApiError(499, "the request was cancelled", code="cancelled")
-    return ApiError(503, f"the scheduler is not reachable ({outcome.error})", "server_error",
+    logger.bind(job=outcome.data.get("job_id") if outcome.data else None).info(
+        "HTTP request not served: {}", outcome.error)
+    return ApiError(503, "the scheduler is not reachable; retry", "server_error",
                     code="shutting_down")
 
 
 async def _start(gateway: Gateway, job: dict[str, Any]) -> tuple[JobRun, dict[str, Any]]:
     """Submit; return the run and its ``accepted`` reply, or raise the refusal."""
     gateway.check_open()
+    carriable(job)
     link = gateway.link
     if link.open >= link.max_open:
-        raise ApiError(429, f"{link.open} requests are open at the gateway (the cap is "
-                            f"{link.max_open}); retry later", "rate_limit_error",
-                       code="queue_full")
+        raise too_many(link.open, link.max_open)
     link.open += 1
     run = link.start_job(job)
-    first = await run.next()
+    try:
+        first = await run.next()
+    except BaseException:  # the handler was cancelled (shutdown): stop the job, free the slot
+        run.cancel()
+        link.open -= 1
+        raise
     if first.kind != "accepted":
         await _drain(run)
         link.open -= 1
@@ -122,15 +146,58 @@ async def _collect(gateway: Gateway, request: Request, run: JobRun) -> dict[str,
     return done
 
 
+async def _until_started(gateway: Gateway, request: Request, run: JobRun) -> list[Outcome]:
+    """The outcomes up to the job's start (``started``, or a token or ``done`` first).
+
+    A stream's response begins only then, so a job the runner refuses before its start
+    (a prompt longer than the model's context) is an HTTP error status, not an error
+    inside a 200 stream; a client waits for the headers instead of for the first token,
+    which takes as long. A failure is raised (its slot given back); a client that goes
+    away meanwhile cancels the job.
+    """
+    watcher = asyncio.ensure_future(_watch_disconnect(request, run))
+    seen: list[Outcome] = []
+    failure: ApiError | None = None
+    try:
+        while (outcome := await run.next()).kind != "end":
+            if outcome.kind == "event" and outcome.data is not None \
+                    and outcome.data["type"] in STARTED:
+                seen.append(outcome)
+                return seen
+            if outcome.kind == "event" and outcome.data is not None \
+                    and outcome.data["type"] != "error":
+                seen.append(outcome)
+            elif outcome.kind != "accepted":
+                failure = failure or _failure(outcome)
+        failure = failure or ApiError(503, "the job ended before it started; retry",
+                                      "server_error", code="shutting_down")
+    except BaseException:
+        run.cancel()  # the handler was cancelled (shutdown): stop the job too
+        gateway.link.open -= 1
+        raise
+    finally:
+        watcher.cancel()
+    gateway.link.open -= 1
+    raise failure
+
+
 async def _stream(gateway: Gateway, run: JobRun, chunk: Callable[..., dict[str, Any]],
                   first: dict[str, Any] | None, include_usage: bool,
-                  accepted: dict[str, Any]) -> AsyncIterator[bytes]:
-    """SSE of a job: ``first`` (the role chunk), text chunks, the finish, usage, [DONE]."""
+                  accepted: dict[str, Any], pending: list[Outcome]) -> AsyncIterator[bytes]:
+    """SSE of a job: ``first`` (the role chunk), text chunks, the finish, usage, [DONE].
+    ``pending``: outcomes already read (by :func:`_until_started`), handled first."""
     ended = False
+
+    async def outcomes() -> AsyncIterator[Outcome]:
+        for outcome in pending:
+            yield outcome
+        while (outcome := await run.next()).kind != "end":
+            yield outcome
+
     try:
         if first is not None:
             yield _sse(first)
-        while (outcome := await run.next()).kind != "end":
+        async for outcome in outcomes():
             event = outcome.data if outcome.kind == "event" else None
             if event is None:
                 if outcome.kind != "accepted":
@@ -189,8 +256,10 @@ async def _complete(gateway: Gateway, request: Request, req: om.JobRequest, *,
         return om.completion_chunk(req, created, text=text, finish_reason=finish_reason,
                                    usage=usage, final_usage=final_usage)
 
+    pending = await _until_started(gateway, request, run)
     first = om.chat_chunk(req, created, role=True, content="") if chat else None
-    return StreamingResponse(_stream(gateway, run, chunk, first, req.include_usage, accepted),
+    return StreamingResponse(_stream(gateway, run, chunk, first, req.include_usage, accepted,
+                                     pending),
                              media_type="text/event-stream", headers=SSE_HEADERS)
 
 
@@ -199,21 +268,37 @@ async def embeddings(request: Request) -> Response:
     body = await _body(request, gateway)
     texts = om.embedding_texts(body, model=gateway.settings.embed_model)
     gateway.check_open()
-    try:
-        vectors = await gateway.link.embed(texts)
-    except ClientError as err:
-        raise from_protocol(err.code, err.message, err.field) from None
-    except ConnectionError as err:  # no pool (EmbedUnavailable, SchedulerUnavailable)
-        raise ApiError(503, str(err), "server_error", code="shutting_down") from None
+    with gateway.slot():  # embedding requests count against max_open_requests too
+        vectors = await _embed(gateway, texts)
+        # The tokenizer runs in a thread: a 256-text request must not stall the loop.
+        tokens = await asyncio.to_thread(gateway.count_embed_tokens, texts)
     base64_out = body.get("encoding_format") == "base64"
     data = []
     for i, row in enumerate(vectors):
         vector: Any = (base64.b64encode(row.astype("<f4").tobytes()).decode() if base64_out
                        else [float(x) for x in row])
         data.append({"object": "embedding", "index": i, "embedding": vector})
-    tokens = gateway.count_embed_tokens(texts)
     return JSONResponse({"object": "list", "data": data, "model": gateway.settings.embed_model,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def _embed(gateway: Gateway, texts: list[str]) -> Any:
+    """The pool's vectors, or the refusal as an HTTP error with nothing internal in it."""
+    try:
+        return await gateway.link.embed(texts)
+    except EncodeError as err:  # texts over the frame limit
+        raise ApiError(400, f"the request cannot be sent to the embedding pool: {err}",
+                       param="input", code="bad_envelope") from None
+    except ClientError as err:
+        if err.code == "unknown_model":  # the pool's own model is missing: our side
+            logger.warning("embedding request refused: {}", err.message)
+            raise ApiError(503, "the embedding model is not available on this runtime",
+                           "server_error", code="shutting_down") from None
+        raise from_protocol(err.code, err.message, err.field) from None
+    except (ConnectionError, Timeout) as err:  # no pool, or it did not answer in time
+        logger.warning("embedding request not served: {}", err)
+        raise ApiError(503, "the embedding pool is not reachable; retry", "server_error",
+                       code="shutting_down") from None
 
 
 async def list_models(request: Request) -> Response:
