@@ -68,6 +68,10 @@ from uniun.protocol.errors import ErrorCode, ProtocolError
 
 POLL_MS = 100  # loop tick: how often children are checked when no message arrives, ms
 DRAIN = 256  # messages read from one socket per tick before looking at the other
+# Frames ZeroMQ holds unread per client connection; past it ZeroMQ stops reading that
+# connection (the client's sends wait), so a client cannot park more than this in the pool.
+FRONT_RCVHWM = 64
+UNREAD_LOG_S = 5.0  # replies dropped for clients that do not read: logged this often, s
 STOP_GRACE_S = 3.0  # running requests get this long to finish on stop, s
 SERVICE_PRIOR_S = 0.2  # a request's run time assumed until one was measured, s
 SERVICE_WEIGHT = 0.2  # weight of the newest run time in the moving average
@@ -126,6 +130,7 @@ class _Counters:
     rejected_full: int = 0  # queue_full answers, both limits
     rejected_client: int = 0  # of those, because the connection was at its own cap
     dropped_gone: int = 0  # waiting requests dropped because their client had gone
+    dropped_unread: int = 0  # replies dropped because their client was not reading
     requeued: int = 0
     failed: int = 0
     yielded: int = 0  # answered requests that waited for interactive work to end
@@ -149,6 +154,7 @@ class EmbedPool:
         self.queue: FairQueue[_Request] = FairQueue(settings.queue_bound,
                                                     settings.client_queue_bound)
         self.service_s = SERVICE_PRIOR_S  # moving average of one request's run time, s
+        self._unread_logged = -UNREAD_LOG_S
         self.workers = [WorkerProcess(f"embed-{i}") for i in range(settings.workers)]
         self.counters = _Counters()
         self.endpoint = settings.endpoint
@@ -172,6 +178,7 @@ class EmbedPool:
         # Frames between the protocol limit and this are read and answered bad_envelope;
         # only absurd ones make ZeroMQ drop the connection.
         self.front.setsockopt(zmq.MAXMSGSIZE, 16 * self.s.limits.frame_bytes)
+        self.front.setsockopt(zmq.RCVHWM, FRONT_RCVHWM)
         if self.s.front_setup is not None:  # e.g. CURVE for a tcp endpoint
             self.s.front_setup(self.front)
         self.front.bind(self.s.endpoint)
@@ -284,8 +291,14 @@ class EmbedPool:
                 ErrorCode.INTERNAL, "the reply does not fit in one frame; send fewer texts")))
         try:
             self.front.send_multipart([*route, frame], zmq.NOBLOCK)
-        except zmq.Again:
-            logger.warning("client not reading; dropped a {} reply", msg.get("type"))
+        except zmq.Again:  # its outgoing queue is full: it has stopped reading
+            self.counters.dropped_unread += 1
+            now = time.monotonic()
+            if now - self._unread_logged >= UNREAD_LOG_S:
+                self._unread_logged = now
+                logger.warning("a client is not reading its replies; dropped a {} reply "
+                               "({} dropped so far)", msg.get("type"),
+                               self.counters.dropped_unread)
         except zmq.ZMQError as exc:
             if exc.errno != errno.EHOSTUNREACH:
                 raise
