@@ -45,8 +45,6 @@ import errno
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -55,14 +53,13 @@ from loguru import logger
 
 from uniun.actors.embedding.fair_queue import FairQueue
 from uniun.actors.embedding.model_gate import ModelGate
-from uniun.actors.embedding.worker import DEFAULT_MICRO_BATCH, EXIT_MODEL, INTERNAL_LIMITS
+from uniun.actors.embedding.pool_state import Counters, PoolSettings, Request, ServiceTime
+from uniun.actors.embedding.worker import EXIT_MODEL, INTERNAL_LIMITS
 from uniun.actors.embedding.workers import PIDS_FILE, WorkerProcess, publish_pids
 from uniun.actors.observe import Count, Observation, Sample
-from uniun.models.convert.embedding import MODEL_ID
-from uniun.models.store import ModelStore
 from uniun.protocol import messages as m
 from uniun.protocol import requests as rq
-from uniun.protocol.codec import DEFAULT_LIMITS, EncodeError, Limits, encode, try_decode
+from uniun.protocol.codec import EncodeError, encode, try_decode
 from uniun.protocol.endpoints import EMBED, remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
@@ -73,72 +70,9 @@ DRAIN = 256  # messages read from one socket per tick before looking at the othe
 FRONT_RCVHWM = 64
 UNREAD_LOG_S = 5.0  # replies dropped for clients that do not read: logged this often, s
 STOP_GRACE_S = 3.0  # running requests get this long to finish on stop, s
-SERVICE_PRIOR_S = 0.2  # a request's run time assumed until one was measured, s
-SERVICE_WEIGHT = 0.2  # weight of the newest run time in the moving average
-RETRY_MIN_S, RETRY_MAX_S = 0.05, 30.0  # the retry_after_s hint stays within these, s
 ALLOWED = frozenset({m.EMBED, m.PING, m.STATUS})
 
-
-@dataclass(frozen=True)
-class PoolSettings:
-    """How one pool runs. Defaults match ``[embed]`` of the runtime config.
-
-    The folders and the worker command are the runtime's to choose: ``run_dir`` holds the
-    private worker socket and the published pids, ``logs_dir`` one log per worker,
-    ``worker_argv`` starts one worker process (``runtime/embed_worker_main.py``).
-    """
-
-    endpoint: str
-    store: ModelStore
-    run_dir: Path
-    logs_dir: Path
-    worker_argv: tuple[str, ...]
-    workers: int = 2  # processes = requests served at once
-    queue_bound: int = 64  # requests waiting at most; more get queue_full
-    client_queue_bound: int = 16  # requests one connection may have waiting (0 = no cap)
-    micro_batch: int = DEFAULT_MICRO_BATCH  # texts per ONNX run of a request
-    model_id: str = MODEL_ID
-    threads: int = 1  # ONNX Runtime threads per worker
-    device_state: str = ""  # the scheduler's device-state endpoint ("" = never yield)
-    max_attempts: int = 3  # runs of one request (crashes included) before `internal`
-    request_timeout_s: float = 300.0  # a worker busy longer than this is killed, s
-    log_level: str = "INFO"
-    publish_endpoint: bool = True  # write run/embed.endpoint (false for private pools)
-    limits: Limits = DEFAULT_LIMITS
-    observe: Callable[[list[Observation]], None] | None = None  # MetricSink.apply
-    front_setup: Callable[[zmq.Socket], None] | None = None  # before bind (CURVE on tcp)
-    # After the sockets close, before the context terminates: what front_setup started on
-    # this context (CURVE's ZAP authenticator) must end first, or the term waits forever.
-    front_teardown: Callable[[], None] | None = None
-
-
-@dataclass
-class _Request:
-    route: list[bytes]  # ROUTER identity frames, sent back before the reply
-    key: tuple[bytes, ...]  # the connection it came on (its route, hashable)
-    msg_id: str
-    texts: tuple[str, ...]
-    rid: int
-    attempts: int = 0
-    arrived: float = 0.0  # monotonic seconds, for the latency metric
-
-
-@dataclass
-class _Counters:
-    accepted: int = 0
-    answered: int = 0
-    rejected_full: int = 0  # queue_full answers, both limits
-    rejected_client: int = 0  # of those, because the connection was at its own cap
-    dropped_gone: int = 0  # waiting requests dropped because their client had gone
-    dropped_unread: int = 0  # replies dropped because their client was not reading
-    requeued: int = 0
-    failed: int = 0
-    yielded: int = 0  # answered requests that waited for interactive work to end
-    yield_wait_s: float = 0.0  # their total wait, s
-    yield_wait_max_s: float = 0.0
-    micro_batches: int = 0  # ONNX runs of answered requests
-    yield_pauses: int = 0  # times a worker waited for interactive work before a run
-    yield_pauses_within: int = 0  # of those, between two runs of the same request
+__all__ = ["EmbedPool", "PoolSettings"]
 
 
 class EmbedPool:
@@ -151,12 +85,12 @@ class EmbedPool:
                              "client_queue_bound >= 0 and micro_batch >= 1")
         self.s = settings
         self.rules = rq.JobRules(default_model=settings.model_id)
-        self.queue: FairQueue[_Request] = FairQueue(settings.queue_bound,
+        self.queue: FairQueue[Request] = FairQueue(settings.queue_bound,
                                                     settings.client_queue_bound)
-        self.service_s = SERVICE_PRIOR_S  # moving average of one request's run time, s
+        self.service = ServiceTime()
         self._unread_logged = -UNREAD_LOG_S
         self.workers = [WorkerProcess(f"embed-{i}") for i in range(settings.workers)]
-        self.counters = _Counters()
+        self.counters = Counters()
         self.endpoint = settings.endpoint
         self.dim: int | None = None
         self._rid = 0
@@ -265,22 +199,16 @@ class EmbedPool:
                 text = (f"embedding queue is full ({refusal.waiting} waiting, "
                         f"{self._running()} running); retry later")
             reply = m.reply_error(req.id, ProtocolError(ErrorCode.QUEUE_FULL, text))
-            reply["retry_after_s"] = self._retry_after(refusal.limit)
+            turns = self.queue.connections if refusal.limit == "client" else 1
+            reply["retry_after_s"] = self.service.retry_after(workers=self.s.workers,
+                                                              turns=turns)
             self._reply(route, reply)
             return
         self._rid += 1
         self.counters.accepted += 1
-        self.queue.push(key, _Request(route, key, req.id, req.texts, self._rid,
+        self.queue.push(key, Request(route, key, req.id, req.texts, self._rid,
                                       arrived=time.monotonic()))
         self._dispatch()
-
-    def _retry_after(self, limit: str) -> float:
-        """When a refused request would likely fit, s: a slot frees when a worker takes
-        the next request (one run time over the workers); one connection's slot frees
-        when its turn comes round (as many runs as connections are waiting)."""
-        turns = max(1, self.queue.connections) if limit == "client" else 1
-        hint = self.service_s * turns / self.s.workers
-        return round(min(RETRY_MAX_S, max(RETRY_MIN_S, hint)), 3)
 
     def _reply(self, route: list[bytes], msg: dict[str, Any]) -> None:
         try:
@@ -312,7 +240,7 @@ class EmbedPool:
         logger.info("client gone before its {} reply (re {}); dropped its {} waiting "
                     "request(s)", msg.get("type"), msg.get("re"), len(dropped))
 
-    def _observe(self, outcome: str, req: _Request | None = None) -> None:
+    def _observe(self, outcome: str, req: Request | None = None) -> None:
         """Count one answered request (and its latency, when it was queued)."""
         if self.s.observe is None:
             return
@@ -321,7 +249,7 @@ class EmbedPool:
             obs.append(Sample("embed_latency_seconds", time.monotonic() - req.arrived))
         self.s.observe(obs)
 
-    def _answer_error(self, req: _Request, err: ProtocolError) -> None:
+    def _answer_error(self, req: Request, err: ProtocolError) -> None:
         self.counters.failed += 1
         self._observe(err.code.value, req)
         self._reply(req.route, m.reply_error(req.msg_id, err))
@@ -370,25 +298,11 @@ class EmbedPool:
             else:
                 self._answer_result(req, int(msg["dim"]), msg["data"])
                 worker.served += 1
-                self._count_wait(msg)
-                self.service_s += SERVICE_WEIGHT * (ran_s - self.service_s)
+                self.counters.add_result(msg)
+                self.service.add(ran_s)
         self._dispatch()
 
-    def _count_wait(self, result: dict[str, Any]) -> None:
-        """What a result says of its micro-batches and its waits for interactive work."""
-        c = self.counters
-        for name, field in (("micro_batches", "batches"), ("yield_pauses", "pauses"),
-                            ("yield_pauses_within", "pauses_within")):
-            value = result.get(field)
-            if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-                setattr(c, name, getattr(c, name) + value)
-        waited = result.get("waited_s")
-        if isinstance(waited, (int, float)) and waited > 0.001:
-            c.yielded += 1
-            c.yield_wait_s += float(waited)
-            c.yield_wait_max_s = max(c.yield_wait_max_s, float(waited))
-
-    def _answer_result(self, req: _Request, dim: int, data: bytes) -> None:
+    def _answer_result(self, req: Request, dim: int, data: bytes) -> None:
         width = 4 * dim
         vectors = [data[i * width:(i + 1) * width] for i in range(len(req.texts))]
         self.counters.answered += 1
