@@ -17,6 +17,9 @@ Two runtimes, each over a temporary home with the shared model store:
   pool had drained, so a shared machine's changing load shifts both alike
   (``ratio_paired_p50``: the median of the flood chats over the median of the idle
   ones).
+- ``flood_paired``: ``flood``, paired the same way: each flood chat follows a chat sent
+  with the producers busy and the flood paused (the pool drained), so the ratio is what
+  the flood adds to a loaded runtime.
 - ``embed``: scheduler, runner and the embedding pool, no producer and no chat: the
   pool's throughput inside the runtime (its priority, thread budget and yield listener
   included), 48 requests of 8 texts at once, as ``bench/embedding.py`` sends them.
@@ -221,21 +224,25 @@ def _pool_quiet(endpoint: str) -> bool:
 
 
 def _paired_chats(client: Client, model: str, flood: _FloodProcess, embed_ep: str,
-                  chats: int, log: Any) -> dict[str, Any]:
+                  chats: int, log: Any, ready: Callable[[], None] = lambda: None,
+                  mode: str = "pool_flood") -> dict[str, Any]:
     """``chats`` pairs: an idle chat (flood paused, pool drained), then a flood chat (flood
-    resumed and flowing again)."""
+    resumed and flowing again). ``ready`` runs before each chat (e.g. wait until the
+    runner is busy with producer work)."""
     idle, flooded = [], []
     for n in range(chats):
         flood.paused.set()
         _wait("the pool to drain", lambda: _pool_quiet(embed_ep))
         time.sleep(0.5)
+        ready()
         idle.append(_chat_ttft(client, model))
         flood.paused.clear()
         before = flood.counts()["ok"]
         _wait("the flood flowing again", lambda b=before: flood.counts()["ok"] >= b + 2)
+        ready()
         flooded.append(_chat_ttft(client, model))
-        log(f"pool_flood: pair {n + 1}/{chats} first token idle {idle[-1]:.3f}s, "
-            f"flood {flooded[-1]:.3f}s")
+        log(f"{mode}: pair {n + 1}/{chats} first token without the flood "
+            f"{idle[-1]:.3f}s, with it {flooded[-1]:.3f}s")
         time.sleep(0.5)
     return {"ttft_p50_s": statistics.median(flooded),
             "ttft_p90_s": sorted(flooded)[max(0, round(0.9 * len(flooded)) - 1)],
@@ -252,7 +259,7 @@ def run_mode(mode: str, model: str, chats: int, log: Any, device: str = "", *,
         config = f'[models]\nchat_model = "{model}"\n' + (
             QUIET if mode == "idle" else EMBED_ONLY if mode in ("embed", "pool_flood")
             else LOADED) + device
-        if mode in ("producers", "flood"):
+        if mode in ("producers", "flood", "flood_paired"):
             notes = home / "notes"
             notes.mkdir()
             for i in range(40):
@@ -271,7 +278,7 @@ def run_mode(mode: str, model: str, chats: int, log: Any, device: str = "", *,
                 log(f"embed: {result['texts_per_s']:.1f} texts/s, no chat in flight")
                 client.close()
                 return result
-            if mode in ("flood", "pool_flood"):
+            if mode in ("flood", "pool_flood", "flood_paired"):
                 flood = _FloodProcess(embed_ep, flood_texts, flood_in_flight)
                 _wait("the embedding pool", lambda: (home / "run" / "embed.sock").exists())
                 flood.start()
@@ -280,15 +287,21 @@ def run_mode(mode: str, model: str, chats: int, log: Any, device: str = "", *,
                 time.sleep(max(0.0, SETTLE_S - (time.monotonic() - ready_at)))
             ttfts = []
             paired: dict[str, Any] = {}
-            if mode == "pool_flood":
+
+            def producer_work() -> None:
+                _wait("producer work running", lambda: (client.status(timeout=5)
+                                                        .get("running") or {}).get("kind")
+                      not in (None, "chat"))
+
+            if mode in ("pool_flood", "flood_paired"):
                 assert flood is not None
-                paired = _paired_chats(client, model, flood, embed_ep, chats, log)
+                paired = _paired_chats(client, model, flood, embed_ep, chats, log, mode=mode,
+                                       ready=producer_work if mode == "flood_paired"
+                                       else lambda: None)
                 ttfts = paired["ttft_all_s"]
-            for n in range(chats if mode != "pool_flood" else 0):
+            for n in range(chats if mode not in ("pool_flood", "flood_paired") else 0):
                 if mode in ("producers", "flood"):
-                    _wait("producer work running", lambda: (client.status(timeout=5)
-                                                            .get("running") or {}).get("kind")
-                          not in (None, "chat"))
+                    producer_work()
                 ttfts.append(_chat_ttft(client, model))
                 log(f"{mode}: chat {n + 1}/{chats} first token after {ttfts[-1]:.3f}s")
                 time.sleep(1.0)
@@ -326,7 +339,7 @@ def run(model: str, chats: int, log: Callable[[str], None], *, device: str = "",
     results: dict[str, Any] = {
         mode: run_mode(mode, model, chats, log, device, flood_texts=flood_texts,
                        flood_in_flight=flood_in_flight) for mode in modes}
-    if any(mode in modes for mode in ("flood", "pool_flood")):
+    if any(mode in modes for mode in ("flood", "pool_flood", "flood_paired")):
         results["flood_shape"] = {"texts_per_request": flood_texts,
                                   "in_flight": flood_in_flight}
     for mode in ("producers", "flood", "pool_flood"):
@@ -347,7 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default="", help="extra TOML for every mode, e.g. "
                         "'[device]\\nyield_signal = false'")
     parser.add_argument("--modes", default="idle,producers,flood,embed",
-                        help="any of idle, producers, flood, pool_flood, embed")
+                        help="any of idle, producers, flood, pool_flood, flood_paired, "
+                             "embed")
     parser.add_argument("--flood-texts", type=int, default=1,
                         help="texts per flood request (default 1)")
     parser.add_argument("--flood-in-flight", type=int, default=16,
