@@ -191,8 +191,10 @@ def _result(reply: dict[str, Any]) -> np.ndarray | ClientError:
     if reply.get("type") != m.EMBEDDINGS:
         err = ClientError.from_msg(reply)
         hint = reply.get("retry_after_s")
-        ok = isinstance(hint, (int, float)) and not isinstance(hint, bool) and hint >= 0
-        err.retry_after_s = float(hint) if ok else None  # type: ignore[attr-defined]
+        retry_after: float | None = None
+        if isinstance(hint, (int, float)) and not isinstance(hint, bool) and hint >= 0:
+            retry_after = float(hint)
+        err.retry_after_s = retry_after  # type: ignore[attr-defined]
         return err
     dim, vectors = reply["dim"], reply["vectors"]
     return np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim).copy()

@@ -75,7 +75,7 @@ def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads:
     except Exception as exc:  # noqa: BLE001 - any load failure ends this worker the same way
         logger.error("cannot load the embedding model from {}: {}", model_dir, exc)
         return EXIT_MODEL
-    ctx = zmq.Context.instance()
+    ctx: zmq.Context = zmq.Context.instance()
     gate = PolledGate(device_state or None, ctx=ctx)
     sock = ctx.socket(zmq.DEALER)
     sock.setsockopt(zmq.IDENTITY, identity)
