@@ -189,13 +189,7 @@ def _result(reply: dict[str, Any]) -> np.ndarray | ClientError:
     """An ``embeddings`` reply as rows, or the ``error`` reply as a ``ClientError``; a
     ``queue_full`` carries the pool's ``retry_after_s`` hint (seconds, or None)."""
     if reply.get("type") != m.EMBEDDINGS:
-        err = ClientError.from_msg(reply)
-        hint = reply.get("retry_after_s")
-        retry_after: float | None = None
-        if isinstance(hint, (int, float)) and not isinstance(hint, bool) and hint >= 0:
-            retry_after = float(hint)
-        err.retry_after_s = retry_after  # type: ignore[attr-defined]
-        return err
+        return ClientError.from_msg(reply)
     dim, vectors = reply["dim"], reply["vectors"]
     return np.frombuffer(b"".join(vectors), dtype="<f4").reshape(len(vectors), dim).copy()
 

@@ -198,11 +198,10 @@ class EmbedPool:
             else:
                 text = (f"embedding queue is full ({refusal.waiting} waiting, "
                         f"{self._running()} running); retry later")
-            reply = m.reply_error(req.id, ProtocolError(ErrorCode.QUEUE_FULL, text))
             turns = self.queue.connections if refusal.limit == "client" else 1
-            reply["retry_after_s"] = self.service.retry_after(workers=self.s.workers,
-                                                              turns=turns)
-            self._reply(route, reply)
+            hint = self.service.retry_after(workers=self.s.workers, turns=turns)
+            self._reply(route, m.reply_error(req.id, ProtocolError(
+                ErrorCode.QUEUE_FULL, text, retry_after_s=hint)))
             return
         self._rid += 1
         self.counters.accepted += 1
