@@ -13,7 +13,7 @@ Theory of operation (h11-style: no I/O here, any socket layer drives it):
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, get_args
 
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
@@ -53,7 +53,10 @@ DONE = "done"
 EVENT_TYPES: frozenset[str] = frozenset({STARTED, TOKEN, PAUSED, DONE, ERROR})
 TERMINAL_EVENTS: frozenset[str] = frozenset({DONE, ERROR})
 
-PAUSE_REASONS = ("preempted", "slice", "budget", "swap")
+# Why a job was paused: a higher tier took the runner, its slice or its token budget was
+# spent, or the runner swaps to another model. Named once, for the wire and the policy.
+PauseReason = Literal["preempted", "slice", "budget", "swap"]
+PAUSE_REASONS: tuple[PauseReason, ...] = get_args(PauseReason)
 FINISH_REASONS = ("stop", "length")
 LIFECYCLE_STATES = ("foreground", "background")
 

@@ -16,9 +16,9 @@ import pytest
 
 from tests.actors.producers.mesh import Mesh, settled_fires
 from tests.wait import wait_for
-from uniun.actors.scheduler.effects import JSegment
-from uniun.actors.scheduler.journal import read_timeline
 from uniun.actors.producers.results_fires import fires
+from uniun.actors.scheduler.journal import read_timeline
+from uniun.actors.timeline import Segment
 
 pytestmark = pytest.mark.integration
 
@@ -134,7 +134,7 @@ check_interval_s = 0.5
     wait_for("the backfill under way", lambda: extracted() >= 3, timeout=300)
     cards_before, extracted_before = store.deck_size(), extracted()
 
-    def decided() -> list[JSegment] | None:
+    def decided() -> list[Segment] | None:
         """The runner's segments, once the policy has paused extract for its budget and
         given the runner to the fair pool after it (what the policy decided, from the
         timeline it journals; no wall-clock sampling)."""
