@@ -51,12 +51,13 @@ PREFILL_CHUNK = 64  # prompt positions fed per message, so control is checked du
 class _Active:
     job_id: str
     gen: Generation
-    t0: float  # when the segment's runner time was last reported (perf_counter)
+    t0: float  # when the segment's runner time was last reported (on ``clock``)
     stop_at: int | None  # generated count at which the grant is spent
+    clock: Callable[[], float] = time.perf_counter
 
     def lap(self) -> float:
         """Runner seconds since the last report of this segment."""
-        now = time.perf_counter()
+        now = self.clock()
         seconds, self.t0 = now - self.t0, now
         return seconds
 
@@ -64,12 +65,18 @@ class _Active:
 class RunnerJobs:
     """See the module docstring."""
 
-    def __init__(self, *, store: ModelStore, threads: int, parking: ParkingLot,
+    def __init__(self, *, store: ModelStore | None, threads: int, parking: ParkingLot,
                  preload: str | None, report: Callable[[rp.Report], None],
                  step_again: Callable[[], None], spinning: bool = True,
                  before_start: Callable[[rp.Start], None] | None = None,
-                 before_load: Callable[[], None] = lambda: None) -> None:
+                 before_load: Callable[[], None] = lambda: None,
+                 open_session: Callable[[str], Any] | None = None,
+                 clock: Callable[[], float] = time.perf_counter) -> None:
         self._store = store
+        # model id -> a loaded session; the real one (ONNX Runtime) unless a unit test
+        # gives a fake model. ``clock``: what a Token's runner seconds are measured on.
+        self._open_session = open_session or self._open_decoder
+        self._clock = clock
         self._before_load = before_load  # announces the load's silence (RunnerWorker)
         self._before_start = before_start  # test fault hook (runner_main.crash_hook)
         self._threads = threads
@@ -87,6 +94,7 @@ class RunnerJobs:
     def find_orphans(self, spill_dir: Path) -> None:
         """Adopt the spill files a previous runner process left in ``spill_dir``."""
         self._orphans = find_orphans(spill_dir)
+        self._update_stats()  # the heartbeats count them from the first beat
 
     def preload_model(self) -> None:
         """Load the chat model named at start, if any (a failure is logged, not reported)."""
@@ -151,15 +159,10 @@ class RunnerJobs:
             return True
         t0 = time.perf_counter()
         try:
-            from uniun.models.session import DecoderSession  # onnxruntime: loaded on demand
-
             if self.session is not None:
                 self.session.unload()
                 self.session = None
-            path = ensure_model(model_id, self._store)
-            self._before_load()  # parsing the tokenizer holds the GIL: no beats for a while
-            self.session = DecoderSession.load(path, threads=self._threads, model_id=model_id,
-                                               spinning=self._spinning)
+            self.session = self._open_session(model_id)
         except Exception as err:
             logger.exception("loading model {} failed", model_id)
             if report:
@@ -171,13 +174,25 @@ class RunnerJobs:
             self._report(rp.ModelLoaded(model_id=model_id, seconds=seconds))
         return True
 
+    def _open_decoder(self, model_id: str) -> Any:
+        """The model's ONNX session (fetched and converted into the store first if needed)."""
+        from uniun.models.session import DecoderSession  # onnxruntime: loaded on demand
+
+        if self._store is None:
+            raise RuntimeError("no model store to load models from")
+        path = ensure_model(model_id, self._store)
+        self._before_load()  # parsing the tokenizer holds the GIL: no beats for a while
+        return DecoderSession.load(path, threads=self._threads, model_id=model_id,
+                                   spinning=self._spinning)
+
     def _on_start(self, cmd: rp.Start) -> None:
         log = logger.bind(job=cmd.job_id)
         if self._before_start is not None:
             self._before_start(cmd)
         self.park_active(report=True)
         if not self.load(cmd.model_id, report=False):
-            self._report(rp.Failed(job_id=cmd.job_id, message=f"model {cmd.model_id} failed to load"))
+            self._report(rp.Failed(job_id=cmd.job_id,
+                                   message=f"model {cmd.model_id} failed to load"))
             return
         state = self._take_parked(cmd.job_id)
         try:
@@ -237,7 +252,7 @@ class RunnerJobs:
     def _activate(self, job_id: str, gen: Generation, grant: int, *, resumed: bool) -> None:
         p = gen.progress
         stop_at = len(p.generated_ids) + grant if grant > 0 else None
-        self.active = _Active(job_id, gen, time.perf_counter(), stop_at)
+        self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock)
         self._update_stats()
         self._report(rp.Started(job_id=job_id, resumed=resumed, prompt_tokens=len(p.prompt_ids),
                                 recomputed=gen.recomputed_tokens, seed=int(p.seed)))

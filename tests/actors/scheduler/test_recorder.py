@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tests.actors.scheduler.core_driver import Driver, assert_persisted_before_told
+from tests.actors.scheduler.driver import Driver, assert_persisted_before_told
 from uniun.actors.metrics import MetricSink
 from uniun.actors.observe import Count, Level, Sample
 from uniun.actors.scheduler.effects import Effects
