@@ -71,12 +71,19 @@ class RunnerJobs:
                  before_start: Callable[[rp.Start], None] | None = None,
                  before_load: Callable[[], None] = lambda: None,
                  open_session: Callable[[str], Any] | None = None,
-                 clock: Callable[[], float] = time.perf_counter) -> None:
+                 clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep,
+                 token_pace_s: float = 0.0) -> None:
         self._store = store
         # model id -> a loaded session; the real one (ONNX Runtime) unless a unit test
         # gives a fake model. ``clock``: what a Token's runner seconds are measured on.
         self._open_session = open_session or self._open_decoder
         self._clock = clock
+        self._sleep = sleep
+        # For tests only (runtime/runner_main.py's UNIUN_TEST_TOKEN_PACE_S): every token
+        # takes at least this many seconds of runner time, so a test's long job outlasts
+        # a slice, a deadline or a chat however fast the machine makes tokens. 0: off.
+        self._token_pace_s = token_pace_s
         self._before_load = before_load  # announces the load's silence (RunnerWorker)
         self._before_start = before_start  # test fault hook (runner_main.crash_hook)
         self._threads = threads
@@ -303,6 +310,8 @@ class RunnerJobs:
             self.active = None
             self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500], seconds=a.lap()))
             return
+        if self._token_pace_s > 0:
+            self._sleep(max(0.0, a.t0 + self._token_pace_s - self._clock()))
         self._report(rp.Token(job_id=a.job_id, seq=ev.seq, token_id=ev.token_id,
                               text=ev.text_delta, seconds=a.lap()))
         if ev.finished:

@@ -23,6 +23,7 @@ from uniun.actors.runner.jobs import PREFILL_CHUNK, RunnerJobs
 from uniun.models.kv import JobProgress, ParkedState
 from uniun.models.parking import ParkingLot
 from uniun.protocol import runner_records as rp
+from uniun.runtime.runner_main import token_pace
 
 MODEL = "m-chat"
 
@@ -34,6 +35,7 @@ class Bench:
 
     spill_dir: Path
     preload: str | None = MODEL
+    pace_s: float = 0.0  # the test hook's least seconds per token
     broken: set[str] = field(default_factory=set)  # models whose load fails
     reports: list[rp.Report] = field(default_factory=list)
     steps_asked: int = 0
@@ -46,6 +48,7 @@ class Bench:
         self.jobs = RunnerJobs(store=None, threads=1, parking=self.lot, preload=self.preload,
                                report=self.reports.append, step_again=self._step_again,
                                open_session=self._open, clock=self.clock,
+                               sleep=self.clock.advance, token_pace_s=self.pace_s,
                                before_start=lambda cmd: self.starts_seen.append(cmd.job_id))
 
     def _open(self, model_id: str) -> FakeSession:
@@ -134,6 +137,24 @@ def test_a_long_prompt_is_prefilled_in_chunks_with_control_checked_between(
     assert passes == (words - 1) // PREFILL_CHUNK  # a pass of the prompt per _Step
     assert bench.steps_asked == asked + passes + 1
     assert tokens(out) == [(0, token_id(0), text_of(0))]
+
+
+def test_a_token_pace_makes_every_token_take_at_least_that_long(tmp_path: Path) -> None:
+    bench = Bench(tmp_path, pace_s=0.05)
+    bench.jobs.preload_model()
+    bench.handle(start("slow", max_new_tokens=3))
+    out = bench.step(2)  # each step's own work took 0.01 s on the clock
+    bench.clock.advance(0.2)  # a step that took longer than the pace is not held back
+    out += bench.step()
+    assert [r.seconds for r in out if isinstance(r, rp.Token)] == pytest.approx(
+        [0.05, 0.05, 0.21])
+    assert out[-1].kind == "finished"
+
+
+def test_the_pace_hook_reads_seconds_and_ignores_anything_else() -> None:
+    assert token_pace("0.002") == 0.002 and token_pace(None) == 0.0 and token_pace("") == 0.0
+    for bad in ("fast", "-1", "nan", "1e9"):
+        assert token_pace(bad) == 0.0, bad
 
 
 # ---- pause, grant, resume ----------------------------------------------------------------
