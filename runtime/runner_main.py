@@ -48,10 +48,11 @@ CRASH_MARKER_ENV = "UNIUN_TEST_CRASH_MARKER"
 # Test hook: every model load first holds the GIL this many seconds, as loading Gemma 3's
 # tokenizer does, so a test can check that the runner is not restarted mid-load.
 LOAD_HOLD_ENV = "UNIUN_TEST_LOAD_HOLD_S"
-# Test hook: every token takes at least this many seconds of runner time (a sleep before
-# it is reported), so a test's long job outlasts a slice, a deadline or a chat however
-# fast the machine is: its length is its token count times this pace, not a hope that
-# the model is slow. The test harnesses set it for every runtime they start.
+# Test hook: the runner makes at most one token per this many seconds (it sleeps before
+# reporting a token that came early), so a test's long job outlasts a slice, a deadline
+# or a chat however fast the machine is: its length is at least its token count times
+# this pace, not a hope that the model is slow. The test harness sets it for every
+# runtime it starts.
 TOKEN_PACE_ENV = "UNIUN_TEST_TOKEN_PACE_S"
 
 
@@ -116,7 +117,7 @@ def token_pace(value: str | None) -> float:
         logger.warning("{}={!r} is not seconds in [0, 10]; no token pace", TOKEN_PACE_ENV,
                        value)
         return 0.0
-    logger.warning("test hook: every token takes at least {:g} s", pace)
+    logger.warning("test hook: at most one token per {:g} s", pace)
     return pace
 
 

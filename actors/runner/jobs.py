@@ -80,10 +80,12 @@ class RunnerJobs:
         self._open_session = open_session or self._open_decoder
         self._clock = clock
         self._sleep = sleep
-        # For tests only (runtime/runner_main.py's UNIUN_TEST_TOKEN_PACE_S): every token
-        # takes at least this many seconds of runner time, so a test's long job outlasts
-        # a slice, a deadline or a chat however fast the machine makes tokens. 0: off.
+        # For tests only (runtime/runner_main.py's UNIUN_TEST_TOKEN_PACE_S): a segment's n
+        # tokens take at least n times this many seconds of runner time, so a test's long
+        # job outlasts a slice, a deadline or a chat however fast the machine makes
+        # tokens. 0: off. Paced from (segment start, tokens then) of the active job.
         self._token_pace_s = token_pace_s
+        self._paced_from = (0.0, 0)
         self._before_load = before_load  # announces the load's silence (RunnerWorker)
         self._before_start = before_start  # test fault hook (runner_main.crash_hook)
         self._threads = threads
@@ -260,6 +262,7 @@ class RunnerJobs:
         p = gen.progress
         stop_at = len(p.generated_ids) + grant if grant > 0 else None
         self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock)
+        self._paced_from = (self.active.t0, len(p.generated_ids))
         self._update_stats()
         self._report(rp.Started(job_id=job_id, resumed=resumed, prompt_tokens=len(p.prompt_ids),
                                 recomputed=gen.recomputed_tokens, seed=int(p.seed)))
@@ -311,7 +314,7 @@ class RunnerJobs:
             self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500], seconds=a.lap()))
             return
         if self._token_pace_s > 0:
-            self._sleep(max(0.0, a.t0 + self._token_pace_s - self._clock()))
+            self._pace(len(a.gen.generated_ids))
         self._report(rp.Token(job_id=a.job_id, seq=ev.seq, token_id=ev.token_id,
                               text=ev.text_delta, seconds=a.lap()))
         if ev.finished:
@@ -325,6 +328,14 @@ class RunnerJobs:
             self.park_active(report=True, grant_spent=True)
         else:
             self._step_again()
+
+    def _pace(self, generated: int) -> None:
+        """Sleep until this segment's tokens have taken their least runner time (a
+        machine slower than the pace never sleeps; one that was slow for a while catches
+        up before it sleeps again)."""
+        since, tokens0 = self._paced_from
+        due = since + (generated - tokens0) * self._token_pace_s
+        self._sleep(max(0.0, due - self._clock()))
 
     # ---- parking --------------------------------------------------------------------
 

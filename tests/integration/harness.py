@@ -55,10 +55,11 @@ stop_grace_s = 6
 
 
 PROMPT = "hello world"
-# Every runtime a test starts makes each token take at least this long (the runner's test
-# hook, runtime/runner_main.py TOKEN_PACE_ENV): the tiny model alone makes a token in a
-# fraction of a millisecond on a fast machine, and a job that has to outlast a slice, a
-# deadline or a chat must do so by its token count, not by the machine being slow.
+# Every runtime a test starts makes at most one token per this many seconds (the runner's
+# test hook, runtime/runner_main.py TOKEN_PACE_ENV): the tiny model alone makes a token
+# in a fraction of a millisecond on a fast machine, and a job that has to outlast a
+# slice, a deadline or a chat must do so by its token count, not by the machine being
+# slow. Where the machine is slower than the pace, the pace costs nothing.
 TOKEN_PACE_S = 0.001
 LONG = 2500  # tokens: at least LONG_MIN_S of runner time, so there is time to preempt it
 LONG_MIN_S = LONG * TOKEN_PACE_S

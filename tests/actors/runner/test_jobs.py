@@ -139,16 +139,20 @@ def test_a_long_prompt_is_prefilled_in_chunks_with_control_checked_between(
     assert tokens(out) == [(0, token_id(0), text_of(0))]
 
 
-def test_a_token_pace_makes_every_token_take_at_least_that_long(tmp_path: Path) -> None:
+def test_a_token_pace_makes_a_segments_tokens_take_at_least_that_long(
+        tmp_path: Path) -> None:
     bench = Bench(tmp_path, pace_s=0.05)
     bench.jobs.preload_model()
-    bench.handle(start("slow", max_new_tokens=3))
-    out = bench.step(2)  # each step's own work took 0.01 s on the clock
-    bench.clock.advance(0.2)  # a step that took longer than the pace is not held back
-    out += bench.step()
+    bench.handle(start("slow", max_new_tokens=4))
+    out = bench.step(2)  # each step's own work takes 0.01 s on the clock
+    bench.clock.advance(0.2)  # a slow step is not held back, and the next catches up
+    out += bench.step(2)
     assert [r.seconds for r in out if isinstance(r, rp.Token)] == pytest.approx(
-        [0.05, 0.05, 0.21])
+        [0.05, 0.05, 0.21, 0.01])
     assert out[-1].kind == "finished"
+    bench.handle(start("again", max_new_tokens=1))  # a new segment is paced from its start
+    assert [r.seconds for r in bench.step() if isinstance(r, rp.Token)] == pytest.approx(
+        [0.05])
 
 
 def test_the_pace_hook_reads_seconds_and_ignores_anything_else() -> None:
