@@ -1,155 +1,99 @@
-"""Test helpers for the scheduler core: a fake runner, and a driver that feeds the core
-the way its host actor does (one input, then ``pump()``), recording every Effects.
+"""Test helpers for the scheduler core: a driver that feeds the core the way its host
+actor does (one input, then ``pump()``), recording every Effects, and the real runner.
 
-:class:`FakeRunner` answers the core's commands with the reports the runner's handlers
-(``actors/runner/jobs.py``, driven by ``worker.py``) send, without a model: token
-``seq`` of every job has id ``100 + seq`` and text ``"t<seq> "``, so a recompute
-continues exactly where the last runner stopped, and a ``Start`` whose tokens are not
-that stream is a core bug the fake refuses loudly. Nothing here opens a socket, starts a thread or reads a clock.
+The runner is :class:`~uniun.actors.runner.jobs.RunnerJobs` itself, the runner process's
+job bookkeeping, fed the way ``RunnerWorker`` feeds it (each command, each step) with the
+fake model of ``tests/actors/runner/fake_session.py`` (token ``seq`` of every job is id
+``100 + seq`` and text ``"t<seq> "``, so a recompute continues exactly where the last
+runner stopped). Its spill files live in a temporary folder the driver owns, so a runner
+that dies leaves them to the next one as a real one does. Nothing here opens a socket,
+starts a thread or reads a clock.
 """
 
 from __future__ import annotations
 
+import tempfile
 from collections.abc import Iterable
-from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from tests.actors.policy.harness import MODEL, FakeClock, spec
+from tests.actors.runner.fake_session import FakeSession, text_of, token_id
 from uniun.actors.policy import PolicyConfig, make_policy
+from uniun.actors.runner.jobs import RunnerJobs
 from uniun.actors.scheduler.core import SchedulerCore
 from uniun.actors.scheduler.effects import KEEP_TIMER, Effects, JAccept, JFinish, JToken
 from uniun.actors.scheduler.journal import JournalEntry
+from uniun.models.kv import JobProgress, ParkedState
+from uniun.models.parking import ParkingLot
 from uniun.protocol import requests as rq
 from uniun.protocol import runner_records as rp
 
-__all__ = ["MODEL", "Driver", "FakeRunner", "assert_persisted_before_told", "commands",
-           "entry", "msgs", "spec", "text_of", "token_id"]
+__all__ = ["MODEL", "TOO_LONG", "Driver", "Runner", "assert_persisted_before_told",
+           "commands", "entry", "msgs", "spec", "text_of", "token_id"]
 
-PROMPT_TOKENS = 3
-
-
-def token_id(seq: int) -> int:
-    return 100 + seq
+# A prompt the fake model's context cannot hold: the runner answers its Start ``Failed``.
+TOO_LONG = "w " * 600
 
 
-def text_of(seq: int) -> str:
-    return f"t{seq} "
+def spill_path(folder: Path, job_id: str) -> Path:
+    """One spill file per job, as the parking lot names them: a newer one replaces it."""
+    return folder / f"{job_id}.kvsnap"
 
 
-@dataclass
-class _Held:
-    """The runner's record of a job it was told about (the worker's parked progress)."""
+class Runner:
+    """A runner process as the core sees it: the real ``RunnerJobs`` and its parking lot,
+    handed each command or step the way ``RunnerWorker.on_receive`` hands them, its
+    reports collected. ``model_id``: the model it preloads (None: none)."""
 
-    generated: int
-    max_new_tokens: int
-    seed: int
-
-
-class FakeRunner:
-    """A runner process as the core sees it. ``target[job]``: tokens after which the job
-    stops on its own (finish_reason ``stop``); otherwise it runs to ``max_new_tokens``.
-    A job in ``fail`` cannot start (the worker's ``Failed``, e.g. a prompt too long)."""
-
-    def __init__(self, *, pid: int = 4242, model_id: str | None = MODEL,
-                 target: dict[str, int] | None = None, fail: Iterable[str] = ()) -> None:
-        self.pid, self.model_id = pid, model_id
-        self.target = dict(target or {})
-        self.fail = set(fail)
-        self.records: dict[str, _Held] = {}
-        self.active: str | None = None
-        self.stop_at: int | None = None
+    def __init__(self, *, pid: int, model_id: str | None, spill_dir: Path,
+                 clock: FakeClock) -> None:
+        self.pid = pid
+        self.spill_dir = spill_dir
         self.received: list[rp.Command] = []
-
-    def hold(self, job_id: str, generated: int, max_new_tokens: int = 20) -> "FakeRunner":
-        """Start up already holding a record (a spilled snapshot left by a dead runner)."""
-        self.records[job_id] = _Held(generated, max_new_tokens, seed=7)
-        return self
+        self._out: list[rp.Report] = []
+        self.lot = ParkingLot(spill_dir=spill_dir)
+        self.jobs = RunnerJobs(store=None, threads=1, parking=self.lot, preload=model_id,
+                               report=self._out.append, step_again=lambda: None,
+                               open_session=FakeSession, clock=clock)
+        self.jobs.find_orphans(spill_dir)  # what RunnerWorker.on_start does
+        self.jobs.preload_model()  # then _Boot: the preload, then Hello
 
     def hello(self) -> rp.Hello:
-        return rp.Hello(boot=f"fake-{self.pid}", pid=self.pid, model_id=self.model_id,
-                        jobs={j: r.generated for j, r in self.records.items()})
+        return rp.Hello(boot=f"boot-{self.pid}", pid=self.pid, model_id=self.jobs.model_id,
+                        jobs=self.jobs.held())
 
-    # ---- commands, answered like the worker's handlers ---------------------------------
+    @property
+    def active(self) -> str | None:
+        return self.jobs.active.job_id if self.jobs.active is not None else None
+
+    def holds(self, job_id: str) -> bool:
+        """The runner holds a parked or spilled record of the job (it would resume it)."""
+        return job_id in self.jobs.held()
 
     def handle(self, cmd: rp.Command) -> list[rp.Report]:
-        """Like ``RunnerJobs.handle``: a Resume it cannot honour as asked is ``Unknown``."""
-        self.received.append(cmd)
-        if isinstance(cmd, rp.Load):
-            out = self._park()
-            self.model_id = cmd.model_id
-            return out + [rp.ModelLoaded(model_id=cmd.model_id, seconds=0.0)]
+        """One command; a Start whose tokens are not the fake model's stream is a core
+        bug (it would have the runner continue after tokens no client saw), refused loudly."""
         if isinstance(cmd, rp.Start):
             assert cmd.tokens == [token_id(s) for s in range(len(cmd.tokens))], cmd
             assert cmd.text == "".join(text_of(s) for s in range(len(cmd.tokens))), cmd
-            out = self._park()
-            self.model_id = cmd.model_id
-            if cmd.job_id in self.fail:
-                return out + [rp.Failed(job_id=cmd.job_id, message="prompt too long")]
-            held = self.records.get(cmd.job_id)
-            recomputed = 0
-            if held is None or held.generated != len(cmd.tokens):
-                recomputed = len(cmd.tokens)
-                held = _Held(len(cmd.tokens), cmd.max_new_tokens,
-                             cmd.seed if cmd.seed is not None else 7)
-            held.max_new_tokens = cmd.max_new_tokens
-            self.records[cmd.job_id] = held
-            return out + self._activate(cmd.job_id, cmd.grant, bool(cmd.tokens), recomputed)
-        if isinstance(cmd, rp.Resume):
-            out = self._park()
-            held = self.records.get(cmd.job_id)
-            if held is None or held.generated != cmd.generated:
-                return out + [rp.Unknown(job_id=cmd.job_id)]
-            return out + self._activate(cmd.job_id, cmd.grant, True, 0)
-        if isinstance(cmd, rp.Pause):
-            return self._park() if self.active == cmd.job_id else []
-        if isinstance(cmd, rp.Cancel):
-            out: list[rp.Report] = []
-            if self.active == cmd.job_id:
-                self.active = None
-                out.append(rp.Cancelled(job_id=cmd.job_id, seconds=0.0))
-            self.records.pop(cmd.job_id, None)
-            return out
-        if isinstance(cmd, rp.Drop):
-            if self.active != cmd.job_id:
-                self.records.pop(cmd.job_id, None)
-            return []
-        raise AssertionError(f"the core sent an unknown command {cmd!r}")
+        self.received.append(cmd)
+        self.jobs.handle(cmd)
+        return self._drain()
 
     def step(self) -> list[rp.Report]:
-        """One decode step of the active job: a token, then maybe its end or its pause."""
-        job = self.active
-        if job is None:
-            return []
-        held = self.records[job]
-        seq = held.generated
-        held.generated += 1
-        out: list[rp.Report] = [rp.Token(job_id=job, seq=seq, token_id=token_id(seq),
-                                         text=text_of(seq), seconds=0.01)]
-        limit = min(self.target.get(job, held.max_new_tokens), held.max_new_tokens)
-        if held.generated >= limit:
-            self.active = None
-            del self.records[job]
-            reason = "length" if held.generated >= held.max_new_tokens else "stop"
-            out.append(rp.Finished(job_id=job, finish_reason=reason,
-                                   prompt_tokens=PROMPT_TOKENS, generated=held.generated,
-                                   seconds=0.0))
-        elif self.stop_at is not None and held.generated >= self.stop_at:
-            out += self._park(grant_spent=True)
+        """One ``_Step``: a token of the active job (or a prefill pass), maybe its end."""
+        self.jobs.step()
+        return self._drain()
+
+    def spill_parked(self) -> None:
+        """Write every parked job to the spill folder (a runner under its memory cap)."""
+        for job_id in self.lot.job_ids():
+            self.lot.take(job_id).spill(spill_path(self.spill_dir, job_id))
+
+    def _drain(self) -> list[rp.Report]:
+        out, self._out[:] = list(self._out), []
         return out
-
-    def _activate(self, job: str, grant: int, resumed: bool, recomputed: int) -> list[rp.Report]:
-        held = self.records[job]
-        self.active = job
-        self.stop_at = held.generated + grant if grant > 0 else None
-        return [rp.Started(job_id=job, resumed=resumed, prompt_tokens=PROMPT_TOKENS,
-                           recomputed=recomputed, seed=held.seed)]
-
-    def _park(self, grant_spent: bool = False) -> list[rp.Report]:
-        job, self.active = self.active, None
-        if job is None:
-            return []
-        return [rp.Paused(job_id=job, generated=self.records[job].generated, seconds=0.0,
-                          grant_spent=grant_spent)]
 
 
 def entry(job: str, kind: str, tokens: int, **fields: Any) -> JournalEntry:
@@ -170,6 +114,8 @@ class Driver:
 
     def __init__(self, *, queue_cap: int = 100, config: PolicyConfig | None = None,
                  entries: Iterable[JournalEntry] = (), observe: bool = False) -> None:
+        self._spill = tempfile.TemporaryDirectory(prefix="uniun-driver-")  # removed with us
+        self.spill_dir = Path(self._spill.name)
         # observe: record the timeline and make metric observations (the recorder's own
         # tests turn it on; the others assert the job writes alone)
         self.clock = FakeClock()
@@ -178,7 +124,7 @@ class Driver:
                                   wall=self.clock, processes=lambda: {"scheduler": 1},
                                   segments=observe, metrics=observe)
         self.history: list[Effects] = []
-        self.runner: FakeRunner | None = None
+        self.runner: Runner | None = None
         self.inbox: list[rp.Command] = []
         self.wake_at: float | None = None  # the host's one timer
         self.replayed = list(entries)
@@ -223,12 +169,28 @@ class Driver:
         """Every message of the whole run for ``conn`` about ``job`` (replies included)."""
         return [m for fx in self.history for m in msgs(fx, conn, type, job)]
 
-    def up(self, runner: FakeRunner | None = None) -> Effects:
-        self.runner = runner if runner is not None else FakeRunner()
+    def spilled(self, job_id: str, generated: int, max_new_tokens: int = 20,
+                model_id: str = MODEL) -> Driver:
+        """A dead runner left ``job_id``'s snapshot at ``generated`` tokens on disk."""
+        progress = JobProgress(prompt_ids=[1], max_new_tokens=max_new_tokens, seed=7,
+                               generated_ids=[token_id(s) for s in range(generated)],
+                               text="".join(text_of(s) for s in range(generated)),
+                               job_id=job_id, model_id=model_id)
+        ParkedState(progress).spill(spill_path(self.spill_dir, job_id))
+        return self
+
+    def up(self, *, pid: int = 4242, model_id: str | None = MODEL) -> Effects:
+        """A runner process starts (finding the spill files left in the driver's folder)
+        and says hello."""
+        self.runner = Runner(pid=pid, model_id=model_id, spill_dir=self.spill_dir,
+                             clock=self.clock)
         return self._host(self.core.runner_up(self.runner.hello()))
 
-    def down(self, reason: str = "killed") -> Effects:
-        """The runner process died: what it held and what was on its way to it is gone."""
+    def down(self, reason: str = "killed", *, spill: bool = False) -> Effects:
+        """The runner process died: what it held in memory and what was on its way to it
+        is gone; its spill files stay (``spill``: it had spilled every parked job)."""
+        if spill and self.runner is not None:
+            self.runner.spill_parked()
         self.runner, self.inbox = None, []
         return self._host(self.core.runner_down(reason))
 
