@@ -41,7 +41,7 @@ false\n"`` to measure what one mechanism buys (docs/device.md).
 
 Per mode: client-side TTFT (submit sent -> first ``token``) median and 90th percentile,
 and for the loaded modes what the producers got done meanwhile. Results go to
-``bench-results/producers.json`` (default). Figures depend on the machine's load; the
+``bench/results/chat-ttft-producers.json`` (default). Figures depend on the machine's load; the
 point is the ratio loaded / idle, which the five-tier policy keeps small.
 """
 
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m uniun.runtime.bench.producers")
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--chats", type=int, default=7)
-    parser.add_argument("--out", type=Path, default=Path("bench-results/producers.json"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/chat-ttft-producers.json"))
     parser.add_argument("--device", default="", help="extra TOML for every mode, e.g. "
                         "'[device]\\nyield_signal = false'")
     parser.add_argument("--modes", default="idle,producers,flood,embed",
