@@ -1,14 +1,14 @@
 """``models bench``: what the decoder session costs on this machine, in numbers.
 
-Other processes share the two cores, so timings are noisy and mostly *too slow*. Hence:
+Other processes share the cores, so timings are noisy and mostly *too slow*. Hence:
 
 * every time is the best of a few repetitions (the run least disturbed by others);
 * the three percentages are ratios of *work*: process CPU time, best against best, on a
   session whose threads do not spin (spin-waiting would count as CPU time). Unlike wall
   time, CPU time is not inflated by whoever else runs; the wall-time ratios are logged.
 
-The keys of :func:`run_bench`'s result are the contract of issue 3 (``--json`` prints
-exactly these):
+The keys of :func:`run_bench`'s result are a contract (``--json`` prints exactly these, and
+``bench`` and the README's results read them; docs/models.md):
 
 * ``load_s`` — :meth:`DecoderSession.load` wall time (onnxruntime session + tokenizer).
 * ``prefill_tokens_per_s`` — a 256-token prompt fed in one step, no prefix cache.

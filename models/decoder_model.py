@@ -52,7 +52,7 @@ class Interrupted(Exception):
 
 
 def _load_tokenizer(model_dir: Path) -> Any:
-    # Without transformers where the folder allows it (~50 MB less resident memory).
+    # Without transformers where the folder allows it (tens of MB less resident memory).
     return load_tokenizer(model_dir)
 
 
@@ -90,10 +90,9 @@ class DecoderModel:
         options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
         options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
         if not spinning:
-            # Spinning worker threads win on a quiet machine and lose under contention.
-            # SmolLM2, 2 threads, this 2-core machine: quiet, 10.8 ms/token spinning vs
-            # 15.5 not; with other test suites running (load 9), 100-115 vs 60 ms/token.
-            # The runner decodes while the rest of the runtime mostly waits, so spin by
+            # Spinning worker threads win on a quiet machine and lose under contention:
+            # a spinning thread holds a core that another process could use, and when the
+            # cores are oversubscribed the spinners slow each other down. The runner decodes while the rest of the runtime mostly waits, so spin by
             # default; turn it off where other heavy work shares the cores.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         for key, value in (session_config or {}).items():
@@ -102,8 +101,8 @@ class DecoderModel:
             options.enable_profiling = True
             options.profile_file_prefix = profile_prefix
         # No arena: onnxruntime's CPU arena keeps the high-water mark of every pass's
-        # activations for the life of the session (a 256-position prefill: ~30 MB more
-        # peak RSS, SmolLM2), and decode measured no slower without it (docs/models.md).
+        # activations for the life of the session (a long prefill's would stay resident),
+        # and decode is no slower without it (docs/models.md).
         options.enable_cpu_mem_arena = False
         self._ort = ort
         self._inflight: Any = None  # RunOptions of the pass running now (see interrupt)
@@ -169,8 +168,8 @@ class DecoderModel:
     def _shares_kv_buffers(self) -> bool:
         """Whether the graph can write ``present`` into the ``past`` buffer it was fed.
 
-        True for graphs whose attention is ``com.microsoft.GroupQueryAttention`` (ours from
-        builder 6 on, onnxruntime-genai exports) or our ``uniun.GgmlAttention``: the op
+        True for graphs whose attention is ``com.microsoft.GroupQueryAttention`` (ours,
+        onnxruntime-genai exports) or our ``uniun.GgmlAttention``: the op
         detects that past and present are one buffer and appends in place. Spelled-out
         attention concatenates instead.
         """
@@ -280,7 +279,7 @@ class DecoderModel:
             self._inflight = None
         self.passes += 1
         buf.written = past + n
-        logits = binding.get_outputs()[0].numpy()[0, -1].copy()  # 196 KB, ~10 us
+        logits = binding.get_outputs()[0].numpy()[0, -1].copy()  # one row: a small copy
         return logits, buf.view(past + n)
 
     def _bind(self, buf: KVBuffer) -> Any:

@@ -1,14 +1,13 @@
 """How the uncovered positions of a job are cut into forward passes — so resumes are exact.
 
 Why this exists: onnxruntime's kernels need not compute a position the same way in a
-one-position pass (a decode step) as in a many-position pass (a prefill). With the
-opset-23 ``Attention`` op (decoder builder < 5) they did not: a one-query pass took
-another kernel path, and after int8 activation quantisation a position's logits differed
-by up to ~1, while any two *many*-position passes agreed bit for bit. A resume that
-re-feeds generated tokens in one batched pass would then recompute them slightly
-differently from the uninterrupted run, and greedy decoding could drift. Builder 5 stacks
-the query heads of each KV head as rows, so every pass is a many-row pass and the two
-agree bit for bit; the session's probe checks this for every model it loads, and a model
+one-position pass (a decode step) as in a many-position pass (a prefill). Where a
+one-query pass takes another kernel path (the opset-23 ``Attention`` op does), int8
+activation quantisation turns the difference into visibly different logits, while any two
+*many*-position passes agree bit for bit. A resume that re-feeds generated tokens in one
+batched pass would then recompute them slightly differently from the uninterrupted run,
+and greedy decoding could drift. Our decoder graph stacks the query heads of each KV head
+as rows, so every pass is a many-row pass and the two agree bit for bit; the session's probe checks this for every model it loads, and a model
 where they disagree (an imported one, say) still gets exact one-token replay.
 
 The canonical cut, followed by every run and every replay alike:

@@ -3,9 +3,9 @@
  * (GGML_NATIVE on such a CPU).
  *
  * Why: on a small quantised model, 8-bit activation quantisation turns a last-bit
- * difference into a flipped code, and greedy text drifts from llama.cpp's within 20
- * tokens on half the prompts even when every op is "correct": llama.cpp disagrees with
- * itself that often when only its flash-attention or batch setting changes
+ * difference into a flipped code, and greedy text drifts from llama.cpp's within a few
+ * dozen tokens even when every op is "correct": llama.cpp's own text drifts that way when
+ * only its flash-attention or batch setting changes
  * (docs/models.md). The only way to give a user llama.cpp's tokens for llama.cpp's file is
  * to do the same float operations in the same order. Each function names the ggml code it
  * follows (ggml-cpu/ops.cpp, vec.cpp, vec.h, llamafile/sgemm.cpp, llama.cpp's vendored

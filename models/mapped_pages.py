@@ -132,11 +132,11 @@ def release_code_pages() -> int:
 
     Why: importing onnxruntime and building a session run a great deal of code once
     (kernel registration, graph optimizers), and a library pip has just written sits in
-    the page cache as large folios, each mapped whole by one fault: 23 MB of
-    onnxruntime's 36 MB library stayed resident. Code is never written, so dropping it
-    loses nothing; what a forward pass runs comes back a 4 KB page per fault (no
-    readahead, ``MADV_RANDOM``), read from disk once. SmolLM2's runner: peak RSS -25 MB,
-    its first pass ~0.1 s slower, once (docs/models.md "Memory"). Evicted the first time only:
+    the page cache as large folios, each mapped whole by one fault: most of onnxruntime's
+    library stays resident. Code is never written, so dropping it loses nothing; what a
+    forward pass runs comes back a 4 KB page per fault (no readahead, ``MADV_RANDOM``),
+    read from disk once: a lower peak RSS for the runner, for a first pass that is slower
+    once (docs/models.md "Memory"). Evicted the first time only:
     after that the code is cached as small pages, and a later load (a model swap) gets
     its pages back from memory, not from disk.
     """

@@ -1,10 +1,10 @@
 """The operator types a ``model.onnx`` uses, read without the ``onnx`` package.
 
 Why: the runner needs one bit about its graph (does it use ``GroupQueryAttention``, so
-that past and present KV may share a buffer?), and importing ``onnx`` to learn it costs
-the runner process 14 MB of resident memory for as long as it lives (issue 10: the
-runner's peak RSS against llama.cpp's). A model saved with external data keeps only the
-graph in ``model.onnx`` (193 KB for SmolLM2), so walking its protobuf fields by hand is
+that past and present KV may share a buffer?), and importing ``onnx`` to learn it would
+keep that package resident in the runner process for as long as it lives (the runner's
+peak RSS is one of the goals, docs/design.md §7). A model saved with external data keeps
+only the graph in ``model.onnx`` (kilobytes), so walking its protobuf fields by hand is
 quick: ``ModelProto.graph`` is field 7, ``GraphProto.node`` field 1, ``NodeProto.op_type``
 field 4 (onnx.proto3). Functions and subgraphs are not walked: the decoders we load
 keep their attention in the main graph.

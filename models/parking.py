@@ -1,8 +1,8 @@
 """The runner's store of parked jobs, under a memory cap: compact, trim, spill, drop.
 
-DESIGN.md §3 rule 3: under snapshot-memory pressure the runner first drops the dynamic
-part of parked snapshots and keeps the static prefix (the system prompt), then spills
-to disk, then drops. Whatever is shed, each job's :class:`~uniun.models.kv.JobProgress`
+Under snapshot-memory pressure (docs/kv-cache.md, "Parking many jobs") the runner first
+drops the dynamic part of parked snapshots and keeps the static prefix (the system
+prompt), then spills to disk, then drops. Whatever is shed, each job's :class:`~uniun.models.kv.JobProgress`
 stays here, so every parked job can still resume — from memory, from disk, from its
 prefix, or by recompute — with every token it already streamed.
 

@@ -1,9 +1,10 @@
 """The decoder's tokenizer without transformers: ``tokenizers`` plus the Jinja chat template.
 
-Why: importing transformers costs the runner ~42 MB of resident memory and its
-tokenizer object another ~9 MB over the bare ``tokenizers.Tokenizer`` it wraps, for the
-five things the runtime asks of a tokenizer. On a phone, memory is the first limit
-(issue 10: runner RSS vs llama.cpp). :class:`LightTokenizer` answers exactly those:
+Why: importing transformers costs the runner tens of MB of resident memory, and its
+tokenizer object more over the bare ``tokenizers.Tokenizer`` it wraps, for the five
+things the runtime asks of a tokenizer. On a phone, memory is the first limit (the
+runner's peak RSS is one of the goals, docs/design.md §7). :class:`LightTokenizer`
+answers exactly those:
 
 - ``tok(text, add_special_tokens=...)["input_ids"]`` (encoding, with the post-processor
   of ``tokenizer.json`` adding BOS where the model wants it);

@@ -1,6 +1,6 @@
 """The envelope codec: one msgpack map per ZeroMQ frame, decoded under hard limits.
 
-Rules of this file (PROTOCOL.md "Transport"):
+Rules of this file (docs/protocol.md, "Transport"):
 
 - One message is one frame holding one msgpack **map** with **string** keys. Anything
   else -- not msgpack, trailing bytes, a list at the top, an int or bytes key, an ext
@@ -32,14 +32,14 @@ import msgpack
 
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
-DEFAULT_FRAME_BYTES = 1 << 20  # 1 MiB: PROTOCOL.md's default frame size limit, bytes
+DEFAULT_FRAME_BYTES = 1 << 20  # 1 MiB: the protocol's default frame size limit, bytes
 
 
 @dataclass(frozen=True)
 class Limits:
     """Hard limits applied to every decoded frame. All defaults are documented here.
 
-    ``frame_bytes``: the whole frame, bytes (default 1 MiB, PROTOCOL.md).
+    ``frame_bytes``: the whole frame, bytes (default 1 MiB, docs/protocol.md).
     ``max_str_len``: one string, UTF-8 bytes (default: the frame size; a prompt may be
     most of a frame). ``max_bin_len``: one byte string, bytes (default: the frame size;
     embedding vectors are bin). ``max_array_len``: items in one list (default 65 536).

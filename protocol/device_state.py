@@ -1,5 +1,5 @@
 """The device-state signal: "interactive work is in flight", from the scheduler to the
-processes that compute outside the runner (issue 9, docs/device.md).
+processes that compute outside the runner (docs/device.md).
 
 Why a PUB socket: the signal is one-way and lossy by nature (only the latest value
 matters), the scheduler must never wait for or know about its listeners, and a listener

@@ -1,6 +1,6 @@
 """Where the scheduler's front (and the embedding pool) listen, and how clients find out.
 
-PROTOCOL.md: the front defaults to ``ipc://$UNIUN_HOME/run/front.sock``; whatever the
+docs/protocol.md: the front defaults to ``ipc://$UNIUN_HOME/run/front.sock``; whatever the
 scheduler actually binds (``--front tcp://...`` or config) is written to
 ``$UNIUN_HOME/run/front.endpoint``, so a client with no explicit endpoint reads that
 file first and falls back to the default. Same for ``embed``.

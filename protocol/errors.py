@@ -13,7 +13,7 @@ from typing import Any
 
 
 class ErrorCode(str, Enum):
-    """Every error code of PROTOCOL.md v1. The values are the wire strings."""
+    """Every error code of protocol v1 (docs/protocol.md). The values are the wire strings."""
 
     BAD_ENVELOPE = "bad_envelope"
     UNSUPPORTED_VERSION = "unsupported_version"

@@ -29,7 +29,7 @@ class StreamOwner(Protocol):
 
 
 class ClientError(Exception):
-    """The scheduler answered ``error``: ``code`` is the PROTOCOL.md code."""
+    """The scheduler answered ``error``: ``code`` is the protocol's error code."""
 
     def __init__(self, code: str, message: str, *, field: str | None = None,
                  job_id: str | None = None, retryable: bool = False,

@@ -1,4 +1,4 @@
-"""The OS side of scheduling the whole device (issue 9, point 2; docs/device.md).
+"""The OS side of scheduling the whole device (docs/device.md).
 
 Two things the kernel and ONNX Runtime do better than any signal of ours:
 

@@ -2,7 +2,7 @@
 
 The supervisor starts it through ``python -m uniun.runtime.process scheduler`` (logging,
 supervisor heartbeat and SIGTERM handling are set up there). This function builds the
-three actors of DESIGN.md §4 and wires them:
+three actors of docs/scheduler-runner.md and wires them:
 
     clients --DEALER--> [front ROUTER] FrontActor --tell--> SchedulerHost --tell--> RunnerLink
                                          ^                     |   ^                 |
@@ -99,7 +99,8 @@ def main(config: RuntimeConfig) -> int:
     ensure_private_dir(run_dir())
     # The actors share one interpreter lock; a thread that has work (the runner link
     # with a chat's first token) waits for a busy one to reach the switch interval.
-    # 1 ms instead of 5: bench burst, chat TTFT behind 10,000 submits (docs/device.md).
+    # 1 ms instead of Python's 5: a chat's first token does not wait out a busy thread's
+    # slice (docs/device.md; `python -m uniun.runtime.bench.burst` measures it).
     sys.setswitchinterval(SWITCH_INTERVAL_S)
     stop = threading.Event()
     process.on_stop(stop.set)

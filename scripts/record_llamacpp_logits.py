@@ -12,8 +12,8 @@ for an AVX-512 CPU (``GGML_NATIVE`` there), the build our ggml operators follow.
         --peer-python /tmp/peer-llamacpp/bin/python --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out tests/models/data/llamacpp-smollm2-q4_1.json
 
-The peer is built by ``../shared/peers/build-llamacpp.sh``; it is a development tool and
-never a runtime dependency.
+The peer is the ``peer`` extra (``CMAKE_ARGS=-DGGML_NATIVE=ON pip install -e '.[peer]'``,
+docs/models.md); it is a development tool and never a runtime dependency.
 """
 
 from __future__ import annotations

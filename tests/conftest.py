@@ -27,7 +27,7 @@ def _isolated_home(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return home
 
 
-# -- models (issue 3): built or pulled into the shared store once, then reused ------------
+# -- models: built or pulled into the shared store once, then reused --------------------
 @pytest.fixture(scope="session")
 def tiny_model() -> str:
     """Model id ``tiny-1``: the tiny synthetic decoder, built in the store if absent."""

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from uniun.models.embedding import EmbeddingSession
     from uniun.protocol.embed_client import EmbedClient
 
-WAIT_S = 180.0  # generous: a loaded 2-core machine may be converting the model meanwhile
+WAIT_S = 180.0  # seconds; generous: a loaded small machine may be converting the model meanwhile
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""The layout of DESIGN.md §2, checked: rooms by process, imports that flow one way.
+"""The layout of docs/layout.md, checked: rooms by process, imports that flow one way.
 
 Every module of the four code folders is parsed with ``ast`` (nothing is imported), and
 each ``import`` of a ``uniun`` module becomes an edge from its room to the target's room:
@@ -238,7 +238,7 @@ def test_the_checks_see_a_violation_when_there_is_one() -> None:
 
 @pytest.mark.parametrize("room_name", CODE_ROOMS)
 def test_modules_stay_readable(room_name: str) -> None:
-    """Modules under ~400 lines (STYLE.md 10); a longer one is split by responsibility."""
+    """Modules under ~400 lines (docs/style.md §5); a longer one is split by responsibility."""
     long = [f"{p.relative_to(ROOT)}: {n} lines" for p in (ROOT / room_name).rglob("*.py")
             if (n := len(p.read_text().splitlines())) > 420]
     assert not long, "\n".join(long)

@@ -1,6 +1,6 @@
 """The one way tests wait: poll a condition until it holds, with a generous deadline.
 
-Nothing in the suite asserts on timing (a loaded 2-core machine is slow); a wait that
+Nothing in the suite asserts on timing (a loaded small machine is slow); a wait that
 runs out fails with what it was waiting for.
 """
 

@@ -1,4 +1,4 @@
-"""The scheduling policy: pure, clock-injected, no I/O (DESIGN.md §3).
+"""The scheduling policy: pure, clock-injected, no I/O (docs/scheduling.md).
 
 No sockets, threads, models or actor library here: the scheduler process hosts a policy
 object and drives it; tests drive it with a fake clock; the trace simulator drives it
@@ -48,7 +48,7 @@ Contract with the host:
   ``on_cancelled`` (``on_paused`` counts as cancelled too).
 - Reports for a job that is not on the runner raise :class:`IllegalTransition` or
   :class:`UnknownJob` and change nothing (host bugs, not client errors).
-- Time: ``clock`` is the policy's time (monotonic); PROTOCOL.md ``deadline`` is unix
+- Time: ``clock`` is the policy's time (monotonic); the wire's ``deadline`` is unix
   seconds and is converted once at submit: ``clock() + (deadline - wall_clock())``.
   ``wake_at`` is on the policy clock: arm one timer for it, call ``decide()`` when it
   fires (a stale timer is harmless: ``decide()`` then answers ``Idle``).

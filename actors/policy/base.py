@@ -6,7 +6,7 @@ a job is submitted once, is on the runner at most once at a time, and ends exact
 so a rejected call leaves the policy as it was.
 
 Time: every method reads the injected ``clock`` (monotonic seconds in production, a fake
-in tests). PROTOCOL.md deadlines are unix wall-clock seconds; ``submit`` converts one
+in tests). Wire deadlines (docs/protocol.md) are unix wall-clock seconds; ``submit`` converts one
 once, as ``clock() + (deadline - wall_clock())``, so the policy only ever compares
 policy-clock times. Pass ``wall_clock=clock`` where both are the same clock (tests, the
 trace simulator).
@@ -71,7 +71,7 @@ class PolicyBase(ABC):
 
     @abstractmethod
     def status(self) -> dict[str, Any]:
-        """The PROTOCOL.md ``status`` fields this policy knows."""
+        """The ``status`` reply fields (docs/protocol.md) this policy knows."""
 
     @abstractmethod
     def tier(self, job: PolicyJob, now: float) -> int:

@@ -1,4 +1,4 @@
-"""The T2 budget (DESIGN.md §3 rule 5): extract's share of runner time, rolling window.
+"""The T2 budget (docs/scheduling.md, "T2 budget"): extract's share of runner time, rolling window.
 
 Why a ratio over busy time, not over the window's length: with a length-based cap
 (180 of every 300 s) T2 would take its whole 180 s first while fair-pool work waits

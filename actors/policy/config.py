@@ -1,4 +1,4 @@
-"""Every tunable of the scheduling policy (DESIGN.md §3), with its default and unit.
+"""Every tunable of the scheduling policy (docs/scheduling.md), with its default and unit.
 
 One frozen object, so that a run of the policy is fully described by (config, inputs,
 clock). ``runtime/config.py`` builds it from the ``[policy]`` table of the TOML file: it
@@ -20,7 +20,7 @@ def _no_weights() -> Mapping[str, float]:
 
 @dataclass(frozen=True)
 class PolicyConfig:
-    """The defaults of DESIGN.md §3. Times are seconds of the policy clock."""
+    """The defaults of docs/scheduling.md. Times are seconds of the policy clock."""
 
     # --- kinds (rules: T0 admits chat, T2 admits extract) -------------------------------
     # Kind that is T0 (never preempted, never fair-pooled). Default "chat".

@@ -1,6 +1,6 @@
 """What the policy tells its host to do, and what report methods answer.
 
-The step contract between scheduler and runner (STYLE.md "What that means here" 3): a
+The step contract between scheduler and runner (docs/style.md §2, "The step contract"): a
 small frozen record out of :meth:`decide`, a small report in. Each record carries
 ``wake_at``, the policy-clock time at which ``decide()`` should be asked again even if
 nothing else happens (deadline promotion, slice expiry, T2 window roll, end of the chat

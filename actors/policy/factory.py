@@ -1,4 +1,4 @@
-"""Policies by name (DESIGN.md §3 rule 10: selectable by config)."""
+"""Policies by name (selectable by config; docs/scheduling.md)."""
 
 from __future__ import annotations
 

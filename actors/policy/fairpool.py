@@ -1,4 +1,4 @@
-"""The fair pool's bookkeeping (DESIGN.md §3 rule 4), in the manner of Linux CFS.
+"""The fair pool's bookkeeping (docs/scheduling.md, "Fair pool"), in the manner of Linux CFS.
 
 Nouns: a *flow* is the fairness key of a job (job field ``flow``, default its kind);
 ``vruntime[flow]`` is the runner time its jobs consumed divided by the flow's weight;

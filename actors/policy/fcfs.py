@@ -1,4 +1,4 @@
-"""The baseline (DESIGN.md §3 rule 10): one FIFO, no preemption, no affinity, no budgets.
+"""The baseline (docs/scheduling.md): one FIFO, no preemption, no affinity, no budgets.
 
 It exists so that every benchmark can show UNIUN against what a plain queue does, behind
 the same interface. It still keeps the facts straight (a job runs once at a time, ends

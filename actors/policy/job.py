@@ -111,7 +111,7 @@ class PolicyJob:
 
     spec: JobSpec
     arrival: float               # policy-clock time of submit
-    deadline_at: float | None    # policy-clock time of the PROTOCOL.md deadline
+    deadline_at: float | None    # policy-clock time of the wire's deadline
     key: int                     # FIFO key in its tier: smaller goes first (front < 0)
     status: JobStatus = JobStatus.QUEUED
     waiting_since: float = 0.0   # when it last entered the queue (for starvation)

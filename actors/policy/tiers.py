@@ -30,7 +30,7 @@ TIER_NAMES: tuple[str, ...] = ("T0", "T1", "T2", "T3", "T4")
 
 def tier_of(job: PolicyJob, *, now: float, foreground: str | None,
             config: PolicyConfig) -> int:
-    """The tier of ``job`` at ``now`` (DESIGN.md §3 table; first match wins)."""
+    """The tier of ``job`` at ``now`` (docs/scheduling.md, "The five tiers"; first match wins)."""
     kind = job.spec.kind
     if kind == config.chat_kind:
         return T0

@@ -1,4 +1,4 @@
-"""The UNIUN policy: five strict tiers, a CFS fair pool, budgets, affinity (DESIGN.md §3).
+"""The UNIUN policy: five strict tiers, a CFS fair pool, budgets, affinity (docs/scheduling.md).
 
 Theory of operation. :meth:`UniunPolicy.decide` surveys the waiting jobs once (bucket
 fronts, see :mod:`~uniun.actors.policy.tiers`) and files the best candidate of each
@@ -79,7 +79,7 @@ class _Survey:
 
 
 class UniunPolicy(PolicyBase):
-    """DESIGN.md §3, rules 1-9. See the module docstring for how a pick is made."""
+    """The rules of docs/scheduling.md. See the module docstring for how a pick is made."""
 
     name = "uniun"
 

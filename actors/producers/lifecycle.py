@@ -1,7 +1,7 @@
 """How producers learn the app's lifecycle: they poll the scheduler's ``status``.
 
 The scheduler is the one place that receives ``lifecycle foreground|background``
-(PROTOCOL.md), and its ``status`` reply carries ``lifecycle``. Polling (default every
+(docs/protocol.md), and its ``status`` reply carries ``lifecycle``. Polling (default every
 second) keeps the producers free of any extra socket or subscription protocol; a
 handover therefore lags a flip by at most one poll, which is harmless because the
 results database settles who fires each Gana slot (``runtime.results_fires``).

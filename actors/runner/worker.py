@@ -199,7 +199,7 @@ class RunnerWorker(pykka.ThreadingActor):
         """Before a model load: say we will be silent for up to ``load_grace_s``.
 
         Why: loading holds the GIL for seconds (tokenizers parses ``tokenizer.json``
-        without releasing it: Gemma 3's takes ~4.6 s of CPU), so neither the pump nor the
+        without releasing it: Gemma 3's takes seconds of CPU), so neither the pump nor the
         process's heartbeat thread can beat, and both the scheduler and the supervisor
         would take us for hung and restart us mid-swap. One beat to each, carrying
         ``quiet_s``, widens their patience for that long (protocol/liveness.py); our own

@@ -1,13 +1,13 @@
 """The scheduler host actor: feeds the scheduler core and carries out what it returns.
 
-Thin by design (STYLE.md lesson 7): every message is turned into one call of
+Thin by design (docs/style.md §2, "Actors are thin"): every message is turned into one call of
 :class:`~uniun.actors.scheduler.core.SchedulerCore`, followed by ``core.pump()``; the
 :class:`~uniun.actors.scheduler.effects.Effects` that come back are applied in their fixed
 order — journal writes committed first, then client messages told to the front, then
 runner commands told to the link — and the core's ``wake_at`` arms the one timer. Nothing
 here decides anything, blocks, or asks another actor.
 
-Two lanes (issue 9, point 4). Client requests come from the front a
+Two lanes, so control is never queued behind bulk work. Client requests come from the front a
 :class:`~uniun.actors.scheduler.front.ClientBatch` at a time (control first); their
 journal writes are committed in one transaction per chunk of ``CHUNK`` requests, and
 the host answers :class:`BatchDone` when it is through. The runner link does not tell

@@ -1,4 +1,4 @@
-"""The body of the ``status`` reply (PROTOCOL.md "status carries at least ...").
+"""The body of the ``status`` reply (docs/protocol.md, "status").
 
 Pure: the core passes what it knows, the caller's ``processes`` map included (the
 scheduler's own pid and those the supervisor published; the core reads no files), and

@@ -1,4 +1,4 @@
-"""Benchmark: how long one ``decide()`` takes with 10,000 jobs queued (DESIGN.md §7).
+"""Benchmark: how long one ``decide()`` takes with 10,000 jobs queued (docs/design.md §7).
 
     .venv/bin/python -m uniun.actors.sim.policy_bench [--jobs 10000] [--rounds 2000] [--out FILE]
 

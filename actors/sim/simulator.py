@@ -41,16 +41,15 @@ HORIZON_S = 7 * 24 * 3600.0
 
 @dataclass(frozen=True)
 class CostModel:
-    """What the simulated runner's work costs. Defaults: SmolLM2-135M on this machine
-    class (DESIGN.md §7: 293 tokens/s prefill, ~9.3 ms/token decode)."""
+    """What the simulated runner's work costs. Defaults: SmolLM2-135M on the machine class
+    the project targets (docs/design.md §7); pass the figures of another machine or model
+    (``simulate --prefill-ms-per-token/--decode-ms-per-token/--swap-s``)."""
 
-    prefill_ms_per_token: float = 3.4
-    decode_ms_per_token: float = 9.3
-    # `uniun-runtime bench-swaps` on this 2-core machine, quiet (docs/models.md "Swap
-    # benchmark"), builder 9 (the QMatMul kernel): 28 swaps SmolLM2-135M <-> Gemma 3
-    # 270M, the two policies' mean swap 0.85 and 0.88 s; 0.87 s is their median. (1.6 with
-    # builder 8's prepacked MatMulNBits weights; 15.0 before that: measured at load
-    # average 11-20, and 42 s of it a pull the bench timed.)
+    prefill_ms_per_token: float = 3.4  # prompt tokens, ms each (default 3.4)
+    decode_ms_per_token: float = 9.3  # generated tokens, ms each (default 9.3)
+    # One model swap, seconds (default 0.87): of the order `uniun-runtime bench-swaps`
+    # measures between SmolLM2-135M and Gemma 3 270M (``measured_swap_s`` in
+    # bench/results/swaps-multi-model.json; docs/models.md, "Swap benchmark").
     swap_s: float = 0.87
     # The runner prefills in chunks of this many tokens and can stop between them.
     prefill_chunk_tokens: int = 64
@@ -331,7 +330,8 @@ def _round(value: float | None) -> float | None:
 
 
 def summarize(result: SimResult) -> dict[str, Any]:
-    """The ``--json`` object of ``uniun-runtime simulate`` (issue 2's shape)."""
+    """The ``--json`` object of ``uniun-runtime simulate`` (docs/scheduling.md, "The trace
+    simulator")."""
     by_kind: dict[str, list[JobRecord]] = {}
     for record in result.jobs.values():
         by_kind.setdefault(record.kind, []).append(record)

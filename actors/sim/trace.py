@@ -2,7 +2,7 @@
 
 ::
 
-    {"t": 12.5, "event": "submit", "job": {<PROTOCOL.md job map>,
+    {"t": 12.5, "event": "submit", "job": {<job map, docs/protocol.md>,
                                            "prompt_tokens": 80, "new_tokens": 128}}
     {"t": 30.0, "event": "cancel", "job_id": "..."}
     {"t": 40.0, "event": "foreground", "kind": "nataraj"}      (or null)

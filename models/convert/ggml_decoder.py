@@ -2,8 +2,8 @@
 
 Why a second spelling of the decoder: a 135M model with 4-bit weights and 8-bit
 activations amplifies a last-bit difference into a flipped activation code, and greedy
-text then drifts; llama.cpp agrees with itself on only 3-4 of 8 prompts over 20 tokens
-when nothing but its flash-attention or batch setting changes (issue 10, docs/models.md).
+text then drifts; llama.cpp's own text drifts that way within a few dozen tokens when
+nothing but its flash-attention or batch setting changes (docs/models.md).
 So "close to llama.cpp" cannot give a user llama.cpp's text for llama.cpp's file; doing
 each float operation in llama.cpp's order can. This graph is made of our operators that
 do exactly that (``models/ggml_ops.c``, ``models/ggml_ort.c``, QMatMul with ``ggml=1``),

@@ -66,11 +66,9 @@ from uniun.models.convert.qmatmul_pack import packable
 __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNAL_DATA_NAME"]
 
 OPSET = 23
-# Bumped whenever the graph this module writes changes; the store rebuilds models it
-# made with an older builder (see ``store.ensure_model``).
-BUILDER_VERSION = 10  # 6: GroupQueryAttention, last-position logits; 7: head in parts;
-# 8: the residual add joined with the Q4_1 correction in one Sum; 9: uniun.QMatMul;
-# 10: llama.cpp's arithmetic (ggml_decoder) where it applies
+# Bump whenever the graph this module writes changes: the store rebuilds the models it
+# made with an older version (see ``store.ensure_model``).
+BUILDER_VERSION = 10
 HEAD_PART_ROWS = 16384  # rows per LM-head part (see _head)
 EXTERNAL_DATA_NAME = "model.onnx.data"
 
@@ -253,9 +251,10 @@ def _head(g: GraphBuilder, x: str, head: Weight) -> str:
     """The LM head, as :data:`HEAD_PART_ROWS`-row ``MatMulNBits`` parts joined by a Concat.
 
     Why parts: onnxruntime prepacks a 4/8-bit weight at load while the original is still
-    resident, so one 49,152-row head (SmolLM2, 27 MB of 8-bit codes) raised the runner's
-    peak RSS by its own size during the load, and Gemma 3's 262,144 rows by 168 MB.
-    Parts keep that transient to one part's size; the Concat of the logits costs ~20 us.
+    resident, so a whole 49,152-row head (SmolLM2, 27 MB of 8-bit codes) would raise the
+    runner's peak RSS by its own size during the load, and Gemma 3's 262,144 rows by
+    168 MB. Parts keep that transient to one part's size; the Concat of the logits is
+    cheap beside a decode step.
     """
     n = head.shape[0]
     whole = g.qmatmul and isinstance(head, BlockQuantized) and packable(head)

@@ -6,8 +6,8 @@ One runtime (scheduler and runner only) over a temporary home with the shared mo
 store. Per repetition a raw protocol client (one DEALER, msgpack maps, nothing of the
 product's client) sends ``N`` small ``nataraj`` submits as fast as ZeroMQ takes them,
 then one chat, and times the chat from its send to its first ``token``. What it checks
-is issue 9's point 4: control (the chat, the runner's reports) is not queued behind bulk
-in the scheduler's inbox. It also reports the chat TTFT with nothing queued, and how long
+is that control (the chat, the runner's reports) is not queued behind bulk in the
+scheduler's inbox. It also reports the chat TTFT with nothing queued, and how long
 the whole burst took to be acknowledged.
 """
 

@@ -1,6 +1,6 @@
 """The end-to-end benchmark: a real runtime, real sockets, the real model.
 
-What it measures (DESIGN.md §7), for each policy (``uniun`` and the ``fcfs`` baseline),
+What it measures (docs/design.md §7), for each policy (``uniun`` and the ``fcfs`` baseline),
 each figure the median over ``reps`` repetitions:
 
 - ``http``: chat TTFT idle over the HTTP gateway against the ZeroMQ front, interleaved in
@@ -54,7 +54,7 @@ Log = Callable[[str], None]
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 BG_PROMPT = ("Write a long, detailed story about a lighthouse keeper who finds a message "
              "in a bottle. Describe the sea, the weather and every day of the week.")
-WAIT_S = 180.0  # generous: a loaded 2-core machine
+WAIT_S = 180.0  # seconds; generous: a loaded small machine is slow
 
 
 def median(values: list[float]) -> float | None:

@@ -1,4 +1,4 @@
-"""Benchmarks of issue 11: chat TTFT over HTTP against the ZeroMQ front, and what
+"""Benchmarks of the HTTP door: chat TTFT over HTTP against the ZeroMQ front, and what
 constrained decoding costs per token.
 
 * :func:`measure_http` — in a running bench runtime (its gateway on a free port), idle,

@@ -4,9 +4,9 @@ Three runtimes run side by side on the same model: ``on`` as shipped (``[metrics
 enabled`` and ``[trace] segments``, the default), ``off`` with both off, and ``control``,
 a second one with both off. Only one of them works at a time.
 
-Why three, and why rounds. On this class of machine a chat's TTFT varies by 2x from one
-chat to the next (32-78 ms, quiet) and two *identical* runtimes can differ by a few per
-cent for as long as they live (where their processes landed). A ratio of two medians
+Why three, and why rounds. On a small shared machine a chat's TTFT varies widely from
+one chat to the next, even when nothing else runs, and two *identical* runtimes can differ
+by a few per cent for as long as they live (where their processes landed). A ratio of two medians
 then wanders by more than the 2 % the goal is about, so the bench:
 
 - pairs its samples: every repetition measures each runtime once, in a rotating order,
@@ -27,7 +27,7 @@ Also the scheduler process's CPU time per generated token (from ``/proc``, summe
 token and per chat start, on vs off, which hardly moves with machine load and bounds
 what recording can add.
 
-Goal (issue 12): TTFT and decode speed "on" within 2 % of "off". The JSON says
+Goal (docs/design.md §7): TTFT and decode speed "on" within 2 % of "off". The JSON says
 ``ttft_ratio`` (on / off), ``decode_ratio`` and whether each is within 2 %.
 """
 
@@ -186,8 +186,8 @@ def core_cost(jobs: int = 200, tokens: int = 20, blocks: int = 6) -> dict[str, A
     submit, its dispatch, ``started`` and the first token (what lies on a chat's TTFT
     path in the scheduler); the *tokens* are the rest and the finish. Blocks alternate
     on/off and the medians are compared, in process CPU time, so the figures hardly
-    move with other load. Divided by a TTFT (~40 ms) and a decode step (~8 ms for
-    SmolLM2 on 2 cores) they bound what recording can add end to end.
+    move with other load. Divided by the TTFT and the decode step measured end to end,
+    they bound what recording can add there.
     """
     import tempfile
 

@@ -6,8 +6,8 @@ with the same threads and the same token ids, each in a process of its own
 (round 1 loads ours first, round 2 the peer, and so on), then asked for one short
 measurement at a time, in turn and mirrored (A B B A A B ...): three prefills and
 :data:`DECODE_SEGMENTS` decode runs each. So each of our figures has one of the peer's
-taken seconds before or after it: this machine's speed drifts by x1.3-1.9 within
-minutes, and figures taken a minute apart would compare two phases, not two engines.
+taken seconds before or after it: a shared machine's speed drifts by tens of per cent
+within minutes, and figures taken a minute apart would compare two phases, not two engines.
 The round's ratios compare the best figure of each engine in the round; the summary
 gives every round's ratios (the goals say "in every run").
 
@@ -21,14 +21,14 @@ The agreement has a control: once per run, llama.cpp itself with two settings th
 only the order of float additions (:data:`CONTROLS`: its flash-attention kernel, and the
 prompt fed one position per pass). How often llama.cpp's default agrees with those is the
 metric's noise floor on these prompts: where the top two logits are within rounding of
-each other, any change of summation order picks the other token and the texts part. On
-SmolLM2-135M Q4_1 that floor is 3-4 of 8 (``docs/models.md``, "Greedy agreement").
+each other, any change of summation order picks the other token and the texts part
+(``docs/models.md``, "Greedy agreement", has the current floor).
 Beside it, a figure that one near-tie does not decide: top-1 along llama.cpp's greedy
 text (ours and each control fed that text token by token; at how many of its 160
 positions each would have picked llama.cpp's token).
 
-llama-cpp-python is a development extra (``pip install -e '.[peer]'``, compiled for this
-CPU; ``../shared/peers/build-llamacpp.sh``), never a runtime dependency: without it the
+llama-cpp-python is a development extra (``CMAKE_ARGS=-DGGML_NATIVE=ON pip install -e
+'.[peer]'``, compiled for this CPU; docs/models.md), never a runtime dependency: without it the
 bench says how to get it and stops.
 """
 
@@ -79,8 +79,8 @@ def peer_python(explicit: str | None) -> str:
     if probe.returncode != 0:
         raise PeerUnavailable(
             f"llama-cpp-python is not importable by {python}: install the development "
-            "extra (CMAKE_ARGS=-DGGML_NATIVE=ON pip install -e '.[peer]') or build the "
-            "peer with ../shared/peers/build-llamacpp.sh and pass --peer-python")
+            "extra (CMAKE_ARGS=-DGGML_NATIVE=ON pip install -e '.[peer]') or pass "
+            "--peer-python with a Python that has it")
     return python
 
 

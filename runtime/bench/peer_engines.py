@@ -116,7 +116,7 @@ PEER_VARIANTS: dict[str, dict[str, Any]] = {
 
 
 class _LlamaCpp:
-    """llama.cpp through llama-cpp-python, as ``../shared/peers/llamacpp_engine.py`` runs it."""
+    """llama.cpp through llama-cpp-python, with its default parameters unless the spec says."""
 
     def __init__(self, spec: dict[str, Any], variant: str = "llama.cpp") -> None:
         import llama_cpp.llama_cpp as low_level
@@ -124,7 +124,7 @@ class _LlamaCpp:
 
         if not spec.get("peer_extra_buffers", True):
             # llama.cpp's repacked / AMX weight buffers off (``use_extra_bufts``): its AMX
-            # path crashes on some Xeons (a SIGSEGV in the first decode). Llama() has no
+            # path crashes on some AMX-capable CPUs (a SIGSEGV in the first decode). Llama() has no
             # argument for it, so the default parameters it starts from are changed.
             defaults = low_level.llama_model_default_params
 

@@ -9,8 +9,9 @@ Two runtimes, each over a temporary home with the shared model store:
 - ``producers``: the default producers (extract with a 40-note backlog, Nataraj,
   gana-cron, background-Gana) and the embedding pool (embedding the notes). The chats are
   sent once the runner is busy with producer work.
-- ``flood``: the same, plus a process of its own flooding the embedding pool with requests the whole
-  time (on this 2-core machine the pool's two workers compete with the runner for CPU).
+- ``flood``: the same, plus a process of its own flooding the embedding pool with requests
+  the whole time (on a machine with few cores the pool's workers compete with the runner
+  for CPU).
 - ``pool_flood``: scheduler, runner and the embedding pool, no producer, and the same flood
   process: what the pool alone costs a chat while another app floods it. Paired in one
   runtime: each flood chat follows an idle chat sent while the flood was paused and the

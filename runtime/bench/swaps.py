@@ -21,14 +21,14 @@ Reported per policy:
 - ``finished`` / ``submitted`` and the wall time.
 
 The runtimes run with the default heartbeat rule. Loading Gemma's tokenizer (262,144
-pieces, 513,511 merges) holds the GIL for ~4.6 s of CPU in ``tokenizers``, so no runner
+pieces, 513,511 merges) holds the GIL for seconds of CPU in ``tokenizers``, so no runner
 thread can beat meanwhile; the runner announces each load's silence first
 (``supervisor.load_grace_s``, docs/runtime.md). ``runner_restarts`` counts any restart
 that still happened: it should be 0.
 
 Why a window and a token scale: the trace is sized so a phone's runner is slightly
-over-loaded; on this 2-core machine at trace speed a full replay would take 15 minutes per
-policy and never drain. The window keeps the trace's order, spacing and model mix.
+over-loaded; at trace speed on the machine class the project targets a full replay would
+take many minutes per policy and never drain. The window keeps the trace's order, spacing and model mix.
 """
 
 from __future__ import annotations

@@ -1,11 +1,11 @@
 """A property-based wire fuzzer: hostile frames against a running scheduler's front.
 
-What it checks (issue 13, point 3), frame by frame, on one DEALER connection:
+What it checks (docs/fuzzing.md), frame by frame, on one DEALER connection:
 
 - every request with a valid id gets exactly one reply carrying that ``re``, and every
   frame without one (garbage, several frames, a hostile id) exactly one reply without
   ``re``; no reply for an id twice, none for an id never sent;
-- every error code, in replies and in job events alike, is in PROTOCOL.md's table;
+- every error code, in replies and in job events alike, is in docs/protocol.md's table;
 - ``internal`` never appears (``internal`` means "our bug", and hostile input is not one);
 - the scheduler's pid (``status.processes.scheduler``) is the same at the end.
 

@@ -5,7 +5,7 @@ With ``--http``, hostile HTTP requests against the running gateway instead
 
 The same fuzzer the test suite runs for a bounded number of frames
 (``runtime/chaos/fuzz.py``), for as many as one asks: every request answered exactly
-once, every error code in PROTOCOL.md's table, never ``internal``, the scheduler never
+once, every error code in docs/protocol.md's table, never ``internal``, the scheduler never
 restarted. Exit status 0 only if all of that held. Needs Hypothesis (the ``test`` extra).
 """
 

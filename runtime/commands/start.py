@@ -276,7 +276,7 @@ def _http_url(config: RuntimeConfig, since: float) -> str | None:
 
 def _ready(endpoint: str, with_runner: bool) -> bool:
     """The front answers, and (with a runner) ``status`` says a chat would be answered
-    now: the runner said Hello after loading and warming its model (issue 9)."""
+    now: the runner said Hello after loading and warming its model (docs/device.md)."""
     if not with_runner:
         return _pings(endpoint)
     from uniun.protocol.client import Client

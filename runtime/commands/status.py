@@ -1,4 +1,4 @@
-"""``uniun-runtime status``: the scheduler's ``status`` (PROTOCOL.md) as a table, or JSON."""
+"""``uniun-runtime status``: the scheduler's ``status`` (docs/protocol.md) as a table, or JSON."""
 
 from __future__ import annotations
 

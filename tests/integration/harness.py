@@ -6,7 +6,7 @@ raw protocol maps, a log of every message in arrival order) so tests can assert 
 order of events across jobs and send malformed frames; tests that need reconnects use
 the product's :class:`~uniun.protocol.client.Client`.
 
-Every wait is generous (a loaded 2-core machine is slow); nothing asserts on timing. A
+Every wait is generous (a loaded small machine is slow); nothing asserts on timing. A
 long job is long by its token count at a fixed least pace per token (``TOKEN_PACE_S``),
 so a fast machine cannot finish it before the test has preempted, cancelled or killed it.
 """

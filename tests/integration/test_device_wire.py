@@ -1,4 +1,4 @@
-"""The whole device obeys the foreground (issue 9), seen from outside a real runtime.
+"""The whole device obeys the foreground (docs/device.md), seen from outside a real runtime.
 
 Scheduler, runner and embedding pool are the product's processes. While a chat
 generates, an embedding request sent to the pool is accepted and waits; it is answered

@@ -1,4 +1,4 @@
-"""Every PROTOCOL.md error code, provoked through the wire and answered.
+"""Every error code of docs/protocol.md, provoked through the wire and answered.
 
 After each provocation the scheduler must still serve (a ``ping`` is answered) and
 nothing it had accepted may be lost. ``internal`` is the one code no message can

@@ -1,8 +1,8 @@
 """A model load that holds the GIL for longer than the heartbeat rule allows.
 
-Loading Gemma 3's tokenizer holds Python's GIL for ~4.6 s of CPU (more on a busy
-device), so no thread of the runner can beat; before the runner announced its loads,
-the supervisor restarted it mid-swap, in a loop. The runner's test hook
+Loading Gemma 3's tokenizer holds Python's GIL for seconds of CPU (more on a busy
+device), so no thread of the runner can beat; were the runner not to announce its loads,
+the supervisor would restart it mid-swap, in a loop. The runner's test hook
 (``UNIUN_TEST_LOAD_HOLD_S``, runtime/runner_main.py) holds the GIL that long before every
 load, here longer than the 5 s the test config allows (1 s x 5 missed beats): at boot
 (the chat model's preload) and on a swap to a second model.

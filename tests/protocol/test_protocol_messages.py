@@ -1,4 +1,4 @@
-"""Request validation and reply/event builders of protocol v1 (PROTOCOL.md)."""
+"""Request validation and reply/event builders of protocol v1 (docs/protocol.md)."""
 
 from __future__ import annotations
 

@@ -117,7 +117,7 @@ def test_an_unknown_command_is_refused_and_the_engine_carries_on(
 @pytest.mark.parametrize("engine", ["llama.cpp", "llama.cpp-flash-attn"])
 def test_a_peer_that_crashes_is_named_with_its_signal_and_a_way_out(
         tmp_path: Path, engine: str) -> None:
-    """llama.cpp's AMX path dies of SIGSEGV on some Xeons: say so, and name the flag."""
+    """llama.cpp's AMX path dies of SIGSEGV on some AMX-capable CPUs: say so, and name the flag."""
     from uniun.runtime.bench.peer import EngineProcess
 
     crashing = tmp_path / "python-that-segfaults"

@@ -1,4 +1,5 @@
-"""The OS side of issue 9: thread budget (pure) and lowered CPU priority (real)."""
+"""The OS side of scheduling the device (docs/device.md): thread budget (pure) and lowered
+CPU priority (real)."""
 
 from __future__ import annotations
 

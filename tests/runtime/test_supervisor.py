@@ -42,7 +42,7 @@ class Runtime:
         self.home = home
         self.config = home / "uniun.toml"
         self.config.parent.mkdir(parents=True, exist_ok=True)
-        # Fast beats, yet 1.6 s of silence before "dead": a busy 2-core machine can
+        # Fast beats, yet 1.6 s of silence before "dead": a busy small machine can
         # delay a healthy child's beat well past 3 intervals.
         self.config.write_text("[supervisor]\nheartbeat_interval_s = 0.2\n"
                                "missed_heartbeats = 8\n"

@@ -215,7 +215,7 @@ class PolicyMachine(RuleBasedStateMachine):
 
     def hoisted(self, job_id: str) -> bool:
         """A T2 job whose note the user has opened since it was dispatched: it is T1 now
-        (DESIGN.md §3), which the budget does not preempt; its time is not T2's."""
+        (docs/scheduling.md), which the budget does not preempt; its time is not T2's."""
         job = self.jobs[job_id]
         return job.kind == "extract" and job.hint and self.foreground_kind == "extract"
 

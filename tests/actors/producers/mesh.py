@@ -4,7 +4,7 @@ The integration harness's :class:`~integration.harness.Runtime` runs only schedu
 runner; :class:`Mesh` is the same runtime with the whole mesh the config enables
 (producers, embedding pool, background-Gana), the tiny model, and a few helpers for the
 results store and the CLI. Waits are generous and nothing asserts on timing: a loaded
-2-core machine is slow.
+small machine is slow.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Issue 5: an embedding flood leaves scheduler work and chat unaffected in correctness.
+"""An embedding flood leaves scheduler work and chat unaffected in correctness.
 
 One runtime (scheduler, runner, embedding pool with a small queue bound; tiny chat
 model). A chat and a background job run once on a quiet runtime for reference, then
