@@ -1,1 +1,2 @@
-"""Actors: the policy room and one sub-room per process made of pykka actors (scheduler, runner, producers, embedding pool, simulator)."""
+"""Actors: the policy room and one sub-room per process made of pykka actors (scheduler,
+runner, producers, embedding pool, simulator)."""

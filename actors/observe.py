@@ -12,7 +12,6 @@ order.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Union
 
 __all__ = ["Count", "Sample", "Level", "Observation", "Labels"]
 
@@ -46,4 +45,4 @@ class Level:
     labels: Labels = ()
 
 
-Observation = Union[Count, Sample, Level]
+Observation = Count | Sample | Level

@@ -142,7 +142,7 @@ class SocketPump:
                 self.last_endpoint = sock.getsockopt_string(zmq.LAST_ENDPOINT)
             except zmq.ZMQError:
                 self.last_endpoint = ""
-        except BaseException as err:  # handed to start()'s caller
+        except BaseException as err:  # noqa: BLE001 - handed to start()'s caller
             self._error = err
             self._ready.set()
             return
@@ -213,7 +213,7 @@ class SocketPump:
             args = ([p.bytes for p in parts], _user_id(parts[-1])) if self._user_id else (frames,)
             try:
                 self._on_frames(*args)
-            except Exception as err:  # e.g. the actor it tells has just stopped
+            except Exception as err:  # noqa: BLE001 - e.g. the actor it tells has just stopped
                 logger.debug("pump {}: callback failed: {!r}", self.name, err)
                 self.release()
         self.backlog = True
@@ -223,7 +223,7 @@ class SocketPump:
         logged and the pump carries on until it is stopped."""
         try:
             return callback(*args)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - the pump outlives a failing callback
             logger.debug("pump {}: callback failed: {!r}", self.name, err)
             return None
 

@@ -1,1 +1,2 @@
-"""Models: the model store, decoder and embedding sessions, KV state (snapshot, park, spill), sampling, tokenizer helpers."""
+"""Models: the model store, decoder and embedding sessions, KV state (snapshot, park,
+spill), sampling, tokenizer helpers."""

@@ -74,18 +74,28 @@ class _Clock:
     def __init__(self) -> None:
         self.wall = self.cpu = 0.0
 
-    def __call__(self, fn: Callable[[], Any]) -> Any:
+    def __call__(self, fn: Callable[..., Any], *args: Any) -> Any:
         w0, c0 = time.perf_counter(), time.process_time()
-        out = fn()
+        out = fn(*args)
         self.wall += time.perf_counter() - w0
         self.cpu += time.process_time() - c0
         return out
 
 
-def _timed(fn: Callable[[], Any]) -> tuple[float, Any]:
+def _timed(fn: Callable[..., Any], *args: Any) -> tuple[float, Any]:
     clock = _Clock()
-    out = clock(fn)
+    out = clock(fn, *args)
     return clock.wall, out
+
+
+def _resume_step(session: DecoderSession, parked: Any) -> Any:
+    """Resume a parked job and decode its next token (what a resume costs a user)."""
+    return session.step(session.resume(parked))
+
+
+def _recompute_step(session: DecoderSession, record: Any) -> Any:
+    """Rebuild a job from its record alone and decode its next token."""
+    return session.step(session.recompute(record))
 
 
 def _saving(fast: list[_Clock], slow: list[_Clock]) -> tuple[float, float]:
@@ -121,13 +131,13 @@ def _speed(session: DecoderSession, context: list[int], reps: int,
     prefill = []
     for _ in range(reps + 2):
         gen = session.start(prompt_ids=context, max_new_tokens=1, ignore_eos=True)
-        prefill.append(_timed(lambda: session.step(gen))[0])
+        prefill.append(_timed(session.step, gen)[0])
     out["prefill_tokens_per_s"] = CONTEXT / min(prefill)
     decode = []
     for _ in range(reps):
         gen = session.start(prompt_ids=context[:16], max_new_tokens=GEN, ignore_eos=True)
         session.step(gen)
-        decode.append(statistics.median(_timed(lambda: session.step(gen))[0]
+        decode.append(statistics.median(_timed(session.step, gen)[0]
                                         for _ in range(GEN - 1)) * 1e3)
     out["decode_ms_per_token"] = min(decode)
     log(f"prefill {out['prefill_tokens_per_s']:.0f} tokens/s, decode "
@@ -135,14 +145,14 @@ def _speed(session: DecoderSession, context: list[int], reps: int,
     snaps, restores, snap_resumes, recomputes = [], [], [], []
     for _ in range(reps):
         gen = _paused_job(session, context)
-        t_park, parked = _timed(lambda: session.park(gen))
-        t_resume, gen = _timed(lambda: session.resume(parked))
+        t_park, parked = _timed(session.park, gen)
+        t_resume, gen = _timed(session.resume, parked)
         snaps.append(t_park)
         restores.append(t_resume)
         parked = session.park(gen)
-        snap_resumes.append(_timed(lambda: session.step(session.resume(parked)))[0])
+        snap_resumes.append(_timed(_resume_step, session, parked)[0])
         record = _paused_job(session, context).to_record()
-        recomputes.append(_timed(lambda: session.step(session.recompute(record)))[0])
+        recomputes.append(_timed(_recompute_step, session, record)[0])
     out["snapshot_ms"] = min(snaps) * 1e3
     out["restore_ms"] = min(restores) * 1e3
     out["snapshot_resume_ms"] = min(snap_resumes) * 1e3
@@ -164,11 +174,11 @@ def _work(session: DecoderSession, context: list[int], reps: int,
             parked = session.park(_paused_job(session, context))
             parked.evict_to_prefix(SYSTEM)
             partial.append(_Clock())
-            partial[-1](lambda: session.step(session.resume(parked)))
+            partial[-1](_resume_step, session, parked)
             record = _paused_job(session, context).to_record()
             session.prefix_cache.clear()  # type: ignore[union-attr]  # a full recompute
             full.append(_Clock())
-            full[-1](lambda: session.step(session.recompute(record)))
+            full[-1](_recompute_step, session, record)
         return _saving(partial, full)
 
     out["partial_evict_saving_pct"], wall = evict_vs_recompute()

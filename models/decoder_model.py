@@ -92,8 +92,9 @@ class DecoderModel:
         if not spinning:
             # Spinning worker threads win on a quiet machine and lose under contention:
             # a spinning thread holds a core that another process could use, and when the
-            # cores are oversubscribed the spinners slow each other down. The runner decodes while the rest of the runtime mostly waits, so spin by
-            # default; turn it off where other heavy work shares the cores.
+            # cores are oversubscribed the spinners slow each other down. The runner
+            # decodes while the rest of the runtime mostly waits, so spin by default; turn
+            # it off where other heavy work shares the cores.
             options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         for key, value in (session_config or {}).items():
             options.add_session_config_entry(key, value)
@@ -337,7 +338,7 @@ class DecoderModel:
         if "GgmlAttention" in self._graph_ops:
             return False
         ids = list(self.tokenizer("The quick brown fox", add_special_tokens=False)["input_ids"])
-        ids = (ids + [1, 2, 3, 4])[:4]
+        ids = [*ids, 1, 2, 3, 4][:4]
         many, _ = self.forward(ids, None)
         _, kv = self.forward(ids[:-1], None)
         one, _ = self.forward(ids[-1:], kv)

@@ -15,10 +15,8 @@ pooling and the L2 norm (see ``models/convert/embedding.py``); rows come back in
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np

@@ -3,12 +3,13 @@
 Why this exists: onnxruntime's kernels need not compute a position the same way in a
 one-position pass (a decode step) as in a many-position pass (a prefill). Where a
 one-query pass takes another kernel path (the opset-23 ``Attention`` op does), int8
-activation quantisation turns the difference into visibly different logits, while any two
-*many*-position passes agree bit for bit. A resume that re-feeds generated tokens in one
-batched pass would then recompute them slightly differently from the uninterrupted run,
-and greedy decoding could drift. Our decoder graph stacks the query heads of each KV head
-as rows, so every pass is a many-row pass and the two agree bit for bit; the session's probe checks this for every model it loads, and a model
-where they disagree (an imported one, say) still gets exact one-token replay.
+activation quantisation turns the difference into visibly different logits, while any
+two *many*-position passes agree bit for bit. A resume that re-feeds generated tokens in
+one batched pass would then recompute them slightly differently from the uninterrupted
+run, and greedy decoding could drift. Our decoder graph stacks the query heads of each
+KV head as rows, so every pass is a many-row pass and the two agree bit for bit; the
+session's probe checks this for every model it loads, and a model where they disagree
+(an imported one, say) still gets exact one-token replay.
 
 The canonical cut, followed by every run and every replay alike:
 

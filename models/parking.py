@@ -2,9 +2,10 @@
 
 Under snapshot-memory pressure (docs/kv-cache.md, "Parking many jobs") the runner first
 drops the dynamic part of parked snapshots and keeps the static prefix (the system
-prompt), then spills to disk, then drops. Whatever is shed, each job's :class:`~uniun.models.kv.JobProgress`
-stays here, so every parked job can still resume — from memory, from disk, from its
-prefix, or by recompute — with every token it already streamed.
+prompt), then spills to disk, then drops. Whatever is shed, each job's
+:class:`~uniun.models.kv.JobProgress` stays here, so every parked job can still resume —
+from memory, from disk, from its prefix, or by recompute — with every token it already
+streamed.
 
 Victims are taken least-recently-parked first inside each stage, so the job parked last
 (which the scheduler put at the *front* of its tier, and will likely resume first) keeps
@@ -32,7 +33,8 @@ from uniun.models.kv import ParkedState
 
 __all__ = ["ParkingLot", "ParkingStats", "DEFAULT_PARKING_BYTES", "DEFAULT_SPILL_BYTES"]
 
-DEFAULT_PARKING_BYTES = 256 * 1024 * 1024  # memory for parked KV: 256 MiB (~5,800 SmolLM2 positions)
+# Memory for parked KV, bytes: default 256 MiB (about 5,800 SmolLM2 positions).
+DEFAULT_PARKING_BYTES = 256 * 1024 * 1024
 DEFAULT_SPILL_BYTES = 2 * 1024 * 1024 * 1024  # disk for spilled KV: 2 GiB
 
 

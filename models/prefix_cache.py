@@ -48,7 +48,8 @@ class PrefixCache:
         n_prompt = len(prompt_ids)
         for key in self._entries:
             n = len(key)
-            if n < n_prompt - 1 and (best is None or n > len(best)) and tuple(prompt_ids[:n]) == key:
+            longer = best is None or n > len(best)
+            if n < n_prompt - 1 and longer and tuple(prompt_ids[:n]) == key:
                 best = key
         if best is None:
             self.misses += 1

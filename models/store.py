@@ -120,7 +120,7 @@ class ModelStore:
                 f"try `uniun-runtime models pull {model_id}` or `models import DIR`")
         try:
             manifest = json.loads(path.read_text())
-            manifest["files"]  # noqa: B018 - presence check
+            manifest["files"]  # presence check: a manifest without files is corrupt
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelCorrupt(f"model {model_id!r}: unreadable manifest {path}: {exc}") from exc
         return manifest

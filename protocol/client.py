@@ -34,8 +34,9 @@ from __future__ import annotations
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any
 
 import zmq
 from loguru import logger

@@ -105,7 +105,8 @@ def _is_scalar(value: Any) -> bool:
     return value is None or isinstance(value, (bool, int, float, str, bytes))
 
 
-def decode(frame: bytes | bytearray | memoryview, limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
+def decode(frame: bytes | bytearray | memoryview,
+           limits: Limits = DEFAULT_LIMITS) -> dict[str, Any]:
     """Decode one frame into a message map, or raise ``ProtocolError(bad_envelope)``.
 
     The returned map is plain Python data (dict, list, str, bytes, int, float, bool,

@@ -10,6 +10,7 @@ the two clients cannot drift apart; each adds only its own request/reply logic.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import uuid
 from typing import TypeVar
@@ -54,10 +55,8 @@ def open_monitored_dealer(ctx: zmq.Context, endpoint: str, *, linger_ms: int, ev
 def close_monitored_dealer(sock: zmq.Socket, monitor: zmq.Socket | None, *,
                            linger_ms: int) -> None:
     """Stop the monitor, close both sockets (the DEALER with ``linger_ms``)."""
-    try:
+    with contextlib.suppress(zmq.ZMQError):
         sock.disable_monitor()
-    except zmq.ZMQError:
-        pass
     if monitor is not None:
         monitor.close(linger=0)
     sock.close(linger=linger_ms)

@@ -1,9 +1,10 @@
 """Where a runtime's files live, as far as the wire contract says.
 
 The protocol (docs/protocol.md) fixes the default endpoints relative to the runtime dir,
-``$UNIUN_HOME/run`` (``UNIUN_HOME`` defaulting to ``~/.uniun``), so a client that is given
-no endpoint can find a running scheduler. That convention belongs to the protocol; everything else about
-the home folder (logs, models, config) is the runtime's business (``runtime/paths.py``).
+``$UNIUN_HOME/run`` (``UNIUN_HOME`` defaulting to ``~/.uniun``), so a client that is
+given no endpoint can find a running scheduler. That convention belongs to the protocol;
+everything else about the home folder (logs, models, config) is the runtime's business
+(``runtime/paths.py``).
 
 Resolution happens at call time, not import time, because tests (and users) move
 ``UNIUN_HOME`` around.

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Any, Callable, Iterator, Mapping, Protocol
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any, Protocol
 
 from uniun.protocol import messages as m
 
@@ -40,7 +41,7 @@ class ClientError(Exception):
         self.retry_after_s = retry_after_s  # a refusal for load says when to try again
 
     @classmethod
-    def from_msg(cls, msg: Mapping[str, Any]) -> "ClientError":
+    def from_msg(cls, msg: Mapping[str, Any]) -> ClientError:
         hint = msg.get("retry_after_s")
         valid = isinstance(hint, (int, float)) and not isinstance(hint, bool) and hint >= 0
         return cls(str(msg.get("code", "internal")), str(msg.get("message", "")),

@@ -1,1 +1,2 @@
-"""The runtime: what turns rooms into running processes and commands (paths, config, logging, process entry, heartbeats, supervisor, mains, CLI, benchmarks)."""
+"""The runtime: what turns rooms into running processes and commands (paths, config,
+logging, process entry, heartbeats, supervisor, mains, CLI, benchmarks)."""

@@ -23,28 +23,24 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any
 
 from uniun.actors.policy import PolicyConfig
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 from uniun.runtime.config_check import (
     ConfigError,
-)
-from uniun.runtime.config_check import (
     check_endpoint as _check_endpoint,
-)
-from uniun.runtime.config_check import (
     check_ranges as _check_ranges,
-)
-from uniun.runtime.config_check import (
     coerce as _coerce,
 )
 from uniun.runtime.config_sections import (
@@ -70,6 +66,9 @@ from uniun.runtime.config_sections import (
     TraceConfig,
 )
 from uniun.runtime.paths import HOME_ENV, uniun_home
+
+if TYPE_CHECKING:
+    from uniun.runtime.device import ThreadBudget
 
 __all__ = ["RuntimeConfig", "ConfigError", "load_config", "load_config_text",
            "default_config_path", "CONFIG_ENV", "SECTIONS", "DEFAULT_CHAT_MODEL",
@@ -108,7 +107,7 @@ class RuntimeConfig:
     def logs_dir(self) -> Path:
         return self.home / "logs"
 
-    def budget(self) -> "ThreadBudget":
+    def budget(self) -> ThreadBudget:
         """The ONNX Runtime threads of every session (``[device]``, docs/device.md)."""
         from uniun.runtime.device import ThreadBudget, thread_budget
 
@@ -123,7 +122,7 @@ class RuntimeConfig:
                              runner_spinning=d.runner_spinning, runner_threads=d.runner_threads,
                              embed_threads=d.embed_threads)
 
-    def with_overrides(self, **sections: Mapping[str, Any]) -> "RuntimeConfig":
+    def with_overrides(self, **sections: Mapping[str, Any]) -> RuntimeConfig:
         """A copy with some keys changed, validated like a file (CLI flags use this)."""
         raw = _to_raw(self)
         for name, values in sections.items():

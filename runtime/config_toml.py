@@ -14,7 +14,8 @@ import json
 import math
 import re
 import textwrap
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from uniun.actors.policy import PolicyConfig
 from uniun.runtime import config as cfg

@@ -71,7 +71,7 @@ class HeartbeatSender:
         self._quiet_s = 0.0  # set by announce_quiet, sent and cleared by the thread
         self._thread: threading.Thread | None = None
 
-    def start(self) -> "HeartbeatSender":
+    def start(self) -> HeartbeatSender:
         """Start beating (a no-op without an endpoint, e.g. a process run by hand)."""
         if not self.endpoint:
             logger.debug("no supervisor endpoint; heartbeats off")
@@ -178,7 +178,7 @@ class HeartbeatMonitor:
 def _parse(raw: bytes) -> Beat | None:
     try:
         msg = msgpack.unpackb(raw, raw=False, strict_map_key=True)  # MAXMSGSIZE bounds it
-    except Exception:
+    except Exception:  # noqa: BLE001 - anything undecodable is not a beat
         return None
     if not isinstance(msg, dict) or msg.get("type") != "heartbeat":
         return None

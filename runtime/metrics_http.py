@@ -18,6 +18,7 @@ count from the start of this runtime, across restarts of its processes.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import threading
 from collections.abc import Iterable, Iterator
@@ -141,7 +142,7 @@ class MetricsServer:
                     return
                 try:
                     body, ctype = render_metrics(outer.run_dir)
-                except Exception:  # noqa: BLE001 - a scrape must never take the supervisor down
+                except Exception:  # a scrape must never take the supervisor down
                     logger.exception("metrics scrape failed")
                     self._refuse(ApiError(500, "the metrics could not be read; see the log",
                                           "server_error", code="internal"))
@@ -190,10 +191,8 @@ class MetricsServer:
     def stop(self) -> None:
         self._httpd.shutdown()
         self._httpd.server_close()
-        try:
+        with contextlib.suppress(FileNotFoundError):
             (self.run_dir / ENDPOINT_FILE).unlink()
-        except FileNotFoundError:
-            pass
 
 
 def start_metrics(run_dir: Path, *, enabled: bool, host: str, port: int,

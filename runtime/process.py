@@ -2,9 +2,10 @@
 
 ``python -m uniun.runtime.process NAME --config FILE`` is what the supervisor spawns.
 It gives every process the same life: umask 077 (what it writes is its owner's only,
-``runtime.paths.private_umask``), die with the supervisor (``PR_SET_PDEATHSIG``), log to ``$UNIUN_HOME/logs/NAME.log``, load the effective config, heartbeat to the
-supervisor, turn SIGTERM into a graceful stop, then call the entry point registered for
-NAME: ``main(config: RuntimeConfig) -> int``.
+``runtime.paths.private_umask``), die with the supervisor (``PR_SET_PDEATHSIG``), log to
+``$UNIUN_HOME/logs/NAME.log``, load the effective config, heartbeat to the supervisor,
+turn SIGTERM into a graceful stop, then call the entry point registered for NAME:
+``main(config: RuntimeConfig) -> int``.
 
 The registry maps a process name to ``"module:function"``; the module is imported only
 in the process that needs it (the scheduler never imports onnxruntime). Numbered

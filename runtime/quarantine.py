@@ -21,6 +21,7 @@ move a user's data away, and is raised as it is.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
@@ -138,7 +139,5 @@ def add_record(run_dir: Path, record: dict[str, Any]) -> None:
 
 def reset_records(run_dir: Path) -> None:
     """A new runtime starts with no records (called by ``start`` under its lock)."""
-    try:
+    with contextlib.suppress(FileNotFoundError):
         (run_dir / RECORDS_FILE).unlink()
-    except FileNotFoundError:
-        pass

@@ -4,10 +4,10 @@ The supervisor starts it through ``python -m uniun.runtime.process scheduler`` (
 supervisor heartbeat and SIGTERM handling are set up there). This function builds the
 three actors of docs/scheduler-runner.md and wires them:
 
-    clients --DEALER--> [front ROUTER] FrontActor --tell--> SchedulerHost --tell--> RunnerLink
-                                         ^                     |   ^                 |
-                                         +------ Outgoing -----+   +-- reports ------+
-                                                                    [runner ROUTER] <--DEALER-- runner
+  clients --DEALER--> [front ROUTER] FrontActor --tell--> SchedulerHost --tell--> RunnerLink
+                                       ^                     |   ^                 |
+                                       +------ Outgoing -----+   +-- reports ------+
+                                                                  [runner ROUTER] <--DEALER-- runner
 
 Start order matters: the journal is replayed into the host *before* either socket is
 bound, so the first request or runner Hello already sees every acknowledged job. A

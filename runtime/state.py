@@ -10,6 +10,7 @@ Everything is written atomically (temp file + rename) and owner-only.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -41,7 +42,7 @@ class RuntimeLock:
         self.path = run_dir / LOCK_FILE
         self._fd: int | None = None
 
-    def acquire(self) -> "RuntimeLock":
+    def acquire(self) -> RuntimeLock:
         """Take the lock or raise :class:`RuntimeRunning`."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
         try:
@@ -98,7 +99,5 @@ def read_state(run_dir: Path) -> dict[str, Any] | None:
 def clear_state(run_dir: Path) -> None:
     """Remove what only makes sense while running (the lock file itself stays)."""
     for name in (STATE_FILE,):
-        try:
+        with contextlib.suppress(FileNotFoundError):
             (run_dir / name).unlink()
-        except FileNotFoundError:
-            pass

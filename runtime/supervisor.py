@@ -26,6 +26,7 @@ crashed runtime's lock is free again), ``supervisor.json`` (pid, state, children
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -71,7 +72,7 @@ def plan_children(config: RuntimeConfig) -> list[str]:
     return names
 
 
-def stop_order(children: Sequence["Child"]) -> list["Child"]:
+def stop_order(children: Sequence[Child]) -> list[Child]:
     """Reverse start order, with the runner moved last (see :meth:`Supervisor.stop_all`)."""
     return sorted(reversed(children), key=lambda c: c.name == "runner")
 
@@ -98,7 +99,7 @@ class RestartLimiter:
         return sum(1 for t in self._times if now - t <= self.window_s)
 
 
-def restart_backoff(child: "Child", now: float, healthy_after_s: float) -> float:
+def restart_backoff(child: Child, now: float, healthy_after_s: float) -> float:
     """Seconds to wait before restarting ``child``, which failed at ``now``.
 
     None after a healthy life (up ``healthy_after_s`` or more since its first beat: one
@@ -352,7 +353,5 @@ class Supervisor:
 
 
 def _signal_group(pgid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pgid, sig)
-    except (ProcessLookupError, PermissionError):
-        pass

@@ -109,8 +109,8 @@ def down_frame(endpoint: str, since: float, error: str, now: float) -> Renderabl
 def _header(status: dict[str, Any], endpoint: str, now: float) -> RenderableType:
     runner = status.get("runner") or {}
     up = f"up (pid {runner.get('pid')})" if runner.get("up") else "DOWN"
-    line1 = Text.assemble(("UNIUN top", "bold"), f"  {time.strftime('%H:%M:%S', time.localtime(now))}"
-                          f"  {endpoint}")
+    clock = time.strftime("%H:%M:%S", time.localtime(now))
+    line1 = Text.assemble(("UNIUN top", "bold"), f"  {clock}  {endpoint}")
     line2 = Text(f"policy {status.get('policy', '-')} · lifecycle "
                  f"{status.get('lifecycle', '-')} · foreground "
                  f"{status.get('foreground') or 'none'} · jobs "

@@ -19,7 +19,6 @@ from pathlib import Path as _Path
 _sys.path.insert(0, str(_Path(__file__).resolve().parents[1]))  # tests/ helpers
 
 import sys
-from pathlib import Path
 
 import numpy as np
 

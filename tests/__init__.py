@@ -1,4 +1,5 @@
-"""The test suite; its folders mirror the rooms (``tests/actors/scheduler`` tests ``actors/scheduler``)."""
+"""The test suite; its folders mirror the rooms (``tests/actors/scheduler`` tests
+``actors/scheduler``)."""
 
 from pathlib import Path
 

@@ -82,13 +82,15 @@ def _resolve(module: str, name: str | None) -> str:
     return module
 
 
+_IMPORT_ERRORS = ("ImportError", "ModuleNotFoundError")
+
+
 def _guarded(stack: list[ast.AST]) -> bool:
     for node in stack:
         if isinstance(node, ast.Try) and any(
-                isinstance(h.type, ast.Name) and h.type.id in ("ImportError", "ModuleNotFoundError")
-                or isinstance(h.type, ast.Tuple) and any(
-                    isinstance(e, ast.Name) and e.id in ("ImportError", "ModuleNotFoundError")
-                    for e in h.type.elts)
+                (isinstance(h.type, ast.Name) and h.type.id in _IMPORT_ERRORS)
+                or (isinstance(h.type, ast.Tuple) and any(
+                    isinstance(e, ast.Name) and e.id in _IMPORT_ERRORS for e in h.type.elts))
                 for h in node.handlers):
             return True
         if isinstance(node, ast.If) and "version_info" in ast.unparse(node.test):
@@ -191,7 +193,7 @@ def _cycle(graph: dict[str, set[str]]) -> list[str] | None:
         path.append(node)
         for nxt in sorted(graph[node]):
             if state.get(nxt) == 1:
-                return path[path.index(nxt):] + [nxt]
+                return [*path[path.index(nxt):], nxt]
             if nxt not in state and (found := visit(nxt)):
                 return found
         path.pop()

@@ -1,1 +1,2 @@
-"""The embedding pool process: a ROUTER for clients, a bounded queue, and N worker processes with their own ONNX sessions."""
+"""The embedding pool process: a ROUTER for clients, a bounded queue, and N worker processes
+with their own ONNX sessions."""

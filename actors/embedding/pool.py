@@ -57,8 +57,7 @@ from uniun.actors.embedding.pool_state import Counters, PoolSettings, Request, S
 from uniun.actors.embedding.worker import EXIT_MODEL, INTERNAL_LIMITS
 from uniun.actors.embedding.workers import PIDS_FILE, WorkerProcess, publish_pids
 from uniun.actors.observe import Count, Observation, Sample
-from uniun.protocol import messages as m
-from uniun.protocol import requests as rq
+from uniun.protocol import messages as m, requests as rq
 from uniun.protocol.codec import EncodeError, encode, try_decode
 from uniun.protocol.endpoints import EMBED, remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
@@ -155,7 +154,7 @@ class EmbedPool:
                 return
             try:
                 handle(frames)
-            except Exception:  # noqa: BLE001 - a bug of ours must not fail every queued request
+            except Exception:  # a bug of ours must not fail every queued request
                 logger.exception("failed to handle a message; carrying on")
 
     # -- clients --------------------------------------------------------------------------

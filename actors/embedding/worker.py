@@ -1,9 +1,9 @@
 """One embedding worker process: one ONNX session, one request at a time.
 
 The pool (``pool.py``) spawns N of these processes (their entry point is
-``runtime/embed_worker_main.py``) and is the only peer a worker has. Why a process per worker rather than threads: a worker
-that crashes (or is SIGKILLed by the pool for hanging) takes nothing else with it, and
-the pool re-runs its request on a fresh one.
+``runtime/embed_worker_main.py``) and is the only peer a worker has. Why a process per
+worker rather than threads: a worker that crashes (or is SIGKILLed by the pool for hanging)
+takes nothing else with it, and the pool re-runs its request on a fresh one.
 
 Worker <-> pool messages (internal, not protocol v1; encoded with the same codec and
 limits). The worker's DEALER identity is ``NAME.GENERATION`` so a restarted worker never
@@ -36,6 +36,7 @@ Exit codes: 0 on SIGTERM or when the pool went away, 3 when the model cannot be 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 from collections.abc import Callable
@@ -107,10 +108,8 @@ def serve(name: str, identity: bytes, backend: str, model_dir: Path, *, threads:
 
 def _notify(sock: zmq.Socket, body: dict[str, Any]) -> None:
     """Send an advisory message to the pool; a pool that is not reading loses it."""
-    try:
+    with contextlib.suppress(zmq.Again):
         sock.send(encode(body, INTERNAL_LIMITS), zmq.NOBLOCK)
-    except zmq.Again:
-        pass
 
 
 class _Turns:
@@ -155,7 +154,7 @@ def _answer(session: EmbeddingSession, msg: dict[str, Any],
         return encode({"type": "result", "rid": rid, "dim": int(vectors.shape[1]),
                        "data": vectors.astype("<f4", copy=False).tobytes(), **report},
                       INTERNAL_LIMITS)
-    except Exception as exc:  # noqa: BLE001 - reported to the pool as a value, not a crash
+    except Exception as exc:  # reported to the pool as a value, not a crash
         logger.exception("request {} failed", rid)
         return encode({"type": "failed", "rid": rid,
                        "message": f"{type(exc).__name__}: {exc}"[:500]}, INTERNAL_LIMITS)

@@ -9,9 +9,9 @@ must stay a plain bool / int / float / str / tuple / mapping.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Mapping
 
 
 def _no_weights() -> Mapping[str, float]:

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Union
 
 from uniun.protocol.messages import PAUSE_REASONS, PauseReason
 
@@ -71,7 +70,7 @@ class Preempt:
     wake_at: float | None = None
 
 
-Decision = Union[Idle, Run, Preempt]
+Decision = Idle | Run | Preempt
 
 
 class CancelOutcome(str, Enum):

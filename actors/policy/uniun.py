@@ -12,15 +12,16 @@ fronts, see :mod:`~uniun.actors.policy.tiers`) and files the best candidate of e
 
 "Starved": waited longer than ``starvation_s`` for affinity; such a job is picked as if
 its model were loaded. Ranks 6 and 8 make the picker work-conserving: T2 over budget
-still runs rather than leave the runner idle, and rather than pay a swap for a fair-pool
-job that has not yet waited out the starvation bound (a swap for one small job would
-cost more than the budget is worth; after the bound, a batch of them goes at once). With the runner free, the first non-empty rank runs. With a job
-running, the running job is ranked too: a candidate of a better tier *and* a better rank
-preempts it (chat is never preempted; a T2 candidate waits until a running T4 job has
-had one slice); a running T2 job over budget yields to anything
-that can run without a swap (or is starved or swap-worthy); a running T4 job is re-examined at every slice boundary and
-yields if another flow's vruntime is lower by more than the granularity. The policy
-never asks twice: after a Preempt the job is STOPPING until the runner reports.
+still runs rather than leave the runner idle, and rather than pay a swap for a fair-pool job
+that has not yet waited out the starvation bound (a swap for one small job would cost more
+than the budget is worth; after the bound, a batch of them goes at once). With the runner
+free, the first non-empty rank runs. With a job running, the running job is ranked too: a
+candidate of a better tier *and* a better rank preempts it (chat is never preempted; a T2
+candidate waits until a running T4 job has had one slice); a running T2 job over budget
+yields to anything that can run without a swap (or is starved or swap-worthy); a running T4
+job is re-examined at every slice boundary and yields if another flow's vruntime is lower by
+more than the granularity. The policy never asks twice: after a Preempt the job is STOPPING
+until the runner reports.
 
 Background lifecycle: every non-chat dispatch carries a token grant (25 % of
 max_new_tokens); a job that used its grant is HELD (snapshot kept) until lifecycle is

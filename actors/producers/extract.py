@@ -40,7 +40,6 @@ from uniun.actors.producers.extraction import (
     parse_extraction,
 )
 from uniun.actors.producers.jobs import JobTracker
-from uniun.actors.producers.owners import owner_gone
 from uniun.actors.producers.notes import (
     NoteFile,
     Pacer,
@@ -49,6 +48,7 @@ from uniun.actors.producers.notes import (
     read_note,
     scan_notes,
 )
+from uniun.actors.producers.owners import owner_gone
 from uniun.actors.producers.results import ResultsStore
 
 NAME = "extract"
@@ -216,7 +216,7 @@ class ExtractProducer:
         try:
             assert self.embed is not None
             vectors = self.embed(texts)
-        except Exception as err:  # pool down, queue_full, ...: try again later
+        except Exception as err:  # noqa: BLE001 - pool down, queue_full, ...: try again later
             logger.info("embedding {} note(s) failed ({}); retrying in {:.0f}s", len(notes), err,
                         self.settings.embed_retry_s)
             self._embed_after = now + self.settings.embed_retry_s

@@ -116,7 +116,7 @@ def _candidate(text: str) -> tuple[str | None, list[str]]:
             stack.append("}" if ch == "{" else "]")
         elif ch in "}]":
             if not stack or stack[-1] != ch:
-                return text[start:i], repairs + ["unbalanced"]
+                return text[start:i], [*repairs, "unbalanced"]
             stack.pop()
             if not stack:
                 if text[i + 1:].strip():
@@ -128,7 +128,7 @@ def _candidate(text: str) -> tuple[str | None, list[str]]:
         body += quote
     body = re.sub(r'[,:]\s*$', "", body.rstrip())
     body = re.sub(r',\s*"[^"]*"\s*$', "", body)
-    return body + "".join(reversed(stack)), repairs + ["truncated"]
+    return body + "".join(reversed(stack)), [*repairs, "truncated"]
 
 
 def _loads(fragment: str, repairs: list[str]) -> Any:

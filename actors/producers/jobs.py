@@ -166,7 +166,7 @@ class JobTracker:
         if event["type"] == "done":
             try:
                 self.on_done(row, event)
-            except Exception:
+            except Exception:  # noqa: BLE001 - any failure to store fails the job, logged
                 logger.bind(job=job_id).exception("storing the result failed")
                 self.store.set_job_state(job_id, "failed", "storing the result failed")
                 return

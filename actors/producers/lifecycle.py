@@ -39,7 +39,7 @@ class LifecycleWatch:
             self._next_poll = now + self.poll_s
             try:
                 state = self._status().get("lifecycle")
-            except Exception as err:  # unreachable, timed out, refused: keep what we knew
+            except Exception as err:  # noqa: BLE001 - unreachable, timed out, refused: keep what we knew
                 if self.fresh:
                     logger.warning("cannot read the lifecycle from the scheduler ({}); "
                                    "keeping {!r}", err, self.state)

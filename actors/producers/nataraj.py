@@ -16,9 +16,9 @@ from typing import Any
 from loguru import logger
 
 from uniun.actors.producers.deck import (
+    CARD_STOP,
     DEFAULT_TOPICS,
     WaterMarks,
-    CARD_STOP,
     card_messages,
     card_prompt,
     cards_to_request,

@@ -1,1 +1,2 @@
-"""The runner process: the worker actor that owns the decoder session and the parked KV snapshots."""
+"""The runner process: the worker actor that owns the decoder session and the parked KV
+snapshots."""

@@ -20,8 +20,7 @@ from uniun.actors.scheduler.effects import Effects, JFinish, Send
 from uniun.actors.scheduler.jobs import JobRecord, JobTable
 from uniun.actors.scheduler.recorder import Recorder
 from uniun.actors.scheduler.watchers import Watchers
-from uniun.protocol import messages as m
-from uniun.protocol import runner_records as rp
+from uniun.protocol import messages as m, runner_records as rp
 from uniun.protocol.errors import ErrorCode
 
 __all__ = ["CoreState", "Clock", "cancelled_event"]

@@ -9,6 +9,7 @@ lock and wakes it. Nothing here reads the load of any listener: the signal is on
 
 from __future__ import annotations
 
+import contextlib
 import threading
 
 import zmq
@@ -66,7 +67,7 @@ class DevicePublisher:
             sock.setsockopt(zmq.LINGER, 0)
             sock.setsockopt(zmq.SNDHWM, 16)
             sock.bind(self.endpoint)
-        except BaseException as err:  # handed to start()'s caller
+        except BaseException as err:  # noqa: BLE001 - handed to start()'s caller
             self._error = err
             self._ready.set()
             return
@@ -75,10 +76,9 @@ class DevicePublisher:
         try:
             while not self._stop.is_set():
                 state = self.state
-                try:
+                # No listener keeps up: the next re-publish carries the truth.
+                with contextlib.suppress(zmq.ZMQError):
                     sock.send(encode_state(state), zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # no listener keeps up: the next re-publish carries the truth
                 self._wake.wait(self._republish_s)
                 self._wake.clear()
         finally:

@@ -18,7 +18,7 @@ and the host can batch the journal writes of many inputs into one commit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 from uniun.actors.observe import Observation
 from uniun.actors.timeline import Mark, Segment
@@ -96,7 +96,7 @@ class JCancelAsked:
 
 
 # The timeline's records (a stretch that ended, an instant) are journal writes as they are.
-JournalWrite = Union[JAccept, JStarted, JToken, JPaused, JFinish, JCancelAsked, Segment, Mark]
+JournalWrite = JAccept | JStarted | JToken | JPaused | JFinish | JCancelAsked | Segment | Mark
 
 
 class _KeepTimer:
@@ -116,7 +116,7 @@ class Effects:
     journal: list[JournalWrite] = field(default_factory=list)
     sends: list[Send] = field(default_factory=list)
     commands: list[rp.Command] = field(default_factory=list)
-    wake_at: float | None | _KeepTimer = KEEP_TIMER  # policy-clock time; None: no timer
+    wake_at: float | _KeepTimer | None = KEEP_TIMER  # policy-clock time; None: no timer
     # Metric values for the host's MetricSink, applied after the rest (nothing waits on them)
     observations: list[Observation] = field(default_factory=list)
 
@@ -124,7 +124,7 @@ class Effects:
         return bool(self.journal or self.sends or self.commands or self.observations
                     or self.wake_at is not KEEP_TIMER)
 
-    def extend(self, other: "Effects") -> "Effects":
+    def extend(self, other: Effects) -> Effects:
         """Append ``other`` (its timer, if it set one, wins)."""
         self.journal.extend(other.journal)
         self.sends.extend(other.sends)

@@ -69,8 +69,7 @@ from uniun.actors.scheduler.front_messages import (
 from uniun.actors.scheduler.inbox_order import FairInbox, Interactive, classify
 from uniun.actors.scheduler.peers import MutedPeers
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
-from uniun.protocol import messages as m
-from uniun.protocol import requests as rq
+from uniun.protocol import messages as m, requests as rq
 from uniun.protocol.codec import EncodeError, Limits, decode, encode
 from uniun.protocol.endpoints import remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError

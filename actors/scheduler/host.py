@@ -27,6 +27,7 @@ replayed.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections import deque
 from collections.abc import Callable
@@ -229,7 +230,7 @@ class SchedulerHost(pykka.ThreadingActor):
                        for msg in chunk]
             try:
                 self._journal.write([w for _, fx in results for w in fx.journal])
-            except Exception:
+            except Exception:  # noqa: BLE001 - any failure: redo the writes one by one
                 # One bad write must not refuse the others: redo them one by one.
                 results = [(msg, self._committed(msg, fx)) for msg, fx in results]
             for _, fx in results:
@@ -303,7 +304,5 @@ class SchedulerHost(pykka.ThreadingActor):
 
     def _ring(self) -> None:
         """Timer thread: only tells; the actor thread owns every field."""
-        try:
+        with contextlib.suppress(pykka.ActorDeadError):
             self.actor_ref.tell(_Wake())
-        except pykka.ActorDeadError:
-            pass

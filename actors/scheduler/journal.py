@@ -38,7 +38,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from types import UnionType
-from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 from loguru import logger
@@ -268,7 +268,7 @@ class Journal:
     def _entry(self, row: tuple[Any, ...], **rules: Any) -> JournalEntry:
         return _entry_of(self._db, row, **rules)
 
-    _APPLY: dict[type, Callable[[Journal, Any], None]] = {
+    _APPLY: ClassVar[dict[type, Callable[[Journal, Any], None]]] = {
         JAccept: _accept, JStarted: _started, JToken: _token, JPaused: _paused,
         JFinish: _finish, JCancelAsked: _cancel_asked, Segment: _segment, Mark: _mark,
     }
@@ -302,7 +302,7 @@ class Journal:
                                     max_new_tokens_cap=max_new_tokens_cap)
             except sqlite3.DatabaseError:
                 raise  # the file itself is damaged: the caller moves it aside
-            except Exception as err:  # a row we cannot read must not stop the others
+            except Exception as err:  # noqa: BLE001 - a row we cannot read must not stop the others
                 logger.bind(job=row[0]).error("journal row of job {!r} unreadable, dropped: "
                                               "{}: {}", row[0], type(err).__name__, err)
                 self._db.execute("DELETE FROM jobs WHERE job_id = ?", (row[0],))

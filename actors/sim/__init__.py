@@ -1,1 +1,2 @@
-"""The policy simulator: workload traces replayed against a policy on a simulated clock, and the policy decision benchmark."""
+"""The policy simulator: workload traces replayed against a policy on a simulated clock, and
+the policy decision benchmark."""

@@ -59,7 +59,10 @@ def _job(rng: random.Random, n: int, now: float) -> JobSpec:
 
 def _stats(samples_s: list[float]) -> dict[str, float]:
     ordered = sorted(samples_s)
-    pick = lambda q: ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
+    def pick(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * (len(ordered) - 1) + 0.5))]
+
     return {"median_us": round(pick(0.5) * 1e6, 2), "p99_us": round(pick(0.99) * 1e6, 2),
             "max_us": round(ordered[-1] * 1e6, 2), "n": len(ordered)}
 

@@ -106,7 +106,7 @@ class _Segment:
         if t < self.first_at:
             return 0
         return min(self.end_count,
-                   1 + int(math.floor((t - self.first_at) / decode_s + 1e-9)))
+                   1 + math.floor((t - self.first_at) / decode_s + 1e-9))
 
 
 @dataclass

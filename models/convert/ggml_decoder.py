@@ -42,8 +42,8 @@ def _linear_names(cfg: DecoderConfig, weights: Mapping[str, Weight]) -> list[str
     names = [f"model.layers.{i}.{part}.weight" for i in range(cfg.num_hidden_layers)
              for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj",
                           "self_attn.o_proj", "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")]
-    return names + ["lm_head.weight" if "lm_head.weight" in weights
-                    else "model.embed_tokens.weight"]
+    head = "lm_head.weight" if "lm_head.weight" in weights else "model.embed_tokens.weight"
+    return [*names, head]
 
 
 def ggml_unsupported(cfg: DecoderConfig, weights: Mapping[str, Weight]) -> str | None:

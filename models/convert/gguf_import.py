@@ -32,7 +32,6 @@ from uniun.models.convert.gguf_check import checked_reader, field_problems, tens
 from uniun.models.convert.gguf_families import (
     FAMILIES,
     GgufError,
-    architecture,
     field,
     hf_name,
     read_config,

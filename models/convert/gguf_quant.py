@@ -28,7 +28,8 @@ exact, at 8 bits of storage per weight. Codes are centred on the kernel's zero p
 (128 for 8 bits, 8 for 4) so the offsets stay small: with ``code = q`` the kernel's
 ``(q - 128) * d`` and an offset of ``+128 d`` would cancel, and the int8 activations'
 rounding error would come back multiplied by 128 (a visible part of the logit range).
-The products d*sc (f16 x 6 bit) are exact in float32; Q4_K's offset ``8*d*sc - dmin*m`` is one float32 rounding of an exact value.
+The products d*sc (f16 x 6 bit) are exact in float32; Q4_K's offset ``8*d*sc - dmin*m``
+is one float32 rounding of an exact value.
 
 How codes are found: Q8_0's are its int8 bytes; for the others, rather than re-deriving
 each bit layout, :func:`_codes` runs the

@@ -78,7 +78,7 @@ def _spm(reader: Any, tokens: list[str], types: list[int]) -> Any:
                                unk_token=unk, fuse_unk=True, byte_fallback=True))
     prefix = bool(field(reader, "tokenizer.ggml.add_space_prefix", True))
     steps = [normalizers.Prepend(_SPACE)] if prefix else []
-    tok.normalizer = normalizers.Sequence(steps + [normalizers.Replace(" ", _SPACE)])
+    tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", _SPACE)])
     decode = [decoders.Replace(_SPACE, " "), decoders.ByteFallback(), decoders.Fuse()]
     tok.decoder = decoders.Sequence(decode + ([decoders.Strip(" ", 1, 0)] if prefix else []))
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False)

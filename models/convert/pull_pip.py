@@ -18,6 +18,7 @@ word is stopped at the deadline like a chatty one, and the error names the timeo
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -134,8 +135,6 @@ def _drain(proc: subprocess.Popen[bytes], tail: bytearray, show: bool) -> None:
 
 def _kill(proc: subprocess.Popen[bytes]) -> None:
     """SIGKILL pip's whole process group (it leads one), then reap it."""
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
     proc.wait()

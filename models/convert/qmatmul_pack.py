@@ -65,8 +65,8 @@ def _by_group(a: np.ndarray, groups: int) -> np.ndarray:
     """[n, ...] -> [groups, 16, ...], the last group padded with zero rows."""
     pad = groups * GROUP - a.shape[0]
     if pad:
-        a = np.concatenate([a, np.zeros((pad,) + a.shape[1:], a.dtype)])
-    return a.reshape((groups, GROUP) + a.shape[1:])
+        a = np.concatenate([a, np.zeros((pad, *a.shape[1:]), a.dtype)])
+    return a.reshape((groups, GROUP, *a.shape[1:]))
 
 
 def _q4_1_mins(w: BlockQuantized, scales: np.ndarray) -> np.ndarray | None:

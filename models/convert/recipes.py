@@ -110,7 +110,7 @@ def is_base_model(model_id: str, store: ModelStore) -> bool:
 
 
 def known_model_ids() -> list[str]:
-    return sorted(RECIPES) + ["tiny-N (N = seed)"]
+    return [*sorted(RECIPES), "tiny-N (N = seed)"]
 
 
 def builder_version(kind: str) -> int:

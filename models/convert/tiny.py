@@ -16,12 +16,17 @@ sample, use stop strings, or use the real model.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from uniun.models.convert.decoder_spec import DecoderConfig
 from uniun.models.convert.hf_folder import tokenizer_config, write_hf_files
 from uniun.models.convert.onnx_decoder import BUILDER_VERSION, build_decoder, save_decoder
 from uniun.models.store import ModelStore
+
+if TYPE_CHECKING:
+    import tokenizers
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 BOS, EOS = "<|im_start|>", "<|im_end|>"
@@ -58,7 +63,7 @@ def tiny_config(vocab_size: int) -> DecoderConfig:
                          bos_token_id=1, eos_token_id=2)
 
 
-def build_tokenizer() -> "tokenizers.Tokenizer":  # type: ignore[name-defined]  # noqa: F821
+def build_tokenizer() -> tokenizers.Tokenizer:
     """Byte-level BPE trained on the built-in corpus (deterministic, no download)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 

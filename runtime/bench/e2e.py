@@ -76,7 +76,7 @@ class BenchRuntime:
         self.config = home / "bench.toml"
         self.proc: subprocess.Popen[bytes] | None = None
 
-    def __enter__(self) -> "BenchRuntime":
+    def __enter__(self) -> BenchRuntime:
         self.home.mkdir(parents=True, exist_ok=True)
         self.config.write_text(f'[models]\nchat_model = "{self.model}"\n'
                                f'[policy]\nname = "{self.policy}"\n'
@@ -156,7 +156,7 @@ class _Background(threading.Thread):
                     self.events.append((time.monotonic(), event))
                     if event["type"] == m.TOKEN and event["seq"] >= 4:
                         self.streaming.set()
-        except BaseException as err:  # reported by the main thread
+        except BaseException as err:  # noqa: BLE001 - reported by the main thread
             self.error = err
         finally:
             self.streaming.set()
@@ -228,7 +228,7 @@ def measure_restart(rt: BenchRuntime, *, reps: int, log: Log) -> dict[str, Any]:
             raise RuntimeError("no runner pid in the supervisor state")
         t0 = time.monotonic()
         os.kill(old, signal.SIGKILL)
-        watcher = threading.Thread(target=lambda: ups.append(_runner_up(rt, old, t0)),
+        watcher = threading.Thread(target=_record_runner_up, args=(rt, old, t0, ups),
                                    daemon=True)
         watcher.start()
         with rt.client() as client:
@@ -247,6 +247,11 @@ def measure_restart(rt: BenchRuntime, *, reps: int, log: Log) -> dict[str, Any]:
         time.sleep(SupervisorConfig().healthy_after_s + 1.0)
     return {"serving_s": median(serving), "up_s": median(ups),
             "samples": {"serving_s": serving}}
+
+
+def _record_runner_up(rt: BenchRuntime, old: int, t0: float, ups: list[float]) -> None:
+    """The watcher thread's body: append :func:`_runner_up` to ``ups``."""
+    ups.append(_runner_up(rt, old, t0))
 
 
 def _runner_up(rt: BenchRuntime, old: int, t0: float) -> float:

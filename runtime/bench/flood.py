@@ -205,7 +205,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--requests", type=int, default=300_000)
     parser.add_argument("--chats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("bench/results/chat-ttft-front-flood.json"))
+    parser.add_argument("--out", type=Path,
+                        default=Path("bench/results/chat-ttft-front-flood.json"))
     args = parser.parse_args(argv)
     result = run(args.model, args.requests, args.chats,
                  lambda line: print(line, file=sys.stderr, flush=True))

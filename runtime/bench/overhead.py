@@ -195,8 +195,7 @@ def core_cost(jobs: int = 200, tokens: int = 20, blocks: int = 6) -> dict[str, A
     from uniun.actors.policy import make_policy
     from uniun.actors.scheduler.core import SchedulerCore
     from uniun.actors.scheduler.journal import Journal
-    from uniun.protocol import requests as rq
-    from uniun.protocol import runner_records as rp
+    from uniun.protocol import requests as rq, runner_records as rp
     from uniun.protocol.jobmap import validate_job
 
     def block(on: bool, folder: Path) -> tuple[float, float]:

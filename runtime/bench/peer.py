@@ -42,8 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -110,7 +109,8 @@ class EngineProcess:
 
     def __init__(self, python: str, engine: str, spec_path: Path) -> None:
         self.engine = engine
-        self._stderr = tempfile.TemporaryFile(mode="w+")
+        # Read back when the engine fails, closed in close(): no `with` fits its life.
+        self._stderr = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115
         self._proc = subprocess.Popen(
             [python, str(ENGINES), engine, str(spec_path)], stdin=subprocess.PIPE,
             stdout=subprocess.PIPE, stderr=self._stderr, text=True,

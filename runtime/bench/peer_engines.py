@@ -31,8 +31,8 @@ command and gets one JSON line back:
 - ``forced``: top-1 agreement along a given text, ``SPEC["forced"]`` (one token list per
   prompt; ``bench --peer`` gives llama.cpp's greedy tokens): after the prompt, at each
   position the engine's pick is counted and the text's token is fed in its place,
-  ``{"top1": [matches per prompt]}``. Unlike identical 20-token texts, one near-tie costs one position here,
-  not the rest of the text;
+  ``{"top1": [matches per prompt]}``. Unlike identical 20-token texts, one near-tie
+  costs one position here, not the rest of the text;
 - ``finish``: ``{"peak_rss_mb": ru_maxrss, "vm_hwm_mb": VmHWM}``, and the process exits.
 
 Both engines get the same token ids and the same threads.
@@ -63,8 +63,9 @@ class _Ours:
     """The runner's engine: :class:`DecoderSession` with the runner's imports loaded."""
 
     def __init__(self, spec: dict[str, Any]) -> None:
-        import uniun.runtime.runner_main  # noqa: F401  (the runner process's imports)
         from loguru import logger
+
+        import uniun.runtime.runner_main  # noqa: F401  (the runner process's imports)
 
         logger.remove()
         from uniun.actors.runner.jobs import PREFILL_CHUNK

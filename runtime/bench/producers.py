@@ -27,9 +27,10 @@ Two runtimes, each over a temporary home with the shared model store:
 
 The loaded modes time chats in the steady state: from ``SETTLE_S`` after the runtime is
 ready (the producer processes' own start-up is over: imports, first files) and, for
-``flood``, once the flood's process answers requests. For ``producers`` and ``flood`` the pool's own counters say how many embedding requests
-waited for a chat to end (``yielded``), how long (total, mean, max), and how many were
-refused (``rejected_full``; the flood's own count of refusals beside it).
+``flood``, once the flood's process answers requests. For ``producers`` and ``flood``
+the pool's own counters say how many embedding requests waited for a chat to end
+(``yielded``), how long (total, mean, max), and how many were refused
+(``rejected_full``; the flood's own count of refusals beside it).
 
 The flood keeps ``flood_in_flight`` requests of ``flood_texts`` texts each in flight
 (default 16 of 1 text; ``--flood-texts 32 --flood-in-flight 6`` is another app embedding

@@ -55,7 +55,7 @@ def profile_step(model_dir: Path, threads: int = 2) -> dict[str, Any]:
         for _ in range(STEPS):
             session.step(gen)
         wall_ms = (time.perf_counter() - t) / STEPS * 1e3
-        trace_path = session._sess.end_profiling()  # noqa: SLF001 (a dev tool)
+        trace_path = session._sess.end_profiling()  # a dev tool may reach into the session
         trace = json.loads(Path(trace_path).read_text())
     per_op = _node_times(trace, skip)
     total = sum(per_op.values())

@@ -28,11 +28,13 @@ that still happened: it should be 0.
 
 Why a window and a token scale: the trace is sized so a phone's runner is slightly
 over-loaded; at trace speed on the machine class the project targets a full replay would
-take many minutes per policy and never drain. The window keeps the trace's order, spacing and model mix.
+take many minutes per policy and never drain. The window keeps the trace's order,
+spacing and model mix.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import statistics
@@ -91,7 +93,7 @@ def trace_jobs(path: Path, *, window_s: float, token_scale: float, chat_model: s
 class _Job(threading.Thread):
     """One job on its own client: submit at its time, timestamp the first token."""
 
-    def __init__(self, rt: BenchRuntime, job: dict[str, Any], loaded: "_Poller") -> None:
+    def __init__(self, rt: BenchRuntime, job: dict[str, Any], loaded: _Poller) -> None:
         super().__init__(daemon=True)
         self.rt, self.job, self.loaded = rt, dict(job), loaded
         self.sent = 0.0
@@ -131,10 +133,8 @@ class _Poller(threading.Thread):
     def run(self) -> None:
         with self.rt.client() as client:
             while not self.stop.is_set():
-                try:
+                with contextlib.suppress(Exception):  # a slow reply: keep the last value
                     self.model = client.status(timeout=10.0).get("loaded_model")
-                except Exception:  # noqa: BLE001 - a slow reply: keep the last value
-                    pass
                 self.stop.wait(0.2)
 
 
@@ -175,10 +175,8 @@ def replay(rt: BenchRuntime, jobs: list[tuple[float, dict[str, Any]]], *, chat_m
         status = client.status(timeout=WAIT_S)
         for thread in threads:  # the drain ran out: cancel what is left
             if thread.is_alive():
-                try:
+                with contextlib.suppress(Exception):  # ended meanwhile, or no answer
                     client.cancel(thread.job["job_id"], timeout=WAIT_S)
-                except Exception:  # noqa: BLE001
-                    pass
     time.sleep(2.0)  # a swap dispatched last is logged when its load ends
     loads = _swap_loads(rt)
     sup = rt.home / "logs" / "supervisor.log"

@@ -20,12 +20,14 @@ One fault at a time: the next is injected only after this one recovered.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import random
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from uniun.actors.embedding.workers import read_pids
 from uniun.runtime.state import read_state
@@ -171,7 +173,5 @@ class FaultInjector:
 
 
 def _signal(pid: int, sig: int) -> None:
-    try:
+    with contextlib.suppress(ProcessLookupError):
         os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

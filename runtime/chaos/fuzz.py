@@ -191,8 +191,7 @@ def run_wire_fuzz(front_endpoint: str, frames: int, seed: int, *,
 
     Leaves the scheduler's foreground and lifecycle as a fresh runtime has them.
     """
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
+    from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
 
     report = FuzzReport(seed=seed)
     conn = _Conn(front_endpoint, report, socket_options or {})

@@ -19,9 +19,10 @@ import random
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from uniun.runtime.chaos.embeds import EmbedLoad
 from uniun.runtime.chaos.faults import FaultInjector
@@ -45,7 +46,7 @@ class ChaosOptions:
     seed: int = 1
     home: Path | None = None  # an existing runtime's home; None: start our own
     model: str = "tiny-1"  # the own runtime's chat model
-    workload: WorkloadSettings = WorkloadSettings()
+    workload: WorkloadSettings = field(default_factory=WorkloadSettings)
     embeds: bool = True
     drain_s: float = 180.0
     recover_timeout_s: float = 60.0

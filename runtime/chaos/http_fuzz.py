@@ -202,8 +202,7 @@ def run_http_fuzz(target: Target, requests: int, seed: int, *,
     """Send ``requests`` hostile requests to the gateway ``target``; see the module
     docstring. ``markers``: strings no answer may contain (the runtime's home path).
     ``pid_after``: a callable returning the gateway's pid at the end (a restart shows)."""
-    from hypothesis import HealthCheck, Phase, given, settings
-    from hypothesis import seed as hypothesis_seed
+    from hypothesis import HealthCheck, Phase, given, seed as hypothesis_seed, settings
 
     report = HttpFuzzReport(seed=seed, rss_budget_mb=rss_budget_mb)
     report.gateway_pid[0] = gateway_pid

@@ -12,6 +12,7 @@ No Hypothesis here: :mod:`.http_probes` uses it too.
 
 from __future__ import annotations
 
+import contextlib
 import socket
 import time
 from dataclasses import dataclass, field
@@ -124,10 +125,9 @@ def exchange(host: str, port: int, raw: bytes, *, timeout_s: float,
     except OSError as err:
         return Reply(problem=f"cannot connect: {err}", seconds=time.monotonic() - started)
     try:
-        try:
+        # The server may answer and close before taking it all: read the answer.
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             sock.sendall(raw)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the server answered and closed before taking it all: read the answer
         data, problem = _read_all(sock, deadline)
     finally:
         sock.close()

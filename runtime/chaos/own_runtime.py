@@ -50,7 +50,7 @@ class OwnRuntime:
     def run_dir(self) -> Path:
         return self.home / "run"
 
-    def __enter__(self) -> "OwnRuntime":
+    def __enter__(self) -> OwnRuntime:
         self.home.mkdir(parents=True, exist_ok=True)
         self.config.write_text(own_config(self.model, self.extra))
         # The user's model store, not one in the temporary home: converting the models

@@ -11,7 +11,9 @@ idempotent by ``job_id``). Single-threaded: the harness's loop calls :meth:`pump
 
 from __future__ import annotations
 
-from typing import Any, Callable
+import contextlib
+from collections.abc import Callable
+from typing import Any
 
 import zmq
 
@@ -61,10 +63,9 @@ class ChaosWire(DealerConnection):
 
     def _send(self, msg: dict[str, Any]) -> None:
         assert self._sock is not None
-        try:
+        # No peer right now (IMMEDIATE): the handshake re-sends it.
+        with contextlib.suppress(zmq.Again):
             self._sock.send(encode(msg, self._limits), zmq.NOBLOCK)
-        except zmq.Again:  # no peer right now (IMMEDIATE): the handshake re-sends it
-            pass
 
     # -- the loop ---------------------------------------------------------------------
 

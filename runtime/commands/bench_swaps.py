@@ -46,8 +46,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from uniun.runtime.bench.swaps import DEFAULT_MAP
-    from uniun.runtime.bench.swaps import run as run_swaps
+    from uniun.runtime.bench.swaps import DEFAULT_MAP, run as run_swaps
 
     mapping = dict(DEFAULT_MAP)
     for item in args.map:

@@ -75,7 +75,10 @@ def run(args: argparse.Namespace) -> int:
         embeds=not args.no_embeds, fuzz_frames=args.fuzz_frames,
         kinds=tuple(k.strip() for k in args.kinds.split(",") if k.strip()),
         children=tuple(p.strip() for p in args.processes.split(",") if p.strip()))
-    log = (lambda line: print(line, file=sys.stderr, flush=True))
+
+    def log(line: str) -> None:
+        print(line, file=sys.stderr, flush=True)
+
     try:
         verdict = run_chaos(opts, log)
     except (RuntimeError, ConnectionError, TimeoutError) as err:

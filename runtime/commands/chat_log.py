@@ -34,6 +34,6 @@ class ChatLog:
                 self._store = ResultsStore(runtime_config().results_path)
             self._store.add_chat_message(self.conversation, "user", user)
             self._store.add_chat_message(self.conversation, "assistant", answer)
-        except Exception as err:  # history is a convenience; the chat is what matters
+        except Exception as err:  # noqa: BLE001 - history is a convenience; the chat is what matters
             self._broken = True
             print(f"[chat history is not being stored: {err}]", file=sys.stderr)

@@ -61,7 +61,10 @@ def connect(args: argparse.Namespace) -> Client:
         raise CommandError(str(err), code=2) from None
 
 
-def client_command(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+Command = Callable[[argparse.Namespace], int]
+
+
+def client_command(func: Command) -> Command:
     """Turn the failures of a client command into one line on stderr and an exit code."""
     @functools.wraps(func)
     def wrapper(args: argparse.Namespace) -> int:

@@ -69,7 +69,8 @@ def _guard(func):  # type: ignore[no-untyped-def]
 def run_init(args: argparse.Namespace) -> int:
     paths = keys_paths()
     if paths.has_server_key():
-        print(f"server key already in {paths.root} (public {load_public(paths.server_public).decode()})")
+        public = load_public(paths.server_public).decode()
+        print(f"server key already in {paths.root} (public {public})")
     else:
         create_pair(paths.root, SERVER)
         print(f"made the server key: {paths.server_public}")

@@ -15,13 +15,19 @@ A note whose current text was already extracted is shown from the store at once
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from uniun.actors.producers.extract import NAME as EXTRACT
-from uniun.actors.producers.extract import OPEN_NOTE, ExtractSettings, note_job, store_extraction
+from uniun.actors.producers.extract import (
+    NAME as EXTRACT,
+    OPEN_NOTE,
+    ExtractSettings,
+    note_job,
+    store_extraction,
+)
 from uniun.actors.producers.notes import NOTE_SUFFIXES, extract_job_id, note_hash
 from uniun.actors.producers.owners import owner_stamp
 from uniun.protocol.client import ClientError
@@ -119,27 +125,25 @@ def run(args: argparse.Namespace) -> int:
                                                  config.limits.max_new_tokens_cap),
             model_id=p.extract_model or None)
         text = data.decode("utf-8", errors="replace")
-        with connect(args) as client:
-            with foreground_while(client, EXTRACT, timeout=args.timeout):
-                job, superseded = store.supersede_jobs(
-                    extract_job_id(rel, sha, 0)[:-1], OPEN_NOTE,
-                    lambda n: _stamped(note_job(rel, sha, text, n, settings, hint=True)))
-                for job_id in superseded:
-                    try:
-                        client.cancel(job_id, timeout=args.timeout)
-                    except ClientError:
-                        pass  # finished or not yet submitted: superseded either way
-                job = {**job, "stream": True}
-                try:
-                    done = stream_job(client, job, timeout=args.timeout,
-                                      out=sys.stderr if args.json else sys.stdout)
-                except KeyboardInterrupt:
-                    store.set_job_state(job["job_id"], "cancelled", "cancelled by the user")
-                    print("\n[cancelled]", file=sys.stderr)
-                    return 130
-                except ClientError as err:
-                    store.set_job_state(job["job_id"], "failed", f"{err.code}: {err.message}")
-                    raise
+        with connect(args) as client, foreground_while(client, EXTRACT, timeout=args.timeout):
+            job, superseded = store.supersede_jobs(
+                extract_job_id(rel, sha, 0)[:-1], OPEN_NOTE,
+                lambda n: _stamped(note_job(rel, sha, text, n, settings, hint=True)))
+            for job_id in superseded:
+                # Finished or not yet submitted: superseded either way.
+                with contextlib.suppress(ClientError):
+                    client.cancel(job_id, timeout=args.timeout)
+            job = {**job, "stream": True}
+            try:
+                done = stream_job(client, job, timeout=args.timeout,
+                                  out=sys.stderr if args.json else sys.stdout)
+            except KeyboardInterrupt:
+                store.set_job_state(job["job_id"], "cancelled", "cancelled by the user")
+                print("\n[cancelled]", file=sys.stderr)
+                return 130
+            except ClientError as err:
+                store.set_job_state(job["job_id"], "failed", f"{err.code}: {err.message}")
+                raise
         row = store.job(job["job_id"])
         assert row is not None
         store_extraction(store, row, done)

@@ -283,7 +283,7 @@ def _ready(endpoint: str, with_runner: bool) -> bool:
     try:
         with Client(endpoint, timeout=2.0, reconnect=False) as client:
             return bool(client.status(timeout=2.0).get("ready"))
-    except Exception as err:  # not up yet: any failure means "try again"
+    except Exception as err:  # noqa: BLE001 - not up yet: any failure means "try again"
         logger.debug("runtime not ready yet: {}", err)
         return False
 
@@ -296,7 +296,7 @@ def _pings(endpoint: str) -> bool:
                     curve=client_curve(endpoint)) as client:
             client.ping(timeout=1.0)
         return True
-    except Exception as err:  # not up yet: any failure means "try again"
+    except Exception as err:  # noqa: BLE001 - not up yet: any failure means "try again"
         logger.debug("front not answering yet: {}", err)
         return False
 

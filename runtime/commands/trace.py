@@ -73,7 +73,7 @@ def run_export(args: argparse.Namespace) -> int:
         return 1
     try:
         segments, marks = read_timeline(path, since=since)
-    except Exception as err:  # sqlite3.DatabaseError and friends: say which file
+    except Exception as err:  # noqa: BLE001 - sqlite3.DatabaseError and friends: say which file
         fail(f"cannot read the timeline of {path}: {err}")
         return 1
     trace = chrome_trace(segments, marks)

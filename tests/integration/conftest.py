@@ -2,7 +2,8 @@
 
 ``runtime`` is one runtime shared by every test of the session (starting one costs
 seconds of Python imports per process); a test that breaks it on purpose (kills, stops)
-or needs another configuration makes its own with ``make_runtime``. On a failure the runtime's log tails are printed.
+or needs another configuration makes its own with ``make_runtime``. On a failure the
+runtime's log tails are printed.
 """
 
 from __future__ import annotations

@@ -178,10 +178,11 @@ class Runtime:
         self._wires: list[Wire] = []
 
     def start(self) -> Runtime:
-        out = open(self.home / "start.out", "wb")
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "uniun.runtime", "start", "--config", str(self.config_path)],
-            env=self.env, stdout=out, stderr=subprocess.STDOUT, umask=self.umask)
+        with open(self.home / "start.out", "wb") as out:  # the child keeps its own copy
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "uniun.runtime", "start", "--config",
+                 str(self.config_path)],
+                env=self.env, stdout=out, stderr=subprocess.STDOUT, umask=self.umask)
         self.wait_serving()
         return self
 

@@ -16,9 +16,9 @@ import pytest
 from tests.wait import wait_for
 from uniun.actors.scheduler.status import HIDDEN
 from uniun.protocol.client import Client, SchedulerUnavailable, Timeout
-from uniun.protocol.jobstream import ClientError
 from uniun.protocol.curve import ClientCurve, KeyPaths, create_pair
 from uniun.protocol.embed_client import EmbedClient, EmbedUnavailable
+from uniun.protocol.jobstream import ClientError
 
 from .harness import BASE_CONFIG, Runtime
 
@@ -66,16 +66,16 @@ def test_curve_front_serves_allowed_keys_only(tmp_path: Path, tiny_model: str) -
         _, stranger_secret = create_pair(tmp_path / "elsewhere", "stranger")
         stranger = ClientCurve.from_files(stranger_secret, keys.server_public)
         for curve in (stranger, None):
-            with Client(endpoint, timeout=30, reconnect=False, curve=curve) as client:
-                with pytest.raises(SchedulerUnavailable):
-                    client.ping()
-        with Client(endpoint, timeout=30, reconnect=False, curve=stranger) as client:
-            with pytest.raises(SchedulerUnavailable, match="refused this client's key"):
-                client.status()
-        assert _cli(rt.env, "keys", "revoke", "alice").returncode == 0
-        with Client(endpoint, timeout=30, reconnect=False, curve=alice) as client:
-            with pytest.raises(SchedulerUnavailable, match="refused"):
+            with (Client(endpoint, timeout=30, reconnect=False, curve=curve) as client,
+                  pytest.raises(SchedulerUnavailable)):
                 client.ping()
+        with (Client(endpoint, timeout=30, reconnect=False, curve=stranger) as client,
+              pytest.raises(SchedulerUnavailable, match="refused this client's key")):
+            client.status()
+        assert _cli(rt.env, "keys", "revoke", "alice").returncode == 0
+        with (Client(endpoint, timeout=30, reconnect=False, curve=alice) as client,
+              pytest.raises(SchedulerUnavailable, match="refused")):
+            client.ping()
     finally:
         assert rt.stop() == 0, rt.logs()
 
@@ -105,9 +105,9 @@ def test_curve_embedding_pool_serves_allowed_keys_only(tmp_path: Path, tiny_mode
         for curve in (stranger, None):
             # The refusal is a handshake that never completes; an accepted one takes
             # milliseconds against this warm, idle pool, so a short wait cannot pass wrongly.
-            with EmbedClient(endpoint, timeout=3, connect_timeout=1.5, curve=curve) as pool:
-                with pytest.raises((Timeout, EmbedUnavailable)):
-                    pool.embed(["a note for nobody"], timeout=3)
+            with (EmbedClient(endpoint, timeout=3, connect_timeout=1.5, curve=curve) as pool,
+                  pytest.raises((Timeout, EmbedUnavailable))):
+                pool.embed(["a note for nobody"], timeout=3)
     finally:
         assert rt.stop() == 0, rt.logs()
     # A graceful stop, not the supervisor's kill: CURVE's authenticator lives on the pool's

@@ -206,7 +206,7 @@ def write_tiny_gguf(path: Path, arch: str = "llama", qtype: str = "Q8_0", *,
         matrix("output.weight", vocab, hidden)
     if extra_tensor is not None:
         name, kind = extra_tensor
-        block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
+        _block, size = gguf.GGML_QUANT_SIZES[gguf.GGMLQuantizationType[kind]]
         w.add_tensor(name, np.zeros((1, size), np.uint8),
                      raw_dtype=gguf.GGMLQuantizationType[kind])
     for key, value in (fields or {}).items():

@@ -49,7 +49,8 @@ def _greedy_onnx(sess: ort.InferenceSession, cfg: dict, prompt: list[int],
         tokens.append(nxt)
         past = {k.replace("present", "past_key_values"): v for k, v in out.items()
                 if k.startswith("present.")}
-        feeds = {"input_ids": np.array([[nxt]]), "attention_mask": np.ones((1, total + 1), np.int64),
+        feeds = {"input_ids": np.array([[nxt]]),
+                 "attention_mask": np.ones((1, total + 1), np.int64),
                  "position_ids": np.array([[total]]), **past}
         out = dict(zip(names, sess.run(None, feeds)))
         total += 1

@@ -45,8 +45,8 @@ def _reference(wheel: Path, ids: list[list[int]]) -> np.ndarray:
         for i in range(cfg["num_hidden_layers"]):
             p = f"encoder.layer.{i}."
 
-            def lin(h: np.ndarray, name: str) -> np.ndarray:
-                return h @ t[p + name + ".weight"].T + t[p + name + ".bias"]
+            def lin(h: np.ndarray, name: str, prefix: str = p) -> np.ndarray:
+                return h @ t[prefix + name + ".weight"].T + t[prefix + name + ".bias"]
 
             q, k, v = (lin(x, f"attention.self.{s}").reshape(n, heads, -1).transpose(1, 0, 2)
                        for s in ("query", "key", "value"))

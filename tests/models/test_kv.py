@@ -119,7 +119,7 @@ def test_parked_jobs_under_pressure_all_finish_with_the_right_tokens(tiny_model:
     gens = {q: session.start(messages=[system, {"role": "user", "content": q}],
                              max_new_tokens=24, job_id=q) for q in questions}
     tokens: dict[str, list[int]] = {q: [] for q in questions}
-    for round_ in range(3):  # each job runs 8 tokens, then is parked while the others run
+    for _round in range(3):  # each job runs 8 tokens, then is parked while the others run
         for q in questions:
             gen = session.resume(lot.take(q)) if q in lot else gens[q]
             for _ in range(8):

@@ -3,10 +3,11 @@
 The reference does llama.cpp's arithmetic in float64 from the unpacked blocks: the
 activations quantised to 8 bits per 32 (scale amax / 127 rounded to fp16, codes rounded
 to nearest even, Q8_1's fp16 ``d * sum``), integer dot products per block, then
-``d_w * d_x * isum (+ m_w * s_x)``. The kernel must agree to float32 rounding, on every
-path this CPU has, for every format, with rows that do not fill a group of 16, several
-activation rows, and a residual; and every path must give the portable one's bits. Paths are models/isa.h's levels: the tests run each one
-this CPU has, called directly or forced on a session (``qmatmul.forced_path``).
+``d_w * d_x * isum (+ m_w * s_x)``. The kernel must agree to float32 rounding, on every path
+this CPU has, for every format, with rows that do not fill a group of 16, several
+activation rows, and a residual; and every path must give the portable one's bits. Paths
+are models/isa.h's levels: the tests run each one this CPU has, called directly or
+forced on a session (``qmatmul.forced_path``).
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ def ggml_order(w: BlockQuantized, fmt: str, x: np.ndarray,
     lanes = np.einsum("nbcj,mbcj->mnbc", codes.reshape(n, blocks, 8, 4),
                       xq.reshape(-1, blocks, 8, 4)).astype(np.float32)
     scale = (w.scales[None] * d_x[:, None, :]).astype(np.float32)  # [m, n, blocks]
-    acc = np.zeros(lanes.shape[:2] + (8,), np.float32)
+    acc = np.zeros((*lanes.shape[:2], 8), np.float32)
     summs = np.zeros(lanes.shape[:2], np.float32)
     mins = None if fmt != "q4_1" else (w.offsets - np.float32(8) * w.scales).astype(np.float32)
     for b in range(blocks):

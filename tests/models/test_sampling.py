@@ -17,7 +17,8 @@ def _logits(seed: int = 0, vocab: int = 1000) -> np.ndarray:
 
 def test_greedy_is_argmax_and_ignores_the_seed() -> None:
     logits = _logits()
-    picks = {sample_token(logits, SamplingParams(), seed, seq) for seed in range(5) for seq in range(5)}
+    picks = {sample_token(logits, SamplingParams(), seed, seq)
+             for seed in range(5) for seq in range(5)}
     assert picks == {int(np.argmax(logits))}
 
 
@@ -42,14 +43,17 @@ def test_top_k_and_top_p_restrict_the_candidates() -> None:
     logits = _logits(1)
     order = np.argsort(-logits)
     top5 = set(order[:5].tolist())
-    picks = {sample_token(logits, SamplingParams(temperature=5.0, top_k=5), 1, s) for s in range(300)}
+    top_k = SamplingParams(temperature=5.0, top_k=5)
+    picks = {sample_token(logits, top_k, 1, s) for s in range(300)}
     assert picks <= top5 and len(picks) > 1
     probs = np.exp(logits - logits.max())
     probs /= probs.sum()
     nucleus = int(np.searchsorted(np.cumsum(probs[order]), 0.5)) + 1
-    picks = {sample_token(logits, SamplingParams(temperature=1.0, top_p=0.5), 2, s) for s in range(300)}
+    top_p = SamplingParams(temperature=1.0, top_p=0.5)
+    picks = {sample_token(logits, top_p, 2, s) for s in range(300)}
     assert picks <= set(order[:nucleus].tolist())
-    tiny_p = {sample_token(logits, SamplingParams(temperature=1.0, top_p=1e-6), 3, s) for s in range(20)}
+    tiny = SamplingParams(temperature=1.0, top_p=1e-6)
+    tiny_p = {sample_token(logits, tiny, 3, s) for s in range(20)}
     assert tiny_p == {int(order[0])}
 
 

@@ -54,7 +54,7 @@ def test_truncated_file_is_detected_and_ensure_model_rebuilds(store: ModelStore)
     good = (path / "model.onnx").read_bytes()
     (path / "model.onnx").write_bytes(good[: len(good) // 2])
     fresh = ModelStore(store.root)
-    with pytest.raises(ModelCorrupt, match="model.onnx has .* bytes"):
+    with pytest.raises(ModelCorrupt, match=r"model\.onnx has .* bytes"):
         fresh.path("tiny-1")
     assert ensure_model("tiny-1", fresh) == path
     assert (path / "model.onnx").read_bytes() == good
@@ -65,15 +65,15 @@ def test_altered_byte_fails_the_checksum(store: ModelStore) -> None:
     data = bytearray((path / "tokenizer.json").read_bytes())
     data[100] ^= 0x01
     (path / "tokenizer.json").write_bytes(bytes(data))
-    with pytest.raises(ModelCorrupt, match="tokenizer.json fails its sha256"):
+    with pytest.raises(ModelCorrupt, match=r"tokenizer\.json fails its sha256"):
         ModelStore(store.root).path("tiny-1")
 
 
 def test_failed_install_leaves_nothing_behind(store: ModelStore) -> None:
-    with pytest.raises(RuntimeError):
-        with store.install("half", kind="decoder", source={}, weight_format="x") as staging:
-            (staging / "model.onnx").write_bytes(b"partial")
-            raise RuntimeError("conversion died")
+    with (pytest.raises(RuntimeError),
+          store.install("half", kind="decoder", source={}, weight_format="x") as staging):
+        (staging / "model.onnx").write_bytes(b"partial")
+        raise RuntimeError("conversion died")
     assert not store.has("half")
     assert list(store.root.iterdir()) == []
 
@@ -89,7 +89,7 @@ def test_folder_without_manifest_is_not_a_model(store: ModelStore) -> None:
 
 
 def test_unknown_and_invalid_ids_get_clear_errors(store: ModelStore) -> None:
-    with pytest.raises(ModelNotFound, match="unknown model 'no-such-model'.*models import"):
+    with pytest.raises(ModelNotFound, match=r"unknown model 'no-such-model'.*models import"):
         ensure_model("no-such-model", store)
     for bad in ("../etc", "Tiny", "", "a/b"):
         with pytest.raises(ModelStoreError, match="invalid model id"):

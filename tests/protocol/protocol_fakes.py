@@ -8,16 +8,16 @@ It is a fake of the scheduler *process* only; sockets and msgpack are real.
 
 from __future__ import annotations
 
+import contextlib
 import queue
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import zmq
 
-from uniun.protocol import codec
-from uniun.protocol import messages as m
-from uniun.protocol import requests as rq
+from uniun.protocol import codec, messages as m, requests as rq
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
 RULES = rq.JobRules(default_model="fake-model")
@@ -55,7 +55,7 @@ class FakeScheduler:
         self._thread = threading.Thread(target=self._run, name="FakeScheduler", daemon=True)
         self.bound_endpoint = self.endpoint
 
-    def start(self) -> "FakeScheduler":
+    def start(self) -> FakeScheduler:
         self._thread.start()
         assert self._bound.wait(10), "FakeScheduler did not bind"
         return self
@@ -64,7 +64,7 @@ class FakeScheduler:
         self._stop.set()
         self._thread.join(10)
 
-    def call(self, fn: Callable[["FakeScheduler"], None]) -> None:
+    def call(self, fn: Callable[[FakeScheduler], None]) -> None:
         """Run ``fn(self)`` on the socket thread (the socket is not thread-safe)."""
         self._todo.put(lambda: fn(self))
 
@@ -91,10 +91,8 @@ class FakeScheduler:
     def send(self, ident: bytes | None, msg: dict[str, Any]) -> None:
         if ident is None:
             return
-        try:
+        with contextlib.suppress(zmq.ZMQError):  # EHOSTUNREACH: that connection is gone
             self.sock.send_multipart([ident, codec.encode(msg)])
-        except zmq.ZMQError:  # EHOSTUNREACH: that connection is gone
-            pass
 
     def send_raw(self, ident: bytes, frame: bytes) -> None:
         self.sock.send_multipart([ident, frame])

@@ -6,7 +6,8 @@ do not flake on a loaded two-core machine.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -150,9 +151,9 @@ def test_foreground_lifecycle_status_and_ping(ipc_endpoint: str, fake_scheduler:
 
 
 def test_no_scheduler_raises_scheduler_unavailable(ipc_endpoint: str) -> None:
-    with Client(ipc_endpoint, timeout=0.5) as client:
-        with pytest.raises(SchedulerUnavailable, match="no scheduler"):
-            client.status()
+    with (Client(ipc_endpoint, timeout=0.5) as client,
+          pytest.raises(SchedulerUnavailable, match="no scheduler")):
+        client.status()
 
 
 def test_silent_scheduler_raises_timeout_and_client_stays_usable(ipc_endpoint: str,

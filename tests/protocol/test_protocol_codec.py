@@ -6,8 +6,7 @@ from typing import Any
 
 import msgpack
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from uniun.protocol.codec import DEFAULT_LIMITS, EncodeError, Limits, decode, encode, try_decode
 from uniun.protocol.errors import ErrorCode, ProtocolError

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from tests import REPO
 from tests.protocol.protocol_fakes import FakeScheduler
-from uniun.protocol import messages as m
-from uniun.protocol import requests as rq
+from uniun.protocol import messages as m, requests as rq
 
 DOC = REPO / "docs" / "protocol.md"
 RULES = rq.JobRules(default_model="smollm2-135m")

@@ -9,8 +9,7 @@ from typing import Any
 import msgpack
 import pytest
 
-from uniun.protocol import messages as m
-from uniun.protocol import requests as rq
+from uniun.protocol import messages as m, requests as rq
 from uniun.protocol.codec import decode, encode
 from uniun.protocol.errors import ErrorCode, ProtocolError
 

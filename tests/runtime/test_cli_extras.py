@@ -16,8 +16,9 @@ CLI = [sys.executable, "-m", "uniun.runtime"]
 
 
 def test_version_prints_the_installed_version() -> None:
-    done = subprocess.run(CLI + ["--version"], capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0 and done.stdout.strip() == f"uniun-runtime {version('uniun-runtime')}"
+    done = subprocess.run([*CLI, "--version"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0
+    assert done.stdout.strip() == f"uniun-runtime {version('uniun-runtime')}"
 
 
 def _complete(script: Path, words: list[str]) -> list[str]:
@@ -33,7 +34,7 @@ def _complete(script: Path, words: list[str]) -> list[str]:
 
 
 def test_bash_completion_completes_commands_and_options(tmp_path: Path) -> None:
-    done = subprocess.run(CLI + ["completion", "bash"], capture_output=True, text=True,
+    done = subprocess.run([*CLI, "completion", "bash"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0
     script = tmp_path / "uniun-runtime.bash"
@@ -46,7 +47,7 @@ def test_bash_completion_completes_commands_and_options(tmp_path: Path) -> None:
 
 
 def test_zsh_completion_is_a_compdef_naming_the_commands() -> None:
-    done = subprocess.run(CLI + ["completion", "zsh"], capture_output=True, text=True,
+    done = subprocess.run([*CLI, "completion", "zsh"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 0 and done.stdout.startswith("#compdef uniun-runtime")
     for command in ("top", "attach", "trace", "status", "submit"):
@@ -56,7 +57,7 @@ def test_zsh_completion_is_a_compdef_naming_the_commands() -> None:
 
 
 def test_an_unknown_shell_is_refused() -> None:
-    done = subprocess.run(CLI + ["completion", "fish"], capture_output=True, text=True,
+    done = subprocess.run([*CLI, "completion", "fish"], capture_output=True, text=True,
                           timeout=120)
     assert done.returncode == 2 and "invalid choice" in done.stderr
 

@@ -70,7 +70,7 @@ def test_a_new_start_wipes_the_last_runs_values(tmp_path: Path) -> None:
     run = tmp_path / "run"
     (run / "metrics").mkdir(parents=True)
     (run / "metrics" / "counter_123.db").write_bytes(b"stale")
-    env, server = start_metrics(run, enabled=True, host="127.0.0.1", port=0)
+    _env, server = start_metrics(run, enabled=True, host="127.0.0.1", port=0)
     assert server is not None
     server.stop()
     assert list((run / "metrics").iterdir()) == []

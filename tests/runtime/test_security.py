@@ -171,7 +171,7 @@ def test_a_revoked_key_is_refused_from_its_next_connection(paths: KeyPaths,
 def test_client_curve_finds_this_homes_keys_and_ipc_needs_none(paths: KeyPaths) -> None:
     assert client_curve("ipc:///tmp/x.sock", paths=paths) is None
     assert client_curve("tcp://127.0.0.1:1", paths=paths) is None  # no local client key yet
-    public, _ = create_pair(paths.clients, "local")
+    _public, _ = create_pair(paths.clients, "local")
     found = client_curve("tcp://127.0.0.1:1", paths=paths)
     assert found is not None and found.public == ClientCurve.from_files(
         paths.client_secret("local"), paths.server_public).public
@@ -185,7 +185,7 @@ def test_the_client_reports_a_refused_key_at_once_not_at_its_timeout(
 
     stranger = _client(paths, "stranger", allowed=False)
     began = time.monotonic()
-    with Client(server.endpoint, timeout=120, curve=stranger) as client:
-        with pytest.raises(SchedulerUnavailable, match="refused this client's key"):
-            client.ping()
+    with (Client(server.endpoint, timeout=120, curve=stranger) as client,
+          pytest.raises(SchedulerUnavailable, match="refused this client's key")):
+        client.ping()
     assert time.monotonic() - began < 60  # half the timeout: a wait would take all of it

@@ -58,7 +58,7 @@ class Runtime:
                                "--config", str(self.config)],
                               env=self.env, capture_output=True, text=True, timeout=WAIT_S * 2)
 
-    def start(self) -> "Runtime":
+    def start(self) -> Runtime:
         self.proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",
                                       "--config", str(self.config)],
                                      env=self.env, stdout=subprocess.PIPE,

@@ -3,6 +3,7 @@ hand-made segments and from the simulator (``simulate --trace-out``)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import subprocess
 import sys
@@ -81,7 +82,7 @@ def test_simulate_writes_the_same_layout(tmp_path: Path) -> None:
     assert trace_problems(trace) == []
     assert trace["otherData"]["source"] == "uniun simulator"
     ran = run_segments(trace)
-    assert ran and all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in zip(ran, ran[1:]))
+    assert ran and all(a["ts"] + a["dur"] <= b["ts"] + 1e-3 for a, b in itertools.pairwise(ran))
     reasons = {e["args"]["end"] for e in ran}
     assert "done" in reasons and reasons & {"preempted", "slice", "budget"}
     assert any(e["ph"] == "i" and e["cat"] == "preempt" for e in trace["traceEvents"])
@@ -105,7 +106,7 @@ def test_trace_export_without_a_journal_or_with_a_bad_since_says_so(tmp_path: Pa
            str(tmp_path / "t.json")]
     missing = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=120)
     assert missing.returncode == 1 and "no journal at" in missing.stderr
-    bad = subprocess.run(cmd + ["--since", "soon"], capture_output=True, text=True, env=env,
+    bad = subprocess.run([*cmd, "--since", "soon"], capture_output=True, text=True, env=env,
                          timeout=120)
     assert bad.returncode == 2 and "not a duration" in bad.stderr
     assert not (tmp_path / "t.json").exists()

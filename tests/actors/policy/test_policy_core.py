@@ -94,7 +94,7 @@ def test_cancel_removes_queued_stops_running_and_reports_unknown() -> None:
 
 
 def test_cancel_that_races_a_preemption_ends_as_cancelled() -> None:
-    policy, clock = uniun()
+    policy, _clock = uniun()
     policy.submit(spec("n", "nataraj"))
     policy.decide()
     policy.on_started("n")
@@ -107,7 +107,7 @@ def test_cancel_that_races_a_preemption_ends_as_cancelled() -> None:
 
 
 def test_chat_never_preempts_chat_and_an_interrupted_chat_is_an_error_not_a_rerun() -> None:
-    policy, clock = uniun()
+    policy, _clock = uniun()
     policy.submit(spec("c1", "chat"))
     assert isinstance(policy.decide(), Run)
     policy.on_started("c1")
@@ -136,7 +136,7 @@ def test_a_preempted_job_goes_to_the_front_of_its_tier() -> None:
 
 
 def test_failed_runner_requeues_background_work_but_ends_chat() -> None:
-    policy, clock = uniun()
+    policy, _clock = uniun()
     policy.submit(spec("g", "gana"))
     policy.decide()
     policy.on_started("g")
@@ -168,7 +168,7 @@ def test_wall_clock_deadline_is_converted_once_to_the_policy_clock() -> None:
 
 
 def test_swap_is_requested_when_the_model_differs_and_counted() -> None:
-    policy, clock = uniun(model=None)
+    policy, _clock = uniun(model=None)
     policy.submit(spec("c", "chat", model_id="a"))
     run = policy.decide()
     assert isinstance(run, Run) and run.swap and run.model_id == "a"

@@ -19,8 +19,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from hypothesis import HealthCheck, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from tests.actors.policy.harness import FakeClock, spec

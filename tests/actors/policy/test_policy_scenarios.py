@@ -7,6 +7,8 @@ background lifecycle with no queued work nothing is dispatched, and grants are 2
 
 from __future__ import annotations
 
+import itertools
+
 from tests.actors.policy.harness import MODEL, FakeRunner, spec, uniun
 from uniun.actors.policy import Idle, PolicyConfig, Preempt, ReportOutcome, Run
 from uniun.actors.sim.simulator import CostModel, Simulation
@@ -47,7 +49,7 @@ def test_scenario_2_two_ganas_alternate_by_vruntime() -> None:
     for seg in turns[:-1]:
         assert seg.end is not None and seg.end - seg.start <= bound, seg
         assert seg.how == "paused:slice"
-    assert all(a.job_id != b.job_id for a, b in zip(turns, turns[1:]))  # alternating
+    assert all(a.job_id != b.job_id for a, b in itertools.pairwise(turns))  # alternating
     used = runner.runner_seconds()
     assert abs(used["gana-a"] - used["gana-b"]) <= bound
     assert len(turns) >= 120 / bound

@@ -12,10 +12,9 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
-
-from tests.integration.harness import Runtime, Wire
 from typing import Any
 
+from tests.integration.harness import Runtime, Wire
 from tests.wait import WAIT_S, wait_for
 from uniun.actors.producers.results import ResultsStore
 from uniun.actors.producers.results_fires import fires

@@ -88,5 +88,5 @@ def _pings(client: EmbedClient) -> bool:
     try:
         client.ping(timeout=2.0)
         return True
-    except Exception:  # not up yet: the pool loads its model after the supervisor starts it
+    except Exception:  # noqa: BLE001 - not up yet: the pool loads its model after the supervisor starts it
         return False

@@ -1,7 +1,8 @@
 """End to end: a newcomer's first run with every producer, and the producer commands.
 
 One runtime (supervisor, scheduler, runner, embedding pool, extract, nataraj, gana-cron,
-background-Gana; tiny decoder, all-MiniLM-L6-v2 embedder) over a fresh home, so the sample notes and Ganas are written on first start.
+background-Gana; tiny decoder, all-MiniLM-L6-v2 embedder) over a fresh home, so the
+sample notes and Ganas are written on first start.
 """
 
 from __future__ import annotations
@@ -208,7 +209,7 @@ def test_bad_input_gets_a_clear_error_and_changes_nothing(mesh: Mesh, tmp_path: 
 def test_notes_are_embedded_and_search_finds_them_by_meaning(mesh: Mesh) -> None:
     with mesh.store() as store:
         wait_for("every sample note embedded", lambda: len(store.note_embeddings()[0]) == 5)
-        paths, matrix = store.note_embeddings()
+        _paths, matrix = store.note_embeddings()
     assert matrix.shape == (5, 384)
     for query, expected in [("Charles Babbage and the first computer program",
                              "ada-lovelace.md"),

@@ -8,6 +8,7 @@ generous and no timing is asserted.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -86,7 +87,7 @@ gana_lead_s = 600
               if m.get("type") == "started" and m.get("job_id") in owner and "re" not in m]
     # The attach lands after the first dispatch, so the wire log may miss the first
     # start; the runs' preemption counts below are the complete record.
-    switches = sum(1 for a, b in zip(starts, starts[1:]) if a != b)
+    switches = sum(1 for a, b in itertools.pairwise(starts) if a != b)
     assert switches >= 2, f"the Ganas did not alternate: {starts}"
     for gid, job_id in jobs.items():  # fair pool, not EDF: submitted well before deadline
         job = store.job(job_id)["job"]
@@ -209,7 +210,8 @@ background_lease_s = 5
         for g in ("tick", "tock")), timeout=180)
     st = mesh.status()
     assert st is not None and st["running"] is None  # the scheduler started nothing new
-    assert not [f for f in fires(store) if f["owner"] == "cron" and f["claimed_at"] > switched_at + 2]
+    assert not [f for f in fires(store)
+                if f["owner"] == "cron" and f["claimed_at"] > switched_at + 2]
 
     mesh.lifecycle("foreground")
     back_at = time.time()
@@ -223,12 +225,13 @@ background_lease_s = 5
     for gana_id, every_s in (("tick", every * 60), ("tock", every * 90)):
         claims, scheduled = settled_fires(store, gana_id, timeout=120)
         slots = [f["slot"] for f in claims]
-        gaps = [(b - a) / every_s for a, b in zip(slots, slots[1:])]
+        gaps = [(b - a) / every_s for a, b in itertools.pairwise(slots)]
         assert all(g >= 0.999 and abs(g - round(g)) < 1e-6 for g in gaps), gaps  # no doubles
         assert sorted(r["job_id"] for r in scheduled) == sorted(f["job_id"] for f in claims)
         for claim in claims:  # the run was made by the side that claimed the slot
             (run,) = [r for r in scheduled if r["job_id"] == claim["job_id"]]
-            assert run["runner"] == {"cron": "scheduler", "background": "background"}[claim["owner"]]
+            side = {"cron": "scheduler", "background": "background"}[claim["owner"]]
+            assert run["runner"] == side
         owners = [f["owner"] for f in claims]
         assert "background" in owners and owners[0] == "cron" and owners[-1] == "cron"
     background_runs = [r for r in store.gana_runs() if r["runner"] == "background"]

@@ -26,8 +26,7 @@ from uniun.actors.scheduler.effects import KEEP_TIMER, Effects, JAccept, JFinish
 from uniun.actors.scheduler.journal import JournalEntry
 from uniun.models.kv import JobProgress, ParkedState
 from uniun.models.parking import ParkingLot
-from uniun.protocol import requests as rq
-from uniun.protocol import runner_records as rp
+from uniun.protocol import requests as rq, runner_records as rp
 
 __all__ = ["MODEL", "TOO_LONG", "Driver", "Runner", "assert_persisted_before_told",
            "commands", "entry", "msgs", "spec", "text_of", "token_id"]

@@ -20,9 +20,7 @@ from tests.actors.scheduler.driver import (
     token_id,
 )
 from uniun.actors.scheduler.effects import JCancelAsked, JFinish, JPaused
-from uniun.protocol import messages as m
-from uniun.protocol import requests as rq
-from uniun.protocol import runner_records as rp
+from uniun.protocol import messages as m, requests as rq, runner_records as rp
 
 A, B, C = b"client-a", b"client-b", b"client-c"
 

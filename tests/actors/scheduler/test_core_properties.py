@@ -16,8 +16,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from loguru import logger
 
 from tests.actors.scheduler.driver import (
@@ -29,8 +28,7 @@ from tests.actors.scheduler.driver import (
 )
 from uniun.actors.policy import PolicyConfig
 from uniun.actors.scheduler.effects import JFinish
-from uniun.protocol import requests as rq
-from uniun.protocol import runner_records as rp
+from uniun.protocol import requests as rq, runner_records as rp
 
 A, B = b"client-a", b"client-b"
 KINDS = ("chat", "extract", "nataraj", "gana")
@@ -143,7 +141,7 @@ ACTIONS = st.lists(st.one_of(
     st.tuples(st.just("step"), st.integers(1, 4)),
     st.tuples(st.just("deliver"),),
     st.tuples(st.just("kill"), st.booleans()),
-    st.tuples(st.just("foreground"), st.sampled_from((None,) + KINDS)),
+    st.tuples(st.just("foreground"), st.sampled_from((None, *KINDS))),
 ), min_size=8, max_size=40)
 
 
