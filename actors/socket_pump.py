@@ -168,7 +168,7 @@ class SocketPump:
                 reading = not reading
                 poller.modify(sock, zmq.POLLIN if reading else 0)
             wait = max(0.0, min(next_tick - time.monotonic(), 0.2 if reading else HELD_POLL_S))
-            events = dict(poller.poll(wait * 1000))
+            events = dict(poller.poll(int(wait * 1000)))  # ms; pyzmq truncates likewise
             if sock in events:
                 self._read(sock)
             if inbox in events:
@@ -248,6 +248,7 @@ class SocketPump:
 def _user_id(frame: zmq.Frame) -> str | None:
     """The message's ``User-Id`` metadata (the CURVE client key), or None."""
     try:
-        return frame.get("User-Id")
+        user = frame.get("User-Id")
     except (zmq.ZMQError, UnicodeDecodeError):
         return None
+    return user if isinstance(user, str) else None

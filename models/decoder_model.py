@@ -149,7 +149,7 @@ class DecoderModel:
         if layers == 0 or "logits" not in outputs:
             raise ValueError(f"{self.model_dir}: model.onnx lacks past_key_values.N / logits")
         shape = inputs["past_key_values.0.key"].shape
-        heads = shape[1] if isinstance(shape[1], int) else self.config.get("num_key_value_heads")
+        heads = shape[1] if isinstance(shape[1], int) else self.config["num_key_value_heads"]
         dim = shape[3] if isinstance(shape[3], int) else self.config.get("head_dim") or (
             self.config["hidden_size"] // self.config["num_attention_heads"])
         self.num_layers, self.kv_heads, self.head_dim = layers, int(heads), int(dim)
@@ -178,7 +178,7 @@ class DecoderModel:
 
     def unload(self) -> None:
         """Free the model (the caller's parked states stay valid as data)."""
-        self._sess = None  # type: ignore[assignment]
+        self._sess = None
         self.release_kv_binding()
         gc.collect()
         trim_heap()
@@ -287,6 +287,7 @@ class DecoderModel:
         if self._bound is not buf:
             binding = self._sess.io_binding()
             binding.bind_output("logits", "cpu")  # first: get_outputs()[0] below
+            assert buf.ort_values is not None  # a buffer made for binding wraps its arrays
             for name, out, value in zip(self._past_names, self._output_names[1:], buf.ort_values):
                 binding.bind_ortvalue_input(name, value)
                 binding.bind_ortvalue_output(out, value)

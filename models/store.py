@@ -154,7 +154,7 @@ class ModelStore:
 
     def list(self) -> list[ModelInfo]:
         """Complete models, sorted by id (incomplete or foreign folders are skipped)."""
-        infos = []
+        infos: list[ModelInfo] = []
         if not self.root.is_dir():
             return infos
         for entry in sorted(self.root.iterdir()):

@@ -94,12 +94,13 @@ class LightTokenizer:
                             add_generation_prompt: bool = False, **kwargs: Any) -> Any:
         if not self.chat_template:
             raise ValueError("this tokenizer has no chat template")
-        text = self._compiled().render(messages=list(messages),
+        text = self._compiled(self.chat_template).render(messages=list(messages),
                                        add_generation_prompt=add_generation_prompt,
                                        **self.special_tokens, **kwargs)
         return self(text, add_special_tokens=False)["input_ids"] if tokenize else text
 
-    def _compiled(self) -> Any:
+    def _compiled(self, template: str) -> Any:
+        """``template`` compiled once, in the sandbox transformers renders templates in."""
         if self._jinja is None:
             from jinja2.ext import loopcontrols
             from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -117,7 +118,7 @@ class LightTokenizer:
             env.filters["tojson"] = tojson
             env.globals["raise_exception"] = raise_exception
             env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
-            self._jinja = env.from_string(self.chat_template)
+            self._jinja = env.from_string(template)
         return self._jinja
 
 

@@ -146,7 +146,7 @@ class YieldGate:
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.RCVHWM, 64)
         sock.setsockopt(zmq.SUBSCRIBE, b"")
-        sock.connect(self.endpoint)  # type: ignore[arg-type]
+        sock.connect(self.endpoint)
         try:
             while not self._stop.is_set():
                 if not sock.poll(200):

@@ -43,11 +43,12 @@ class ClientError(Exception):
     @classmethod
     def from_msg(cls, msg: Mapping[str, Any]) -> ClientError:
         hint = msg.get("retry_after_s")
-        valid = isinstance(hint, (int, float)) and not isinstance(hint, bool) and hint >= 0
+        retry_after_s = (float(hint) if isinstance(hint, (int, float))
+                         and not isinstance(hint, bool) and hint >= 0 else None)
         return cls(str(msg.get("code", "internal")), str(msg.get("message", "")),
                    field=msg.get("field"), job_id=msg.get("job_id"),
                    retryable=bool(msg.get("retryable", False)),
-                   retry_after_s=float(hint) if valid else None)
+                   retry_after_s=retry_after_s)
 
 
 class JobFailed(ClientError):

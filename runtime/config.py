@@ -235,9 +235,9 @@ def _build_section(name: str, cls: type, table: dict[str, Any], source: Path | N
         if key not in known:
             raise ConfigError(f"unknown key (known: {', '.join(known)})",
                               key=f"{name}.{key}", source=source)
-        default = known[key].default
-        if default is dataclasses.MISSING and known[key].default_factory is not dataclasses.MISSING:
-            default = known[key].default_factory()
+        default, factory = known[key].default, known[key].default_factory
+        if default is dataclasses.MISSING and callable(factory):  # MISSING is not callable
+            default = factory()
         values[key] = _coerce(f"{name}.{key}", value, default, source)
     _check_ranges(name, values, source)
     return cls(**values)

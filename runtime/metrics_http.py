@@ -176,8 +176,9 @@ class MetricsServer:
 
         self._httpd = ThreadingHTTPServer((host, port), Handler)
         self._httpd.daemon_threads = True
-        bound_host, bound_port = self._httpd.server_address[:2]
-        shown = f"[{bound_host}]" if ":" in str(bound_host) else bound_host
+        bound, bound_port = self._httpd.server_address[:2]
+        bound_host = bound.decode() if isinstance(bound, bytes) else str(bound)
+        shown = f"[{bound_host}]" if ":" in bound_host else bound_host
         self.url = f"http://{shown}:{bound_port}/metrics"
         self._thread = threading.Thread(target=self._httpd.serve_forever, name="metrics",
                                         daemon=True)

@@ -59,7 +59,7 @@ _REGISTRY: dict[str, str | EntryPoint] = {
 }
 
 STOPPING = threading.Event()
-_stop_callbacks: list[Callable[[], None]] = []
+_stop_callbacks: list[Callable[[], object]] = []
 _health_check: Callable[[], bool] | None = None
 _beats: HeartbeatSender | None = None  # this process's, once run() started it
 _PR_SET_PDEATHSIG = 1
@@ -133,7 +133,7 @@ def announce_quiet(seconds: float) -> None:
         _beats.announce_quiet(seconds)
 
 
-def on_stop(callback: Callable[[], None]) -> None:
+def on_stop(callback: Callable[[], object]) -> None:
     """Run ``callback`` on SIGTERM instead of raising KeyboardInterrupt."""
     _stop_callbacks.append(callback)
 

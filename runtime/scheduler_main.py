@@ -138,7 +138,7 @@ def main(config: RuntimeConfig) -> int:
                              socket_setup=security,
                              conn_pending_cap=config.front.conn_pending_cap,
                              pending_cap=config.front.pending_cap)
-    link = RunnerLinkActor.start(host=lane, endpoint=rp.runner_endpoint(),  # type: ignore[arg-type]
+    link = RunnerLinkActor.start(host=lane, endpoint=rp.runner_endpoint(),
                                  liveness=config.supervisor.liveness, ctx=ctx)
     actors = (front, link, host)
     rc = 0

@@ -76,7 +76,7 @@ class ServerSecurity:
 
         with self._lock:
             if self._auth is None:
-                auth = ThreadAuthenticator(sock.context, log=logger)  # type: ignore[arg-type]
+                auth = ThreadAuthenticator(sock.context, log=logger)
                 auth.start()
                 auth.configure_curve_callback("*", credentials_provider=AllowList(self._paths))
                 self._auth = auth

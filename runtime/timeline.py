@@ -51,7 +51,7 @@ def chrome_trace(segments: Iterable[Segment], marks: Iterable[Mark], *,
     threads: dict[int, str] = {RUNNER_TID: "runner"}
     lanes: dict[int, list[float]] = {}  # tier -> end time of each lane's last wait
     for seg in sorted(segments, key=lambda s: (s.start, s.end)):
-        args = {"job_id": seg.job_id, "kind": seg.kind, "flow": seg.flow,
+        args: dict[str, Any] = {"job_id": seg.job_id, "kind": seg.kind, "flow": seg.flow,
                 "tier": f"T{seg.tier}", "model": seg.model_id, "end": seg.reason}
         if seg.lane == "run":
             tid, name, cat = RUNNER_TID, f"{seg.kind} {seg.job_id}", "run"

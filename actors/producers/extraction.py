@@ -223,10 +223,10 @@ def parse_extraction(raw: str) -> Extraction:
     try:
         value = _loads(fragment, repairs)
     except ValueError as err:
-        entities, relations = _salvage(raw)
-        if not entities and not relations:
+        salvaged, salvaged_relations = _salvage(raw)
+        if not salvaged and not salvaged_relations:
             return Extraction(None, str(err), tuple(repairs))
-        value = {"entities": entities, "relations": relations}
+        value = {"entities": salvaged, "relations": salvaged_relations}
         repairs.append("salvaged_objects")
     if isinstance(value, list):
         value = {"entities": value}

@@ -21,6 +21,7 @@ reported and the previous Ganas keep firing.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -138,12 +139,12 @@ class GanaCron:
                                               fire.gana_id)
             self.submit(fire, ganas)
         for gana in ganas.values():
-            fire = claim_fire(self.store, gana.id, owner=OWNER_CRON,
-                              due=lambda last, g=gana: due_slot(last, g.every_s, now,
-                                                                self.settings.lead_s),
-                              job_id_for=lambda slot, g=gana: fire_job_id(g.id, slot), now=now)
-            if fire is not None:
-                self.submit(fire, ganas)
+            claimed = claim_fire(self.store, gana.id, owner=OWNER_CRON,
+                                 due=partial(due_slot, every_s=gana.every_s, now=now,
+                                             lead_s=self.settings.lead_s),
+                                 job_id_for=partial(fire_job_id, gana.id), now=now)
+            if claimed is not None:
+                self.submit(claimed, ganas)
 
     def submit(self, fire: Fire, ganas: dict[str, GanaDef]) -> None:
         gana = ganas.get(fire.gana_id)

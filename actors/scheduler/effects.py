@@ -18,7 +18,8 @@ and the host can batch the journal writes of many inputs into one commit.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from enum import Enum
+from typing import Any, Final
 
 from uniun.actors.observe import Observation
 from uniun.actors.timeline import Mark, Segment
@@ -99,14 +100,17 @@ class JCancelAsked:
 JournalWrite = JAccept | JStarted | JToken | JPaused | JFinish | JCancelAsked | Segment | Mark
 
 
-class _KeepTimer:
-    """``Effects.wake_at`` when the input says nothing about the timer."""
+class _KeepTimer(Enum):
+    """``Effects.wake_at`` when the input says nothing about the timer (an enum of one, so
+    ``wake_at is not KEEP_TIMER`` narrows the type to ``float | None``)."""
+
+    KEEP_TIMER = "KEEP_TIMER"
 
     def __repr__(self) -> str:
         return "KEEP_TIMER"
 
 
-KEEP_TIMER: Any = _KeepTimer()
+KEEP_TIMER: Final = _KeepTimer.KEEP_TIMER
 
 
 @dataclass

@@ -22,7 +22,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 from uniun.protocol.errors import InvalidField
 from uniun.protocol.jobmap import DEFAULT_KINDS, JobSpec, validate_job
@@ -168,6 +168,6 @@ def _parse_submit(job: Any, t: float, line: int, default_model: str,
     return Submit(t, spec, counts["prompt_tokens"], counts["new_tokens"], line)
 
 
-def _number(value: Any) -> bool:
+def _number(value: Any) -> TypeGuard[float]:
     return (isinstance(value, (int, float)) and not isinstance(value, bool)
             and math.isfinite(value))

@@ -110,7 +110,8 @@ class GraphBuilder:
             y = (self._qmatmul(x, packed, name, residual) if packed is not None
                  else self._matmul_nbits(x, fused, name, residual))
         else:
-            w = np.concatenate(weights) if len(weights) > 1 else weights[0]
+            dense = [w for w in weights if not isinstance(w, BlockQuantized)]  # all of them
+            w = np.concatenate(dense) if len(dense) > 1 else dense[0]
             w_t = self.const(f"{name}.weight_t", np.ascontiguousarray(w.T, dtype=np.float32))
             y = self.op("MatMul", [x, w_t], name)[0]
             if residual is not None:
@@ -125,7 +126,7 @@ class GraphBuilder:
         block's offset term included) and the residual add in one node."""
         blocks = self.const(f"{name}{QBLOCKS_SUFFIX}", w.data)
         inputs = [x, blocks] + ([residual] if residual is not None else [])
-        extra = {"ggml": 1} if self.ggml else {}
+        extra: dict[str, Any] = {"ggml": 1} if self.ggml else {}
         return self.op(qmatmul.OP_TYPE, inputs, name, domain=qmatmul.DOMAIN, K=w.k, N=w.n,
                        format=w.format, **extra)[0]
 

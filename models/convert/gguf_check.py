@@ -142,9 +142,9 @@ def field_problems(reader: Any, arch: str) -> list[str]:
             problems.append(f"{key} is {value}; must be {low}..{high}")
         else:
             values[name] = value
-    for key, low, high in ((f"{arch}.attention.layer_norm_rms_epsilon", 0.0, 1.0),
-                           (f"{arch}.rope.freq_base", 0.0, 1e12)):
-        if (problem := _number_problem(reader, key, low, high)) is not None:
+    for key, floor, ceiling in ((f"{arch}.attention.layer_norm_rms_epsilon", 0.0, 1.0),
+                                (f"{arch}.rope.freq_base", 0.0, 1e12)):
+        if (problem := _number_problem(reader, key, floor, ceiling)) is not None:
             problems.append(problem)
     if problems:
         return problems

@@ -136,9 +136,9 @@ def _map_rows(name: str, raw: np.ndarray, rows: int, cols: int) -> BlockQuantize
     else:  # pragma: no cover - guarded by SUPPORTED_TYPES
         raise UnsupportedTensor(name)
     n_blocks = cols // block
-    codes = codes.astype(np.uint8).reshape(rows, n_blocks, block)
-    packed = codes if bits == 8 else (codes[..., 0::2] | (codes[..., 1::2] << 4)).astype(np.uint8)
-    scales = np.broadcast_to(scales, (len(blocks), codes.size // len(blocks) // block))
+    grid = codes.astype(np.uint8).reshape(rows, n_blocks, block)
+    packed = grid if bits == 8 else (grid[..., 0::2] | (grid[..., 1::2] << 4)).astype(np.uint8)
+    scales = np.broadcast_to(scales, (len(blocks), grid.size // len(blocks) // block))
     offsets = (None if offsets is None else np.ascontiguousarray(
         np.broadcast_to(offsets, scales.shape).reshape(rows, n_blocks), np.float32))
     return BlockQuantized(packed=np.ascontiguousarray(packed),

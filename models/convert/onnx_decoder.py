@@ -74,8 +74,10 @@ EXTERNAL_DATA_NAME = "model.onnx.data"
 
 
 def _io(config: DecoderConfig) -> tuple[list[onnx.ValueInfoProto], list[onnx.ValueInfoProto]]:
-    kv_shape = ["batch", config.num_key_value_heads, "past_seq", config.head_dim]
-    present_shape = ["batch", config.num_key_value_heads, "total_seq", config.head_dim]
+    kv_shape: list[str | int] = ["batch", config.num_key_value_heads, "past_seq",
+                                 config.head_dim]
+    present_shape: list[str | int] = ["batch", config.num_key_value_heads, "total_seq",
+                                      config.head_dim]
     int64, f32 = TensorProto.INT64, TensorProto.FLOAT
     inputs = [helper.make_tensor_value_info("input_ids", int64, ["batch", "seq"]),
               helper.make_tensor_value_info("attention_mask", int64, ["batch", "total_seq"]),
@@ -134,9 +136,10 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
     if isinstance(embed, BlockQuantized) and embed.bits == 8 and embed.offsets is None:
         # Look rows up in the 8-bit blocks themselves: 28 MB instead of a 113 MB float
         # copy for SmolLM2 (the tied head keeps its own MatMulNBits-shaped copy).
-        n, k = embed.shape
+        rows, cols = embed.shape
         hidden = g.op("GatherBlockQuantized",
-                      [g.const("model.embed_tokens.qweight", embed.packed.reshape(n, -1)[:, :k]),
+                      [g.const("model.embed_tokens.qweight",
+                               embed.packed.reshape(rows, -1)[:, :cols]),
                        "input_ids", g.const("model.embed_tokens.scales", embed.scales)],
                       "embed", domain=MS_DOMAIN, gather_axis=0, quantize_axis=1,
                       block_size=embed.block_size, bits=8)[0]
@@ -187,7 +190,7 @@ def build_decoder(config: DecoderConfig, weights: Mapping[str, Weight],
                 q = head_norm(g, q, np.asarray(weights[f"{p}.self_attn.q_norm.weight"]) * scale,
                               cfg.num_attention_heads, cfg.head_dim, eps,
                               f"{p}.self_attn.q_norm")
-                k = head_norm(g, k, weights[f"{p}.self_attn.k_norm.weight"],
+                k = head_norm(g, k, np.asarray(weights[f"{p}.self_attn.k_norm.weight"]),
                               cfg.num_key_value_heads, cfg.head_dim, eps,
                               f"{p}.self_attn.k_norm")
             local = cfg.is_local_layer(i)

@@ -19,6 +19,7 @@ word is stopped at the deadline like a chatty one, and the error names the timeo
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import signal
 import subprocess
@@ -26,6 +27,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from pathlib import Path
+from typing import cast
 
 from loguru import logger
 
@@ -124,8 +126,8 @@ def download_wheel(package: str, version: str, dest: Path, *,
 
 def _drain(proc: subprocess.Popen[bytes], tail: bytearray, show: bool) -> None:
     """Keep the last bytes of pip's output (and echo them to a terminal: its progress bar)."""
-    assert proc.stdout is not None
-    for chunk in iter(lambda: proc.stdout.read1(4096), b""):  # type: ignore[union-attr]
+    stdout = cast("io.BufferedReader", proc.stdout)  # Popen's default: a buffered pipe
+    for chunk in iter(lambda: stdout.read1(4096), b""):
         tail += chunk
         del tail[:-_TAIL_BYTES]
         if show:

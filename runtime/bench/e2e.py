@@ -221,7 +221,8 @@ def measure_policy(rt: BenchRuntime, *, reps: int, bg_tokens: int, log: Log) -> 
 def measure_restart(rt: BenchRuntime, *, reps: int, log: Log) -> dict[str, Any]:
     """SIGKILL the runner ``reps`` times, each after a healthy period; seconds until it is
     up and until chat answers."""
-    ups, serving = [], []
+    ups: list[float] = []
+    serving: list[float] = []
     for _ in range(reps):
         old = (read_state(rt.run_dir) or {}).get("children", {}).get("runner")
         if not isinstance(old, int):

@@ -27,7 +27,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -57,10 +57,10 @@ def _cases() -> list[tuple[str, dict[str, Any], dict[str, Any]]]:
             ("person", PERSON_SCHEMA, PERSON_ANSWER)]
 
 
-class _Engine:
+class _Engine(Protocol):
     """One engine behind three calls: start(schema), mask() -> int32 bits, consume(token)."""
 
-    name = ""
+    name: str = ""
 
     def start(self, schema: dict[str, Any]) -> None: ...
 

@@ -49,6 +49,7 @@ def _zmq_ttft(client: Client, model: str) -> float:
 
 def _http_ttft(url: str, model: str) -> float:
     parsed = urlparse(url)
+    assert parsed.hostname, url  # the gateway's own URL always names its host
     conn = http.client.HTTPConnection(parsed.hostname, parsed.port, timeout=120)
     body = json.dumps({"model": model, "messages": CHAT, "max_tokens": 8, "temperature": 0,
                        "stream": True})

@@ -153,9 +153,8 @@ def run(*, model: str, base: Path, reps: int = 20, rounds: int = 2, ttft_chats: 
         out[name] = paired_ratio(samples["on"][key], samples["off"][key])
         out[f"{name}_noise"] = paired_ratio(samples["control"][key], samples["off"][key])
         out[f"{name}_ratio"] = (out[name] or {}).get("median")
-    off_cpu = med["off"]["sched_cpu_ms_per_token"]
-    out["sched_cpu_ratio"] = (med["on"]["sched_cpu_ms_per_token"] / off_cpu
-                              if off_cpu else None)
+    on_cpu, off_cpu = (med[s]["sched_cpu_ms_per_token"] for s in ("on", "off"))
+    out["sched_cpu_ratio"] = on_cpu / off_cpu if on_cpu is not None and off_cpu else None
     ttft, decode = out["ttft_ratio"], out["decode_ratio"]
     out["ttft_within_2pct"] = ttft is not None and ttft <= 1 + GOAL
     out["decode_within_2pct"] = decode is not None and decode >= 1 - GOAL

@@ -252,7 +252,7 @@ def run(model_dir: Path, gguf: Path, *, threads: int = 2, rounds: int = 3, n_ctx
     """
     python = peer_python(peer)
     spec = _spec(model_dir, gguf, threads, n_ctx, peer_extra_buffers)
-    per_round = []
+    per_round: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="uniun-peer-") as tmp:
         spec_path = Path(tmp) / "spec.json"
         spec_path.write_text(json.dumps(spec))

@@ -307,7 +307,7 @@ def run_mode(mode: str, model: str, chats: int, log: Any, device: str = "", *,
                 ttfts.append(_chat_ttft(client, model))
                 log(f"{mode}: chat {n + 1}/{chats} first token after {ttfts[-1]:.3f}s")
                 time.sleep(1.0)
-            result: dict[str, Any] = {
+            result = {
                 "ttft_p50_s": statistics.median(ttfts),
                 "ttft_p90_s": sorted(ttfts)[max(0, round(0.9 * len(ttfts)) - 1)],
                 "ttft_all_s": [round(t, 4) for t in ttfts], **paired}

@@ -185,7 +185,7 @@ def replay(rt: BenchRuntime, jobs: list[tuple[float, dict[str, Any]]], *, chat_m
     chats = [t for t in threads if t.job["kind"] == "chat"]
     cold = [t.ttft for t in chats if t.ttft is not None and t.model_at_submit != chat_model]
     warm = [t.ttft for t in chats if t.ttft is not None and t.model_at_submit == chat_model]
-    result = {
+    result: dict[str, Any] = {
         "submitted": len(threads), "finished": sum(t.done for t in threads),
         "errors": sorted({t.error for t in threads if t.error}),
         "wall_s": round(wall, 1),

@@ -116,6 +116,7 @@ class FaultInjector:
             except TimeoutError as err:
                 fault.note = str(err)
         else:
+            pid: int | None
             if target == "embed-worker":
                 target = self.rng.choice(sorted(workers))
                 pid = workers[target]

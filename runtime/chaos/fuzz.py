@@ -86,7 +86,7 @@ class _Conn:
     """The fuzzer's DEALER, sorting what arrives into replies and job events."""
 
     def __init__(self, endpoint: str, report: FuzzReport, socket_options: dict[int, Any]) -> None:
-        self._ctx = zmq.Context.instance()
+        self._ctx: zmq.Context = zmq.Context.instance()
         self.sock = self._ctx.socket(zmq.DEALER)
         self.sock.setsockopt(zmq.LINGER, 0)
         for opt, value in socket_options.items():

@@ -222,10 +222,10 @@ def _raw(draw: st.DrawFn) -> Draft:
         return Draft(raw=tuple(parts), label="multi-frame")
     if choice == 4:
         depth = draw(st.integers(17, 40))
-        value: Any = 1
+        nested: Any = 1
         for _ in range(depth):
-            value = [value]
-        return Draft(raw=(msgpack.packb({"v": 1, "type": "ping", "x": value}),),
+            nested = [nested]
+        return Draft(raw=(msgpack.packb({"v": 1, "type": "ping", "x": nested}),),
                      label="too-deep")
     good = msgpack.packb({"v": 1, "type": "ping", "id": "x"})
     return Draft(raw=(good + draw(st.binary(min_size=1, max_size=8)),), label="trailing-bytes")

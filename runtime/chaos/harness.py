@@ -179,7 +179,7 @@ def _fuzz(endpoint: str, opts: ChaosOptions, log: Log) -> dict[str, Any] | None:
     if opts.fuzz_frames <= 0:
         return None
     try:
-        from uniun.runtime.chaos import fuzz  # type: ignore[attr-defined]
+        from uniun.runtime.chaos import fuzz
     except ImportError:
         log("--fuzz-frames: the wire fuzzer (runtime/chaos/fuzz.py) is not part of this build")
         return {"skipped": "runtime/chaos/fuzz.py not present"}

@@ -113,7 +113,7 @@ class Workload:
         job = self.job(template)
         ledger = self.wire.ledger
         ledger.submitted(job, template, self.wire.clock())
-        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock: zmq.Socket = zmq.Context.instance().socket(zmq.DEALER)
         sock.setsockopt(zmq.LINGER, 0)
         sock.connect(self.wire.endpoint)
         deadline = time.monotonic() + timeout_s

@@ -55,7 +55,7 @@ def run_peer(args: argparse.Namespace) -> int:
         result = run(model_dir, gguf, threads=args.threads, rounds=args.rounds,
                      peer=python, peer_extra_buffers=not args.peer_no_extra_buffers,
                      log=lambda m: print(m, file=sys.stderr),
-                     on_round=lambda r: out.write_text(json.dumps(r, indent=2) + "\n"))
+                     on_round=lambda r: _save(out, r))
     except PeerUnavailable as err:
         print(f"uniun-runtime: {err}", file=sys.stderr)
         return 2
@@ -67,6 +67,11 @@ def run_peer(args: argparse.Namespace) -> int:
     Console().print(goals_table(result))
     print(f"(written to {out})", file=sys.stderr)
     return 0
+
+
+def _save(out: Path, result: dict[str, Any]) -> None:
+    """Write the result so far: a run cut short keeps every round it finished."""
+    out.write_text(json.dumps(result, indent=2) + "\n")
 
 
 def _span(values: list[float], fmt: str = "{:.2f}") -> str:

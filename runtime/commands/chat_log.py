@@ -11,12 +11,16 @@ from __future__ import annotations
 import sys
 import time
 import uuid
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from uniun.actors.producers.results import ResultsStore
 
 
 class ChatLog:
     def __init__(self) -> None:
         self.conversation = ""
-        self._store = None
+        self._store: ResultsStore | None = None
         self._broken = False
         self.new_conversation()
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
+from typing import Any
 
 import zmq
 
@@ -70,7 +71,7 @@ def run(args: argparse.Namespace) -> int:
     except (EndpointError, CurveError) as err:
         fail(str(err))
         return 2
-    options = {} if curve is None else {zmq.CURVE_SERVERKEY: curve.server_public,
+    options: dict[int, Any] = {} if curve is None else {zmq.CURVE_SERVERKEY: curve.server_public,
                                         zmq.CURVE_PUBLICKEY: curve.public,
                                         zmq.CURVE_SECRETKEY: curve.secret}
     report = run_wire_fuzz(endpoint, args.frames, args.seed, socket_options=options)

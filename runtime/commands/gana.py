@@ -15,9 +15,16 @@ import sys
 import time
 import uuid
 from datetime import datetime
+from typing import Any
 
 from uniun.actors.producers.gana_cron import run_fields
-from uniun.actors.producers.gana_schedule import GanaConfigError, gana_job, load_ganas, next_slot
+from uniun.actors.producers.gana_schedule import (
+    GanaConfigError,
+    GanaDef,
+    gana_job,
+    load_ganas,
+    next_slot,
+)
 from uniun.actors.producers.results_fires import last_slot
 from uniun.runtime.commands.common import (
     CommandError,
@@ -34,6 +41,7 @@ from uniun.runtime.commands.producer_common import (
     short,
     stream_job,
 )
+from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.producers_main import ganas_file
 
 
@@ -52,7 +60,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     list_p.set_defaults(func=list_ganas)
 
 
-def _ganas() -> tuple[dict, object]:
+def _ganas() -> tuple[dict[str, GanaDef], RuntimeConfig]:
     config = runtime_config()
     path = ganas_file(config)
     try:
@@ -97,7 +105,7 @@ def list_ganas(args: argparse.Namespace) -> int:
         return err.code
     store = open_store(config)
     now = time.time()
-    rows = []
+    rows: list[dict[str, Any]] = []
     try:
         for gana in ganas.values():
             last = last_slot(store, gana.id)

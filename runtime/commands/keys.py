@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 from uniun.protocol.curve import (
@@ -55,7 +56,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=lambda _args: parser.print_help() or 2)
 
 
-def _guard(func):  # type: ignore[no-untyped-def]
+def _guard(func: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A key command whose :class:`CurveError` becomes one line on stderr and exit code 1."""
     def wrapper(args: argparse.Namespace) -> int:
         try:
             return func(args)
@@ -69,8 +71,8 @@ def _guard(func):  # type: ignore[no-untyped-def]
 def run_init(args: argparse.Namespace) -> int:
     paths = keys_paths()
     if paths.has_server_key():
-        public = load_public(paths.server_public).decode()
-        print(f"server key already in {paths.root} (public {public})")
+        server_key = load_public(paths.server_public).decode()
+        print(f"server key already in {paths.root} (public {server_key})")
     else:
         create_pair(paths.root, SERVER)
         print(f"made the server key: {paths.server_public}")
