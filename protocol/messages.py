@@ -54,7 +54,7 @@ EVENT_TYPES: frozenset[str] = frozenset({STARTED, TOKEN, PAUSED, DONE, ERROR})
 TERMINAL_EVENTS: frozenset[str] = frozenset({DONE, ERROR})
 
 PAUSE_REASONS = ("preempted", "slice", "budget", "swap")
-FINISH_REASONS = ("stop", "length")
+FINISH_REASONS = ("stop", "length", "tool_calls")  # tool_calls: only for a job with tools
 LIFECYCLE_STATES = ("foreground", "background")
 
 
@@ -170,9 +170,13 @@ def event_started(job_id: str, model_id: str, resumed: bool, tier: str | int) ->
     return envelope(STARTED, job_id=job_id, model_id=model_id, resumed=bool(resumed), tier=tier)
 
 
-def event_token(job_id: str, seq: int, text: str) -> dict[str, Any]:
+def event_token(job_id: str, seq: int, text: str,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``token``; ``logprobs`` (extension) only for a job that asked for them."""
     if not _is_int(seq) or seq < 0:
         raise ValueError(f"token seq must be an int >= 0, not {seq!r}")
+    if logprobs is not None:
+        return envelope(TOKEN, job_id=job_id, seq=seq, text=text, logprobs=logprobs)
     return envelope(TOKEN, job_id=job_id, seq=seq, text=text)
 
 
@@ -184,10 +188,12 @@ def event_paused(job_id: str, reason: str) -> dict[str, Any]:
 
 def event_done(job_id: str, *, text: str, finish_reason: str, prompt_tokens: int,
                completion_tokens: int, queued_s: float, ttft_s: float | None, total_s: float,
-               preemptions: int) -> dict[str, Any]:
+               preemptions: int, tool_calls: list[dict[str, Any]] | None = None
+               ) -> dict[str, Any]:
     """``done``: the whole text, why it stopped, token counts, timings in seconds.
 
-    ``ttft_s`` is None when no token was produced.
+    ``ttft_s`` is None when no token was produced. ``tool_calls`` (extension): the calls
+    the text makes, for a job with tools whose answer is a call.
     """
     if finish_reason not in FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, not {finish_reason!r}")
@@ -197,7 +203,7 @@ def event_done(job_id: str, *, text: str, finish_reason: str, prompt_tokens: int
         timings={"queued_s": float(queued_s),
                  "ttft_s": None if ttft_s is None else float(ttft_s),
                  "total_s": float(total_s)},
-        preemptions=int(preemptions))
+        preemptions=int(preemptions), **({"tool_calls": tool_calls} if tool_calls else {}))
 
 
 def event_error(job_id: str, code: ErrorCode | str, message: str, *,

@@ -201,10 +201,11 @@ class RunnerJobs:
         self._activate(cmd.job_id, gen, cmd.grant, resumed=bool(cmd.tokens))
 
     def _fresh(self, cmd: rp.Start) -> Generation:
-        messages = [{"role": r, "content": c} for r, c in cmd.messages] if cmd.messages else None
-        gen = self.session.start(cmd.prompt, messages=messages,
+        gen = self.session.start(cmd.prompt, messages=cmd.messages or None,
                                  max_new_tokens=cmd.max_new_tokens, sampling=cmd.sampling,
-                                 job_id=cmd.job_id, stop=tuple(cmd.stop), format=cmd.format)
+                                 job_id=cmd.job_id, stop=tuple(cmd.stop), format=cmd.format,
+                                 logprobs=cmd.logprobs, tools=cmd.tools,
+                                 tool_choice=cmd.tool_choice, cache_prompt=cmd.cache_prompt)
         if not cmd.tokens and cmd.seed is None:
             return gen
         progress = gen.progress
@@ -289,7 +290,8 @@ class RunnerJobs:
             self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500], seconds=a.lap()))
             return
         self._report(rp.Token(job_id=a.job_id, seq=ev.seq, token_id=ev.token_id,
-                              text=ev.text_delta, seconds=a.lap()))
+                              text=ev.text_delta, seconds=a.lap(),
+                              logprobs=self._logprobs(a.gen, ev.logprobs)))
         if ev.finished:
             self.active = None
             p = a.gen.progress
@@ -301,6 +303,17 @@ class RunnerJobs:
             self.park_active(report=True, grant_spent=True)
         else:
             self._step_again()
+
+    def _logprobs(self, gen: Generation, lp: Any) -> dict[str, Any] | None:
+        """A token's log-probabilities in the wire shape, for a job that asked."""
+        if lp is None:
+            return None
+        from uniun.models.constrain import token_bytes
+        from uniun.models.logprobs import logprobs_map
+
+        vocab = int(self.session.config.get("vocab_size", 0)) or len(self.session.tokenizer)
+        eos = gen.progress.eos_ids
+        return logprobs_map(lp, lambda t: token_bytes(self.session.tokenizer, vocab, eos, t))
 
     # ---- parking --------------------------------------------------------------------
 
