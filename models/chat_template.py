@@ -33,7 +33,8 @@ _PROBES = ("\x01A", "\x01B")
 _EXTRA_KEYS = ("tool_calls", "tool_call_id", "name")
 
 
-def normalize_messages(messages: Iterable[Mapping[str, Any] | Sequence[str]]) -> list[dict[str, Any]]:
+def normalize_messages(messages: Iterable[Mapping[str, Any] | Sequence[str]]
+                       ) -> list[dict[str, Any]]:
     """``[{role, content, ...}]`` from maps, ``(role, content)`` pairs, or
     ``(role, content, extra)`` triples (``JobSpec.messages``: extra is the JSON of the
     message's ``tool_calls`` / ``tool_call_id`` / ``name``)."""

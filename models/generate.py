@@ -25,9 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from loguru import logger
-
 import numpy as np
+from loguru import logger
 
 from uniun.models.constrain import Constraint
 from uniun.models.detokenize import IncrementalDetokenizer, StopMatcher

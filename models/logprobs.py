@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["TokenLogprobs", "MAX_TOP_LOGPROBS", "token_logprobs", "logprobs_map"]
+__all__ = ["MAX_TOP_LOGPROBS", "TokenLogprobs", "logprobs_map", "token_logprobs"]
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 

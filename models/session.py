@@ -134,7 +134,8 @@ class DecoderSession(DecoderModel):
             static = len(ids)
         if tools and tool_choice != "none":
             format = {"type": "tools", "tools": [dict(t) for t in tools],
-                      "choice": tool_choice or "auto", **({"format": dict(format)} if format else {})}
+                      "choice": tool_choice or "auto",
+                      **({"format": dict(format)} if format else {})}
         if logprobs is not None and not 0 <= int(logprobs) <= MAX_TOP_LOGPROBS:
             raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
         if max_new_tokens < 1:

@@ -20,13 +20,20 @@ the same engine and the same compact JSON style as ``format``.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from uniun.protocol.tools import TOOL_CLOSE, TOOL_OPEN
 
-__all__ = ["tool_grammar", "tools_in_template", "fallback_messages", "hf_messages",
-           "hf_tools", "call_text"]
+__all__ = [
+    "call_text",
+    "fallback_messages",
+    "hf_messages",
+    "hf_tools",
+    "tool_grammar",
+    "tools_in_template",
+]
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
 # Compact JSON, the style of models/constrain.py's JSON_OPTIONS, for %json in Lark.
@@ -69,12 +76,8 @@ def tool_grammar(tools: Sequence[Mapping[str, Any]], choice: Any,
         text = f"text: %json {json.dumps(text_schema)}"
     else:
         # Anything that is not a call: a text answer may not start like one.
-        text = f"text: TEXT\nTEXT: /(?s:.+)/ & ~/(?s:{_regex_literal(TOOL_OPEN.strip())}.*)/"
+        text = f"text: TEXT\nTEXT: /(?s:.+)/ & ~/(?s:{re.escape(TOOL_OPEN.strip())}.*)/"
     return f"start: text | call\n{call}\n{text}\n"
-
-
-def _regex_literal(text: str) -> str:
-    return "".join("\\" + c if not c.isalnum() and c != "_" else c for c in text)
 
 
 def tools_in_template(tokenizer: Any) -> bool:

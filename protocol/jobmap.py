@@ -182,7 +182,7 @@ def _parse_message(i: int, item: Any) -> tuple[str, ...]:
         {"tool_call_id", "name"} if role == "tool" else set())
     unknown = set(item) - allowed
     if unknown:
-        raise InvalidField(f"messages[{i}].{shown_key(sorted(map(str, unknown))[0])}",
+        raise InvalidField(f"messages[{i}].{shown_key(min(map(str, unknown)))}",
                            f"unknown key for a {role} message")
     extra: dict[str, Any] = {}
     if item.get("tool_calls") is not None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from uniun.protocol.errors import InvalidField
 
-__all__ = ["Sampling", "SAMPLING_KEYS", "DEFAULTS_MODES", "parse_sampling"]
+__all__ = ["DEFAULTS_MODES", "SAMPLING_KEYS", "Sampling", "parse_sampling"]
 
 DEFAULTS_MODES = ("none", "model")
 MAX_SHOWN_KEY = 64
@@ -74,7 +74,7 @@ def parse_sampling(value: Any) -> Sampling:
         raise InvalidField("sampling", "must be a map")
     unknown = set(value) - SAMPLING_KEYS
     if unknown:
-        key = str(sorted(map(str, unknown))[0])
+        key = str(min(map(str, unknown)))
         shown = key if len(key) <= MAX_SHOWN_KEY else key[:MAX_SHOWN_KEY] + "..."
         raise InvalidField(f"sampling.{shown}", "unknown sampling key")
     temperature = _number(value, "temperature", 0.0, 10.0, "must be a number in [0, 10]")

@@ -182,6 +182,11 @@ def parse_request(msg: Any, rules: JobRules, *,
                 if "parameters" in tool:
                     _check_schema(rules, {"type": "json_schema", "schema": tool["parameters"]},
                                   f"tools[{i}].parameters", job.job_id)
+            if job.tools is not None and job.tools.active:  # the whole grammar, as the runner
+                fmt = job.tools.to_format()  # will build it (calls and text together)
+                if job.format is not None:
+                    fmt["format"] = job.format.to_map()
+                _check_schema(rules, fmt, "tools", job.job_id)
         return Submit(mid, job)
     if mtype == CANCEL:
         return Cancel(mid, _require_id(msg, "job_id"))

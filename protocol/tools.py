@@ -27,8 +27,18 @@ from typing import Any
 
 from uniun.protocol.errors import InvalidField
 
-__all__ = ["TOOL_OPEN", "TOOL_CLOSE", "TOOL_CHOICES", "MAX_TOOLS", "ToolSpec", "parse_tools",
-           "parse_tool_choice", "parse_tool_calls", "call_id", "canonical"]
+__all__ = [
+    "MAX_TOOLS",
+    "TOOL_CHOICES",
+    "TOOL_CLOSE",
+    "TOOL_OPEN",
+    "ToolSpec",
+    "call_id",
+    "canonical",
+    "parse_tool_calls",
+    "parse_tool_choice",
+    "parse_tools",
+]
 
 TOOL_OPEN = "<tool_call>\n"
 TOOL_CLOSE = "\n</tool_call>"
@@ -88,7 +98,7 @@ def parse_tools(value: Any) -> list[dict[str, Any]]:
             raise InvalidField(f"tools[{i}]", "must be a map with name, description, parameters")
         unknown = set(tool) - {"name", "description", "parameters"}
         if unknown:
-            raise InvalidField(f"tools[{i}].{str(sorted(map(str, unknown))[0])[:64]}",
+            raise InvalidField(f"tools[{i}].{str(min(map(str, unknown)))[:64]}",
                                "unknown tool key")
         name = tool.get("name")
         if not isinstance(name, str) or not NAME_RE.fullmatch(name):
