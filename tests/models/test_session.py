@@ -192,10 +192,11 @@ def test_models_run_and_bench_commands(tiny_model: str, tmp_path: Path) -> None:
 
     cmd = [sys.executable, "-m", "uniun.runtime", "models"]
     run = subprocess.run(cmd + ["run", tiny_model, "Hello!", "--max-new-tokens", "6",
-                                "--temperature", "0.8", "--seed", "1"],
-                         capture_output=True, text=True, timeout=300)
+                                "--temperature", "0.8", "--seed", "1", "--repeat-penalty",
+                                "1.3"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() and "6 generated" in run.stderr
+    assert "'repetition_penalty': 1.3" in run.stderr and "seed 1" in run.stderr
     out = tmp_path / "bench.json"
     bench = subprocess.run(cmd + ["bench", tiny_model, "--json", "--reps", "1", "--out", str(out)],
                            capture_output=True, text=True, timeout=300)
