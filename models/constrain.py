@@ -123,14 +123,24 @@ def _ll_tokenizer(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> An
         return wrapped
 
 
+# Token bytes already looked up, per tokenizer: a logprobs job asks for ~21 per token.
+_BYTES: weakref.WeakKeyDictionary[Any, dict[int, bytes]] = weakref.WeakKeyDictionary()
+
+
 def token_bytes(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int], token: int) -> bytes:
     """The bytes one token stands for (a token may hold part of a UTF-8 character)."""
+    cache = _BYTES.get(tokenizer)
+    if cache is not None and token in cache:
+        return cache[token]
     with _LOCK:
         per_size = _TOKENIZERS.get(tokenizer) or {}
         wrapped = next((w for (size, _), w in per_size.items() if size == vocab_size), None)
     if wrapped is None:
         wrapped = _ll_tokenizer(tokenizer, vocab_size, eos_ids)
-    return bytes(wrapped.decode_bytes([int(token)]))
+    raw = bytes(wrapped.decode_bytes([int(token)]))
+    with _LOCK:
+        _BYTES.setdefault(tokenizer, {})[int(token)] = raw
+    return raw
 
 
 def apply_bitmask(logits: np.ndarray, bits: np.ndarray) -> np.ndarray:
