@@ -218,7 +218,7 @@ def _parse_tools(raw: Mapping[str, Any]) -> ToolSpec | None:
         return None
     tools = parse_tools(raw["tools"])
     choice, name = parse_tool_choice(raw.get("tool_choice"), {t["name"] for t in tools})
-    return ToolSpec(canonical(tools), choice, name)
+    return ToolSpec(canonical(tools, sort_keys=False), choice, name)
 
 
 def _parse_logprobs(value: Any) -> int | None:

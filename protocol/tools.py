@@ -49,9 +49,12 @@ NAME_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")  # OpenAI's function-name rule (pl
 MAX_TOOLS_CHARS = 131_072  # the tools' JSON text, all together
 
 
-def canonical(value: Any) -> str:
-    """JSON text that is equal for equal values (specs stay hashable and comparable)."""
-    return json.dumps(value, sort_keys=True, separators=(",", ":"), allow_nan=False,
+def canonical(value: Any, *, sort_keys: bool = True) -> str:
+    """JSON text that is equal for equal values (specs stay hashable and comparable).
+
+    ``sort_keys=False`` for tools: a schema's property order is the order the model
+    writes the arguments in, which a client chooses (the name before the details)."""
+    return json.dumps(value, sort_keys=sort_keys, separators=(",", ":"), allow_nan=False,
                       ensure_ascii=False)
 
 
@@ -120,7 +123,7 @@ def parse_tools(value: Any) -> list[dict[str, Any]]:
             entry["parameters"] = parameters
         out.append(entry)
     try:
-        text = canonical(out)
+        text = canonical(out, sort_keys=False)
     except (TypeError, ValueError) as err:
         raise InvalidField("tools", f"not JSON: {err}") from None
     if len(text) > MAX_TOOLS_CHARS:
@@ -151,8 +154,12 @@ def call_id(job_id: str, index: int) -> str:
 
 def parse_tool_calls(text: str, job_id: str) -> list[dict[str, Any]] | None:
     """The calls written in ``text`` as ``[{id, name, arguments}]``, or None when the text
-    is not a complete call (a text answer, or one cut short by ``max_new_tokens``)."""
-    body = text.strip()
+    is not a complete call (a text answer, or one cut short by ``max_new_tokens``).
+
+    A call starts the text, exactly: the grammar held it to its schema only then (an
+    ``auto`` text answer may not start with ``<tool_call>``, and anything later in a
+    text answer is text)."""
+    body = text.rstrip()
     open_tag, close_tag = TOOL_OPEN.strip(), TOOL_CLOSE.strip()
     if not body.startswith(open_tag):
         return None
