@@ -138,6 +138,19 @@ def test_prefix_cache_hit_gives_the_cold_run_tokens(
     assert _ids(list(session.generate(gen))) == _ids(reference)
 
 
+def test_cache_prompt_lets_siblings_share_the_whole_prompt(session: DecoderSession) -> None:
+    """The gateway's n > 1: every sibling but the first prefills two positions only."""
+    session.prefix_cache.clear()
+    texts = []
+    for seed in (1, 2, 3):
+        gen = session.start(messages=MESSAGES, max_new_tokens=12, cache_prompt=True,
+                            sampling={"temperature": 1.0, "seed": seed})
+        assert gen.progress.static_prefix == len(gen.progress.prompt_ids) - 2
+        assert gen.prefix_cache_tokens == (0 if seed == 1 else gen.progress.static_prefix)
+        texts.append("".join(e.text_delta for e in session.generate(gen)))
+    assert len(set(texts)) == 3  # each its own seed
+
+
 def test_bad_input_is_refused_clearly(session: DecoderSession, tiny_model_b: str,
                                       tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="exactly one"):
