@@ -40,10 +40,40 @@ ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
 _X_GUIDANCE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
+def _closed(schema: Any) -> Any:
+    """``schema`` with every object that lists ``properties`` and says nothing about
+    ``additionalProperties`` closed to them (OpenAI's strict mode does the same). Why: a
+    function is called with the arguments it declares; a small model left free to add
+    keys invents them (and an unbounded one runs to the token limit), and many functions
+    refuse an unexpected keyword. What is generated still validates against the schema
+    as given."""
+    if not isinstance(schema, dict):
+        return schema
+    out = dict(schema)
+    for key in _SCHEMA_MAPS:
+        if isinstance(schema.get(key), dict):
+            out[key] = {name: _closed(sub) for name, sub in schema[key].items()}
+    for key in _SCHEMA_LISTS:
+        if isinstance(schema.get(key), list):
+            out[key] = [_closed(sub) for sub in schema[key]]
+    for key in _SCHEMA_ONE:
+        if isinstance(schema.get(key), dict):
+            out[key] = _closed(schema[key])
+    if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
+        out["additionalProperties"] = False
+    return out
+
+
+# Where a JSON Schema holds more schemas: maps of them, lists of them, one of them.
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains")
+
+
 def _call_schema(tool: Mapping[str, Any]) -> dict[str, Any]:
     return {"type": "object",
             "properties": {"name": {"const": tool["name"]},
-                           "arguments": tool.get("parameters") or ANY_ARGUMENTS},
+                           "arguments": _closed(tool.get("parameters") or ANY_ARGUMENTS)},
             "required": ["name", "arguments"], "additionalProperties": False}
 
 
