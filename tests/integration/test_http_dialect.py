@@ -86,13 +86,13 @@ def test_penalties_and_sampling_extensions_change_the_answer(client: openai.Open
     # with no sampling field at all: the model's chat defaults (tiny: greedy, penalty 1.1)
     assert _text(client) == _text(client, temperature=0, extra_body={
         "repetition_penalty": 1.1, "repeat_last_n": 64})
-    sampled = dict(temperature=1.0, seed=3, extra_body={"top_k": 5, "min_p": 0.1})
+    sampled = {"temperature": 1.0, "seed": 3, "extra_body": {"top_k": 5, "min_p": 0.1}}
     assert _text(client, **sampled) == _text(client, **sampled)
 
 
 def test_logprobs_in_openais_shapes_whole_and_streamed(client: openai.OpenAI) -> None:
-    kwargs = dict(model="tiny-1", messages=CHAT, max_tokens=24, temperature=0,
-                  logprobs=True, top_logprobs=3)
+    kwargs = {"model": "tiny-1", "messages": CHAT, "max_tokens": 24, "temperature": 0,
+                  "logprobs": True, "top_logprobs": 3}
     whole = client.chat.completions.create(**kwargs)
     items = whole.choices[0].logprobs.content
     assert len(items) >= whole.usage.completion_tokens - 1  # every token but an ending EOS
@@ -114,7 +114,8 @@ def test_logprobs_in_openais_shapes_whole_and_streamed(client: openai.OpenAI) ->
 
 
 def test_n_answers_in_one_response_each_with_its_own_seed(client: openai.OpenAI) -> None:
-    kwargs = dict(model="tiny-1", messages=CHAT, max_tokens=16, temperature=1.0, seed=7, n=3)
+    kwargs = {"model": "tiny-1", "messages": CHAT, "max_tokens": 16, "temperature": 1.0,
+              "seed": 7, "n": 3}
     whole = client.chat.completions.create(**kwargs)
     assert [c.index for c in whole.choices] == [0, 1, 2]
     texts = [c.message.content for c in whole.choices]
