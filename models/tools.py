@@ -36,13 +36,15 @@ __all__ = [
 ]
 
 ANY_ARGUMENTS: dict[str, Any] = {"type": "object"}
+EMAIL_BOUNDS = "^[^@]{1,64}@[^@]{1,255}$"
 # Compact JSON, the style of models/constrain.py's JSON_OPTIONS, for %json in Lark.
 _X_GUIDANCE = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 
 
 def _closed(schema: Any) -> Any:
     """``schema`` with every object that lists ``properties`` and says nothing about
-    ``additionalProperties`` closed to them (OpenAI's strict mode does the same). Why: a
+    ``additionalProperties`` closed to them (OpenAI's strict mode does the same), and an
+    email address held to RFC 5321's lengths (:data:`EMAIL_BOUNDS`). Why closed: a
     function is called with the arguments it declares; a small model left free to add
     keys invents them (and an unbounded one runs to the token limit), and many functions
     refuse an unexpected keyword. What is generated still validates against the schema
@@ -61,6 +63,10 @@ def _closed(schema: Any) -> Any:
             out[key] = _closed(schema[key])
     if isinstance(schema.get("properties"), dict) and "additionalProperties" not in schema:
         out["additionalProperties"] = False
+    if schema.get("format") == "email" and "pattern" not in schema:
+        # RFC 5321's bounds (64 characters before the @, 255 after): any real address
+        # fits them, and a small model that never writes the @ is made to within 64.
+        out["pattern"] = EMAIL_BOUNDS
     return out
 
 

@@ -164,18 +164,22 @@ def parse_tool_calls(text: str, job_id: str) -> list[dict[str, Any]] | None:
     if not body.startswith(open_tag):
         return None
     calls = []
+    decoder = json.JSONDecoder()
     while body.startswith(open_tag):
-        end = body.find(close_tag)
-        if end < 0:
-            return None
+        # Decode the JSON value itself: a string argument may contain "</tool_call>".
+        start = len(open_tag)
+        while body[start:start + 1].isspace():
+            start += 1
         try:
-            call = json.loads(body[len(open_tag):end])
+            call, end = decoder.raw_decode(body, start)
         except ValueError:
             return None
+        rest = body[end:].lstrip()
         if not isinstance(call, dict) or not isinstance(call.get("name"), str) \
-                or not isinstance(call.get("arguments", {}), dict):
+                or not isinstance(call.get("arguments", {}), dict) \
+                or not rest.startswith(close_tag):
             return None
         calls.append({"id": call_id(job_id, len(calls)), "name": call["name"],
                       "arguments": call.get("arguments", {})})
-        body = body[end + len(close_tag):].strip()
+        body = rest[len(close_tag):].strip()
     return calls if not body else None

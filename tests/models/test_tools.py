@@ -134,3 +134,20 @@ def test_a_template_that_knows_tools_renders_them_itself() -> None:
     assert text == ('TOOL get_weather;[user]hi[assistant]CALL get_weather{"city": "Oslo"}'
                     '[tool]cold')
     assert json.loads(text.split("CALL get_weather")[1].split("[")[0]) == {"city": "Oslo"}
+
+
+def test_open_objects_are_closed_and_emails_bounded_in_the_grammar() -> None:
+    from uniun.models.tools import _closed
+
+    schema = {"type": "object", "properties": {
+        "to": {"type": "string", "format": "email"},
+        "cc": {"type": "array", "items": {"type": "object", "properties": {"x": {}}}},
+        "properties": {"type": "object", "properties": {"a": {"type": "string"}}}}}
+    closed = _closed(schema)
+    assert closed["additionalProperties"] is False
+    assert closed["properties"]["cc"]["items"]["additionalProperties"] is False
+    assert closed["properties"]["properties"]["additionalProperties"] is False
+    assert set(closed["properties"]) == {"to", "cc", "properties"}  # a key is no schema
+    assert closed["properties"]["to"]["pattern"] == "^[^@]{1,64}@[^@]{1,255}$"
+    assert _closed({"type": "object", "properties": {}, "additionalProperties": True})[
+        "additionalProperties"] is True  # said explicitly: kept

@@ -107,6 +107,8 @@ def test_a_call_is_read_back_from_the_text_and_anything_else_is_not() -> None:
     assert calls[0]["arguments"] == {"city": "Oslo"}
     assert calls[0]["id"] == parse_tool_calls(text, "job-1")[0]["id"]  # stable
     assert parse_tool_calls(text, "job-2")[0]["id"] != calls[0]["id"]  # type: ignore[index]
-    for not_a_call in ("The weather is fine.", text[:-5], text + " and more",
+    tricky = '<tool_call>\n{"name": "f", "arguments": {"s": "x}}</tool_call>y"}}\n</tool_call>'
+    assert parse_tool_calls(tricky, "j")[0]["arguments"] == {"s": "x}}</tool_call>y"}  # type: ignore
+    for not_a_call in ("The weather is fine.", text[:-5], text + " and more", " " + text,
                        '<tool_call>\n{"name": 3}\n</tool_call>'):
         assert parse_tool_calls(not_a_call, "j") is None
