@@ -24,7 +24,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["SamplingParams", "Sampler", "sample_token", "FIELDS", "DEFAULTS_MODES"]
+__all__ = ["DEFAULTS_MODES", "FIELDS", "Sampler", "SamplingParams", "sample_token"]
 
 
 class _SamplingLike(Protocol):
@@ -144,7 +144,12 @@ def sample_token(logits: np.ndarray, params: SamplingParams, seed: int, seq: int
     logits = np.asarray(logits).reshape(-1)
     if params.greedy:
         return int(np.argmax(logits))
-    scaled = logits.astype(np.float64) / params.temperature
+    with np.errstate(over="ignore"):
+        scaled = logits.astype(np.float64) / params.temperature
+    if not np.isfinite(scaled.max()):
+        # A temperature so small (1e-308) that logits / T overflows: that is greedy, and
+        # inf - inf would make every probability NaN (and pick token 0, masked or not).
+        return int(np.argmax(logits))
     scaled -= scaled.max()
     vocab = scaled.shape[0]
     top_k = params.top_k if 0 < params.top_k < vocab else 0

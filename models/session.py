@@ -52,7 +52,7 @@ from uniun.models.logprobs import MAX_TOP_LOGPROBS
 from uniun.models.prefix_cache import PrefixCache
 from uniun.models.sampling import Sampler, SamplingParams
 
-__all__ = ["DecoderSession", "Generation", "TokenEvent", "FinishedError", "MIN_CACHED_PREFIX"]
+__all__ = ["MIN_CACHED_PREFIX", "DecoderSession", "FinishedError", "Generation", "TokenEvent"]
 
 MIN_CACHED_PREFIX = 16  # static prefixes shorter than this (tokens) are not worth caching
 
@@ -130,6 +130,8 @@ class DecoderSession(DecoderModel):
         else:
             ids, static = self.encode(prompt=prompt, messages=messages, tools=tools,
                                       tool_choice=tool_choice)
+            if not ids:  # some control characters tokenize to nothing
+                raise ValueError("the prompt has no tokens for this model")
         if cache_prompt:
             static = len(ids)
         if tools and tool_choice != "none":

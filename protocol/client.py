@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections import deque
 from dataclasses import dataclass
 from typing import Any, Callable, Mapping
 
@@ -57,6 +58,7 @@ __all__ = ["Client", "ClientError", "JobFailed", "JobStream", "SchedulerUnavaila
            "Timeout"]
 
 _ENVELOPE_KEYS = ("v", "type", "re")
+STATES_KEPT = 1024  # state pushes kept unread; the oldest are dropped beyond
 
 
 @dataclass
@@ -97,6 +99,8 @@ class Client(DealerConnection):
         self._recovered_at: float | None = None  # end of the last reconnect
         self._silent_since = 0.0  # start of the current run of unanswered reconnects
         self._ping: tuple[str, float] | None = None  # liveness ping in flight: (id, sent)
+        self._watching = False  # ``watch`` sent: ``state`` pushes are queued in _states
+        self._states: deque[dict[str, Any]] = deque(maxlen=STATES_KEPT)
         self._open()
 
     # -- public API ---------------------------------------------------------------
@@ -155,6 +159,30 @@ class Client(DealerConnection):
         """The scheduler's ``status`` body (policy, queues, running, processes, ...)."""
         reply = self._request(m.req_status(self._next_id()), timeout)
         return {k: v for k, v in reply.items() if k not in _ENVELOPE_KEYS}
+
+    def watch(self, *, timeout: float | None = None) -> None:
+        """Follow the scheduler's state: from now on :meth:`next_state` returns its
+        ``state`` pushes (the timeline as it is written, and the status when it
+        changes; docs/protocol.md). Kept across reconnects."""
+        self._watching = True  # the first push may arrive with the reply
+        try:
+            self._request(m.req_watch(self._next_id()), timeout)
+        except BaseException:
+            self._watching = False
+            self._states.clear()
+            raise
+
+    def next_state(self, timeout: float | None = None) -> dict[str, Any] | None:
+        """The next ``state`` push (its fields: ``status`` and/or ``segments`` and
+        ``marks``), or None when none came within ``timeout`` seconds."""
+        if not self._watching:
+            raise RuntimeError("call watch() first")
+        try:
+            self._wait_until(lambda: bool(self._states), timeout, "a state push")
+        except Timeout:
+            return None
+        state = self._states.popleft()
+        return {k: v for k, v in state.items() if k not in ("v", "type")}
 
     def ping(self, *, timeout: float | None = None) -> float:
         """Round-trip time of a ``ping``, seconds."""
@@ -273,6 +301,10 @@ class Client(DealerConnection):
         except ProtocolError as err:
             logger.warning("dropped a message from the scheduler: {}", err.message)
             return
+        if kind == "state":
+            if self._watching:
+                self._states.append(msg)
+            return
         if kind == "reply":
             pending = self._pending.get(msg["re"])
             if pending is None:
@@ -325,6 +357,10 @@ class Client(DealerConnection):
                     len(self._streams))
         for pending in list(self._pending.values()):
             self._send(pending.msg)  # same id: submit is idempotent by job_id
+        if self._watching:  # a restarted scheduler knows no watchers
+            watch = m.req_watch(self._next_id())
+            self._pending[watch["id"]] = _Pending(watch, on_reply=lambda _reply: None)
+            self._send(watch)
         # A re-sent submit or attach already re-subscribes this connection to its job.
         resubscribed = {p.msg["job"]["job_id"] if p.msg["type"] == m.SUBMIT else p.msg["job_id"]
                         for p in self._pending.values() if p.msg["type"] in (m.SUBMIT, m.ATTACH)}

@@ -28,8 +28,9 @@ FOREGROUND = "foreground"
 LIFECYCLE = "lifecycle"
 STATUS = "status"
 PING = "ping"
+WATCH = "watch"  # extension: follow the scheduler's state (``state`` events)
 FRONT_REQUESTS: frozenset[str] = frozenset(
-    {SUBMIT, CANCEL, ATTACH, FOREGROUND, LIFECYCLE, STATUS, PING})
+    {SUBMIT, CANCEL, ATTACH, FOREGROUND, LIFECYCLE, STATUS, PING, WATCH})
 
 # Client -> embedding pool request, and its reply.
 EMBED = "embed"
@@ -53,6 +54,9 @@ DONE = "done"
 EVENT_TYPES: frozenset[str] = frozenset({STARTED, TOKEN, PAUSED, DONE, ERROR})
 TERMINAL_EVENTS: frozenset[str] = frozenset({DONE, ERROR})
 
+# Scheduler -> a watching client (no ``re``, no ``job_id``): extension, docs/protocol.md.
+STATE = "state"
+
 PAUSE_REASONS = ("preempted", "slice", "budget", "swap")
 FINISH_REASONS = ("stop", "length", "tool_calls")  # tool_calls: only for a job with tools
 LIFECYCLE_STATES = ("foreground", "background")
@@ -62,7 +66,7 @@ def _is_int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def classify(msg: Mapping[str, Any]) -> Literal["reply", "event"]:
+def classify(msg: Mapping[str, Any]) -> Literal["reply", "event", "state"]:
     """Tell a server message's kind, checking the keys a client routes by.
 
     Raises ``ProtocolError(bad_envelope)`` for a message a client cannot route.
@@ -71,6 +75,8 @@ def classify(msg: Mapping[str, Any]) -> Literal["reply", "event"]:
         raise ProtocolError(ErrorCode.BAD_ENVELOPE, "server message without v=1 and a type")
     if isinstance(msg.get("re"), str):
         return "reply"
+    if msg["type"] == STATE:
+        return "state"
     if msg["type"] in EVENT_TYPES and isinstance(msg.get("job_id"), str):
         if msg["type"] == TOKEN and not (_is_int(msg.get("seq")) and isinstance(msg.get("text"), str)):
             raise ProtocolError(ErrorCode.BAD_ENVELOPE, "token event without int seq and str text")
@@ -120,6 +126,10 @@ def req_status(msg_id: str) -> dict[str, Any]:
 
 def req_ping(msg_id: str) -> dict[str, Any]:
     return envelope(PING, id=msg_id)
+
+
+def req_watch(msg_id: str) -> dict[str, Any]:
+    return envelope(WATCH, id=msg_id)
 
 
 def req_embed(msg_id: str, texts: list[str]) -> dict[str, Any]:
@@ -212,3 +222,8 @@ def event_error(job_id: str, code: ErrorCode | str, message: str, *,
     err = ProtocolError(ErrorCode(code), message, retryable=retryable)
     return envelope(ERROR, job_id=job_id, code=err.code.value, message=message,
                     retryable=err.retryable)
+
+
+def event_state(**fields: Any) -> dict[str, Any]:
+    """``state {status?, segments?, marks?}`` for a watching client (docs/protocol.md)."""
+    return envelope(STATE, **fields)

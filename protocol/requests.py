@@ -40,6 +40,7 @@ from uniun.protocol.messages import (
     PROTOCOL_VERSION,
     STATUS,
     SUBMIT,
+    WATCH,
     _is_int,
 )
 
@@ -87,12 +88,18 @@ class Ping:
 
 
 @dataclass(frozen=True)
+class Watch:
+    id: str
+
+
+@dataclass(frozen=True)
 class Embed:
     id: str
     texts: tuple[str, ...]
 
 
-Request = Union[Submit, Cancel, Attach, Foreground, Lifecycle, StatusRequest, Ping, Embed]
+Request = Union[Submit, Cancel, Attach, Foreground, Lifecycle, StatusRequest, Ping, Embed,
+                Watch]
 
 
 @dataclass(frozen=True)
@@ -213,6 +220,8 @@ def parse_request(msg: Any, rules: JobRules, *,
         return StatusRequest(mid)
     if mtype == PING:
         return Ping(mid)
+    if mtype == WATCH:
+        return Watch(mid)
     if mtype == EMBED:
         return Embed(mid, _parse_texts(msg.get("texts")))
     # check_envelope only lets through types in ``allowed``; a type allowed but not

@@ -71,7 +71,7 @@ _POSITIVE = {
                    "start_timeout_s"),
     "embed": ("workers", "queue_bound"),
     "trace": ("keep_segments",),
-    "http": ("default_max_tokens", "max_open_requests"),
+    "http": ("default_max_tokens", "max_open_requests", "max_connections", "read_timeout_s"),
     "producers": ("scan_interval_s", "backfill_per_s", "extract_in_flight",
                   "extract_max_new_tokens", "deck_low", "deck_high", "card_max_new_tokens",
                   "check_interval_s", "lifecycle_poll_s", "background_lease_s",
@@ -155,6 +155,16 @@ def check_http(values: dict[str, Any], source: Path | None) -> None:
         raise ConfigError(f"required when http.host ({host}) is not a loopback address: "
                           "anyone on the network could use the model", key="http.api_key",
                           source=source)
+    names = values.get("allowed_hosts", ())
+    for name in names:
+        if not name or any(c.isspace() or c in "/@," for c in name) or (
+                ":" in name and not name.startswith("[")):
+            raise ConfigError(f"{name!r} is not a host name (names only, no port; IPv6 "
+                              "in brackets)", key="http.allowed_hosts", source=source)
+    if "*" in names and values.get("enabled", True) and not values.get("api_key"):
+        raise ConfigError("required when http.allowed_hosts has \"*\": a web page could "
+                          "reach the gateway by a name of its own (DNS rebinding)",
+                          key="http.api_key", source=source)
 
 
 _IPC_PATH_MAX = 107  # sun_path is 108 bytes on Linux, NUL included

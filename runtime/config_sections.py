@@ -9,9 +9,10 @@ and validating a file is ``config.py``'s job.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Any, Mapping
+from typing import Any
 
 from uniun.actors.policy import PolicyConfig
 from uniun.actors.scheduler.front import CONN_PENDING_CAP, PENDING_CAP
@@ -209,7 +210,22 @@ class HttpConfig:
         "max_tokens of a chat completion that names none (default 512)"))
     # Requests; default 256. Each open job holds one gateway thread.
     max_open_requests: int = field(default=256, metadata=_doc(
-        "jobs open through the gateway at once; more get 429 (default 256)"))
+        "jobs and embedding requests open through the gateway at once; more get 429 "
+        "(default 256)"))
+    # Names, no port; loopback names and the bind address are always accepted.
+    allowed_hosts: tuple[str, ...] = field(default=(), metadata=_doc(
+        "host names (no port) clients may call the gateway and the metrics listener by, "
+        "besides localhost, 127.0.0.1, [::1] and [http] host; any other Host header gets "
+        "421. \"*\" accepts any name and requires api_key (default [])"))
+    # Connections; default 512. Each costs a socket and a little memory, no thread.
+    max_connections: int = field(default=512, metadata=_doc(
+        "connections (and requests in flight) the gateway serves at once; a request "
+        "beyond gets 429 (default 512)"))
+    # Seconds; default 10. Local clients send a request in milliseconds.
+    read_timeout_s: float = field(default=10.0, metadata=_doc(
+        "seconds a client has to send a request's headers (from connecting or from the "
+        "previous answer), and again its body; else the connection is closed or "
+        "answered 408 (default 10)"))
 
 
 @dataclass(frozen=True)

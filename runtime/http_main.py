@@ -3,7 +3,9 @@
 ``python -m uniun.runtime.process http --config FILE`` (the supervisor spawns it when
 ``[http] enabled``) ends up in :func:`main`: it binds ``[http] host``:``port`` (port 0 =
 any free port), writes the base URL to ``$UNIUN_HOME/run/http.endpoint`` once it serves,
-and runs uvicorn until the supervisor's SIGTERM. On SIGTERM new requests get 503
+and runs uvicorn until the supervisor's SIGTERM. uvicorn runs with the gateway's own h11
+protocol (``actors/gateway/serving.py``: a header-read timeout, a connection cap answered
+429, JSON refusals of malformed requests) under the door of ``actors/gateway/door.py``. On SIGTERM new requests get 503
 ``shutting_down`` and uvicorn drains the open ones for ``DRAIN_S``; a stream still open
 then is closed, which cancels its job.
 
@@ -28,6 +30,7 @@ from starlette.routing import BaseRoute
 
 from uniun.actors.gateway.app import OPEN_PATHS, build_app
 from uniun.actors.gateway.gateway import Gateway, GatewaySettings
+from uniun.actors.gateway.serving import protocol_class
 from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.metrics_http import ENDPOINT_FILE as METRICS_ENDPOINT
@@ -55,6 +58,8 @@ def settings_from_config(config: RuntimeConfig) -> GatewaySettings:
         embed_model=config.models.embed_model, models_root=models_dir(), api_key=h.api_key,
         default_max_tokens=min(h.default_max_tokens, config.limits.max_new_tokens_cap),
         max_open_requests=h.max_open_requests, max_body_bytes=config.limits.max_frame_bytes,
+        bind_host=h.host, allowed_hosts=tuple(h.allowed_hosts),
+        read_timeout_s=h.read_timeout_s, max_connections=h.max_connections,
         front_curve=client_curve(config.front.endpoint),
         embed_curve=client_curve(config.embed.endpoint) if config.embed.enabled else None)
 
@@ -98,8 +103,11 @@ def main(config: RuntimeConfig) -> int:
     app = build_app(gateway, extra_routes=extra_routes(config), open_paths=OPEN_PATHS)
     sock = bind(config.http.host, config.http.port)
     url = base_url(config.http.host, sock.getsockname()[1])
-    server = Server(uvicorn.Config(app, log_config=None, access_log=False, lifespan="on",
-                                   timeout_graceful_shutdown=int(DRAIN_S)))
+    settings = gateway.settings
+    server = Server(uvicorn.Config(
+        app, log_config=None, access_log=False, lifespan="on",
+        timeout_graceful_shutdown=int(DRAIN_S),
+        http=protocol_class(settings.read_timeout_s, settings.max_connections)))
 
     def stop() -> None:
         gateway.stopping = True

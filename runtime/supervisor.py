@@ -168,7 +168,8 @@ class Supervisor:
         gateway = any(c.name == "http" for c in self.children)  # it serves /metrics then
         self._child_env, server = start_metrics(self.config.run_dir, enabled=metrics.enabled,
                                                 host=metrics.host, port=metrics.port,
-                                                serve=not gateway)
+                                                serve=not gateway,
+                                                allowed_hosts=self.config.http.allowed_hosts)
         logger.info("supervisor {} up; children in order: {}", os.getpid(),
                     ", ".join(c.name for c in self.children))
         try:

@@ -1,4 +1,10 @@
-"""The gateway's ASGI application: routes, the API-key check, OpenAI-shaped errors.
+"""The gateway's ASGI application: the door, the API-key check, routes, OpenAI-shaped errors.
+
+Layers, outermost first: :class:`~uniun.actors.gateway.door.Door` (Host, Origin,
+Content-Type, declared length), :class:`BearerAuth`,
+:class:`~uniun.actors.gateway.door.BodyLimit` (the body read within its limit and
+timeout: only for a client with the key), then Starlette's routing. Every answer that is not a success is an OpenAI error object,
+a bug of ours included (500 ``internal``, its text in the log only).
 
 Why Starlette on uvicorn (docs/http.md): both are small, maintained and the usual base of
 OpenAI-compatible servers (vLLM's and llama-cpp-python's run on them); a
@@ -19,6 +25,7 @@ import contextlib
 import hmac
 from collections.abc import AsyncIterator, Collection, Sequence
 
+from loguru import logger
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
@@ -27,10 +34,11 @@ from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from uniun.actors.gateway import routes
+from uniun.actors.gateway.door import BodyLimit, Door, DoorPolicy
 from uniun.actors.gateway.errors import ApiError
 from uniun.actors.gateway.gateway import Gateway
 
-__all__ = ["build_app", "OPEN_PATHS", "TICK_S"]
+__all__ = ["OPEN_PATHS", "TICK_S", "build_app"]
 
 OPEN_PATHS = frozenset({"/health"})  # served without the API key
 TICK_S = 0.5  # the event loop marks itself alive this often (the process's health check)
@@ -63,9 +71,17 @@ async def _api_error(_request: Request, exc: Exception) -> Response:
 
 async def _http_error(_request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    error = ApiError(exc.status_code, str(exc.detail), code="not_found"
-                     if exc.status_code == 404 else None)
-    return JSONResponse(error.body(), status_code=exc.status_code)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code)
+    error = ApiError(exc.status_code, str(exc.detail), code=code)
+    return JSONResponse(error.body(), status_code=exc.status_code, headers=exc.headers)
+
+
+async def _bug(request: Request, exc: Exception) -> Response:
+    """A bug of ours: logged whole, answered as an OpenAI error without its text."""
+    logger.opt(exception=exc).error("gateway bug on {} {}", request.method, request.url.path)
+    error = ApiError(500, "an internal error of the gateway; see the runtime's log",
+                     "server_error", code="internal")
+    return JSONResponse(error.body(), status_code=500)
 
 
 def build_app(gateway: Gateway, *, extra_routes: Sequence[BaseRoute] = (),
@@ -94,7 +110,11 @@ def build_app(gateway: Gateway, *, extra_routes: Sequence[BaseRoute] = (),
         Route("/v1/models/{model:path}", routes.get_model, methods=["GET"]),
         Route("/health", routes.health, methods=["GET"]),
         *extra_routes,
-    ], exception_handlers={ApiError: _api_error, HTTPException: _http_error},
+    ], exception_handlers={ApiError: _api_error, HTTPException: _http_error, Exception: _bug},
         lifespan=lifespan)
     app.state.gateway = gateway
-    return BearerAuth(app, gateway.settings.api_key, open_paths)
+    settings = gateway.settings
+    policy = DoorPolicy.make(settings.bind_host, settings.allowed_hosts,
+                             max_body_bytes=settings.max_body_bytes,
+                             read_timeout_s=settings.read_timeout_s)
+    return Door(BearerAuth(BodyLimit(app, policy), settings.api_key, open_paths), policy)

@@ -4,8 +4,14 @@ An OpenAI client reads ``{"error": {"message", "type", "param", "code"}}`` with 
 status; the SDKs raise ``BadRequestError`` (400), ``AuthenticationError`` (401),
 ``NotFoundError`` (404), ``RateLimitError`` (429, honouring ``Retry-After``) and
 ``InternalServerError`` (5xx) from them. Every refusal of the gateway is an
-:class:`ApiError`, raised by the request mapping (bad fields) or made from a scheduler's
-or embedding pool's ``error`` (:func:`from_protocol`). Pure: no I/O.
+:class:`ApiError`, raised by the door (``door.py``), the body parser (``body.py``), the
+request mapping (bad fields) or made from a scheduler's or embedding pool's ``error``
+(:func:`from_protocol`). Pure: no I/O.
+
+Nothing internal reaches a client: a message is cut to :data:`MAX_MESSAGE_CHARS` and
+written with escapes for what UTF-8 cannot carry, and the message of a code that
+reports our side (``internal``, ``runner_failed``, ``shutting_down``) is replaced by a
+fixed text, since it may hold exception text, paths or endpoints (the log keeps it).
 """
 
 from __future__ import annotations
@@ -13,9 +19,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["ApiError", "from_protocol", "STATUS_OF_CODE"]
+__all__ = ["STATUS_OF_CODE", "ApiError", "from_protocol"]
 
 RETRY_AFTER_S = 1  # Retry-After on a 429 / 503, seconds
+MAX_MESSAGE_CHARS = 400  # an error message is cut to this (it may echo a client's value)
 
 # protocol v1 code -> (HTTP status, OpenAI error type)
 STATUS_OF_CODE: dict[str, tuple[int, str]] = {
@@ -28,6 +35,12 @@ STATUS_OF_CODE: dict[str, tuple[int, str]] = {
     "runner_failed": (503, "server_error"),
     "cancelled": (499, "invalid_request_error"),
     "internal": (500, "server_error"),
+}
+# What a client is told for a code that reports our side, whatever the message said.
+FIXED_MESSAGES = {
+    "internal": "an internal error of the runtime; see its log",
+    "runner_failed": "the model runner could not finish this request; retry",
+    "shutting_down": "the runtime is shutting down or not reachable; retry",
 }
 
 
@@ -45,7 +58,9 @@ class ApiError(Exception):
         super().__init__(self.message)
 
     def body(self) -> dict[str, Any]:
-        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+        return {"error": {"message": _printable(self.message, MAX_MESSAGE_CHARS),
+                          "type": self.type,
+                          "param": None if self.param is None else _printable(self.param, 200),
                           "code": self.code}}
 
     def headers(self) -> dict[str, str]:
@@ -57,12 +72,22 @@ def bad_request(message: str, param: str | None = None, code: str = "invalid_fie
     return ApiError(400, message, "invalid_request_error", param, code)
 
 
+def _printable(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, lone surrogates written as escapes."""
+    if len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
 def from_protocol(code: str, message: str, field: str | None = None) -> ApiError:
     """An ``error`` reply or event of protocol v1 as the HTTP error a client expects."""
-    status, kind = STATUS_OF_CODE.get(code, (500, "server_error"))
+    if code not in STATUS_OF_CODE:
+        code = "internal"
+    status, kind = STATUS_OF_CODE[code]
     if code == "unknown_model":
         return ApiError(404, message, kind, "model", "model_not_found")
-    return ApiError(status, message, kind, _openai_param(field), code)
+    return ApiError(status, FIXED_MESSAGES.get(code, message), kind, _openai_param(field),
+                    code)
 
 
 def _openai_param(field: str | None) -> str | None:

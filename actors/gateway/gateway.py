@@ -7,17 +7,21 @@ runtime's endpoints.
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from loguru import logger
 
 from uniun.actors.gateway.errors import ApiError
 from uniun.actors.gateway.link import SchedulerLink
 from uniun.models.store import ModelStore
 from uniun.protocol.curve import ClientCurve
 
-__all__ = ["GatewaySettings", "Gateway"]
+__all__ = ["Gateway", "GatewaySettings", "too_many"]
 
 HEALTH_TIMEOUT_S = 2.0  # /health waits this long for the scheduler's status
 
@@ -35,8 +39,17 @@ class GatewaySettings:
     default_completion_tokens: int = 16  # text completions without max_tokens (OpenAI's)
     max_open_requests: int = 256  # jobs open through the gateway at once; more get 429
     max_body_bytes: int = 1 << 20  # a request body, bytes
+    bind_host: str = "127.0.0.1"  # the address served: a Host name the door accepts
+    allowed_hosts: tuple[str, ...] = ()  # more Host names the door accepts ("*": any)
+    read_timeout_s: float = 10.0  # headers, then the body, must arrive within this, s
+    max_connections: int = 512  # connections and requests in flight served at once
     front_curve: ClientCurve | None = None  # CURVE keys for a tcp front / pool
     embed_curve: ClientCurve | None = None
+
+
+def too_many(open_now: int, cap: int) -> ApiError:
+    return ApiError(429, f"{open_now} requests are open at the gateway (the cap is {cap}); "
+                         "retry later", "rate_limit_error", code="queue_full")
 
 
 class Gateway:
@@ -58,6 +71,19 @@ class Gateway:
             raise ApiError(503, "the runtime is shutting down", "server_error",
                            code="shutting_down")
 
+    @contextlib.contextmanager
+    def slot(self) -> Iterator[None]:
+        """One of ``max_open_requests`` for a request that does not run a job (an
+        embedding request); 429 when all are taken. Jobs take theirs in ``routes``."""
+        link = self.link
+        if link.open >= link.max_open:
+            raise too_many(link.open, link.max_open)
+        link.open += 1
+        try:
+            yield
+        finally:
+            link.open -= 1
+
     def models(self) -> list[dict[str, Any]]:
         """``/v1/models``: every complete model in the store."""
         return [{"id": info.model_id, "object": "model", "created": int(info.created),
@@ -65,13 +91,15 @@ class Gateway:
                 for info in self.store.list()]
 
     async def readiness(self) -> tuple[bool, str]:
-        """(ready, why): a chat would be answered now."""
+        """(ready, why): a chat would be answered now. The reason is one of a few fixed
+        texts (a client sees it; the log has the details)."""
         if self.stopping:
             return False, "shutting down"
         try:
             status = await self.link.call(lambda c: c.status(timeout=HEALTH_TIMEOUT_S))
-        except Exception as err:  # no scheduler, or it did not answer
-            return False, f"scheduler: {type(err).__name__}: {err}"
+        except Exception as err:  # noqa: BLE001 - no scheduler, or it did not answer
+            logger.info("health: the scheduler did not answer status: {}", err)
+            return False, "the scheduler does not answer"
         if not (status.get("runner") or {}).get("up"):
             return False, "no runner connected"
         return True, "ready"

@@ -29,10 +29,11 @@ from typing import Any, Generic, TypeVar
 from loguru import logger
 
 from uniun.protocol.client import Client, ClientError, SchedulerUnavailable, Timeout
+from uniun.protocol.codec import EncodeError
 from uniun.protocol.curve import ClientCurve
 from uniun.protocol.embed_client import EmbedClient
 
-__all__ = ["ClientPool", "JobRun", "Outcome", "SchedulerLink", "POLL_S"]
+__all__ = ["POLL_S", "ClientPool", "JobRun", "Outcome", "SchedulerLink"]
 
 POLL_S = 0.1  # how often a worker waiting for events looks at its cancel flag, s
 MAX_IDLE_CLIENTS = 8  # connections kept open between requests
@@ -136,6 +137,9 @@ class JobRun:
             stream = client.submit(self.job)
         except ClientError as err:
             self._push(Outcome("refused", error=err))
+            return True
+        except EncodeError as err:  # the handler checks first (body.carriable); a net
+            self._push(Outcome("refused", error=ClientError("bad_envelope", str(err))))
             return True
         except (SchedulerUnavailable, Timeout) as err:
             self._push(Outcome("unavailable", error=err))

@@ -29,9 +29,18 @@ from typing import Any
 
 from uniun.actors.gateway.errors import ApiError, bad_request
 from uniun.actors.gateway.openai_tools import parse_tool_message, tool_fields
+from uniun.protocol.jobmap import MAX_JOB_ID_CHARS
 
-__all__ = ["IGNORED_CHAT_FIELDS", "MAX_N", "REFUSED_EXTENSIONS", "UNIUN_FIELDS", "JobRequest",
-           "chat_job", "completion_job", "embedding_texts"]
+__all__ = [
+    "IGNORED_CHAT_FIELDS",
+    "MAX_N",
+    "REFUSED_EXTENSIONS",
+    "UNIUN_FIELDS",
+    "JobRequest",
+    "chat_job",
+    "completion_job",
+    "embedding_texts",
+]
 
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
          "tool": "tool"}
@@ -309,6 +318,12 @@ def _scheduling(ext: Mapping[str, Any], now: float) -> dict[str, Any]:
         raise bad_request(f"unknown uniun field {unknown[0]!r} (known: "
                           f"{', '.join(sorted(UNIUN_FIELDS))})", f"uniun.{unknown[0]}")
     job: dict[str, Any] = {"kind": ext.get("kind", "chat")}
+    job_id = ext.get("job_id")
+    if job_id is not None and (not isinstance(job_id, str) or not job_id
+                               or len(job_id) > MAX_JOB_ID_CHARS):
+        # The protocol client keys its streams by job id before the scheduler sees it.
+        raise bad_request(f"uniun.job_id must be a string of 1-{MAX_JOB_ID_CHARS} "
+                          "characters", "uniun.job_id")
     for key in ("flow", "foreground_hint", "job_id", "deadline"):
         if ext.get(key) is not None:
             job[key] = ext[key]

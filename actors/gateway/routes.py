@@ -3,13 +3,19 @@ health. Each handler maps the request (``openai_map``), runs it through the
 :class:`~uniun.actors.gateway.link.SchedulerLink` and answers in OpenAI's shapes; every
 refusal is an :class:`~uniun.actors.gateway.errors.ApiError`.
 
-Streaming: the job's first outcome (accepted or refused) is awaited *before* the SSE
-response starts, so a refusal is a proper HTTP status (400/404/429/503), never an error
-buried in a 200 stream. After that, tokens become ``chat.completion.chunk`` events; a
-``paused`` (the job was preempted) sends nothing, so the client sees a slower stream; an
-``error`` event becomes ``data: {"error": ...}`` and the stream ends without ``[DONE]``.
-A client that disconnects cancels its job: Starlette cancels the streaming generator
-(or, for a non-streamed request, :func:`_watch_disconnect` sees ``http.disconnect``).
+A request with ``n`` > 1 runs ``n`` jobs (``JobRequest.jobs``), each accepted before any
+answer; each has a :class:`~uniun.actors.gateway.choices.Choice` that turns its events
+into its part of the response (text, tool calls, log-probabilities).
+
+Streaming: the (first) job's start (or its refusal, by the scheduler or by the runner) is
+awaited *before* the SSE response starts, so a refusal is a proper HTTP status
+(400/404/429/503), never an error buried in a 200 stream. After that, tokens become
+``chat.completion.chunk`` events, the jobs' interleaved as they come, each with its
+choice's ``index``; a ``paused`` (the job was preempted) sends nothing, so the client
+sees a slower stream; an ``error`` event becomes ``data: {"error": ...}`` and the stream
+ends without ``[DONE]`` (the request's other jobs are cancelled). A client that
+disconnects cancels its jobs: Starlette cancels the streaming generator (or, for a
+non-streamed request, :func:`_watch_disconnect` sees ``http.disconnect``).
 """
 
 from __future__ import annotations
@@ -27,16 +33,30 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from uniun.actors.gateway import openai_map as om
 from uniun.actors.gateway import openai_responses as orsp
+from uniun.actors.gateway.body import carriable, parse_json
 from uniun.actors.gateway.choices import Choice
 from uniun.actors.gateway.errors import ApiError, from_protocol
-from uniun.actors.gateway.gateway import Gateway
+from uniun.actors.gateway.gateway import Gateway, too_many
 from uniun.actors.gateway.link import JobRun, Outcome
-from uniun.protocol.client import ClientError
+from uniun.protocol.client import ClientError, Timeout
+from uniun.protocol.codec import EncodeError
 
-__all__ = ["chat_completions", "completions", "embeddings", "list_models", "get_model",
-           "health"]
+__all__ = [
+    "chat_completions",
+    "completions",
+    "embeddings",
+    "get_model",
+    "health",
+    "list_models",
+]
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+# How the runner words a prompt it cannot start (models/session.py): the scheduler relays
+# it as a non-retryable runner_failed, but it is the client's mistake, so a 400 with
+# this code. The text is all the protocol carries for it today.
+PROMPT_REFUSALS = {"does not fit the model's": "context_length_exceeded",
+                   "the prompt has no tokens": "invalid_field"}
+STARTED = frozenset({"started", "token", "done"})  # events that show the job has begun
 
 
 def _sse(data: Any) -> bytes:
@@ -44,14 +64,12 @@ def _sse(data: Any) -> bytes:
 
 
 async def _body(request: Request, gateway: Gateway) -> Any:
+    """The body as checked JSON (the door has read it within the size limit)."""
     raw = await request.body()
-    if len(raw) > gateway.settings.max_body_bytes:
+    if len(raw) > gateway.settings.max_body_bytes:  # the door refuses this first
         raise ApiError(413, f"request body over {gateway.settings.max_body_bytes} bytes",
                        code="bad_envelope")
-    try:
-        return json.loads(raw)
-    except (ValueError, UnicodeDecodeError) as err:
-        raise ApiError(400, f"the body is not JSON: {err}", code="bad_envelope") from None
+    return parse_json(raw)
 
 
 def _failure(outcome: Outcome) -> ApiError:
@@ -60,24 +78,36 @@ def _failure(outcome: Outcome) -> ApiError:
         err = outcome.error
         return from_protocol(err.code, err.message, err.field)
     if outcome.kind == "event" and outcome.data is not None:
-        return from_protocol(str(outcome.data.get("code")), str(outcome.data.get("message")))
+        data = outcome.data
+        message = str(data.get("message"))
+        if data.get("code") == "runner_failed" and not data.get("retryable"):
+            for phrase, code in PROMPT_REFUSALS.items():
+                if phrase in message:  # the runner refused the prompt: the client's to fix
+                    return ApiError(400, message.rsplit(": ", 1)[-1], code=code)
+        return from_protocol(str(data.get("code")), message)
     if outcome.kind == "cancelled":
         return ApiError(499, "the request was cancelled", code="cancelled")
-    return ApiError(503, f"the scheduler is not reachable ({outcome.error})", "server_error",
+    logger.bind(job=outcome.data.get("job_id") if outcome.data else None).info(
+        "HTTP request not served: {}", outcome.error)
+    return ApiError(503, "the scheduler is not reachable; retry", "server_error",
                     code="shutting_down")
 
 
 async def _start(gateway: Gateway, job: dict[str, Any]) -> tuple[JobRun, dict[str, Any]]:
     """Submit; return the run and its ``accepted`` reply, or raise the refusal."""
     gateway.check_open()
+    carriable(job)
     link = gateway.link
     if link.open >= link.max_open:
-        raise ApiError(429, f"{link.open} requests are open at the gateway (the cap is "
-                            f"{link.max_open}); retry later", "rate_limit_error",
-                       code="queue_full")
+        raise too_many(link.open, link.max_open)
     link.open += 1
     run = link.start_job(job)
-    first = await run.next()
+    try:
+        first = await run.next()
+    except BaseException:  # the handler was cancelled (shutdown): stop the job, free the slot
+        run.cancel()
+        link.open -= 1
+        raise
     if first.kind != "accepted":
         await _drain(run)
         link.open -= 1
@@ -141,8 +171,47 @@ async def _collect(gateway: Gateway, request: Request, runs: list[JobRun],
     return dones  # type: ignore[return-value]
 
 
-async def _merged(runs: list[JobRun]) -> AsyncIterator[tuple[int, Outcome]]:
-    """The outcomes of several jobs as they come, each with its job's index."""
+async def _until_started(gateway: Gateway, request: Request, run: JobRun) -> list[Outcome]:
+    """The outcomes up to the job's start (``started``, or a token or ``done`` first).
+
+    A stream's response begins only then, so a job the runner refuses before its start
+    (a prompt longer than the model's context) is an HTTP error status, not an error
+    inside a 200 stream; a client waits for the headers instead of for the first token,
+    which takes as long. A failure is raised (its slot given back); a client that goes
+    away meanwhile cancels the job.
+    """
+    watcher = asyncio.ensure_future(_watch_disconnect(request, [run]))
+    seen: list[Outcome] = []
+    failure: ApiError | None = None
+    try:
+        while (outcome := await run.next()).kind != "end":
+            if outcome.kind == "event" and outcome.data is not None \
+                    and outcome.data["type"] in STARTED:
+                seen.append(outcome)
+                return seen
+            if outcome.kind == "event" and outcome.data is not None \
+                    and outcome.data["type"] != "error":
+                seen.append(outcome)
+            elif outcome.kind != "accepted":
+                failure = failure or _failure(outcome)
+        failure = failure or ApiError(503, "the job ended before it started; retry",
+                                      "server_error", code="shutting_down")
+    except BaseException:
+        run.cancel()  # the handler was cancelled (shutdown): stop the job too
+        gateway.link.open -= 1
+        raise
+    finally:
+        watcher.cancel()
+    gateway.link.open -= 1
+    raise failure
+
+
+async def _merged(runs: list[JobRun], pending: list[Outcome]
+                  ) -> AsyncIterator[tuple[int, Outcome]]:
+    """The outcomes of several jobs as they come, each with its job's index; ``pending``:
+    the first job's outcomes already read (by :func:`_until_started`), first."""
+    for outcome in pending:
+        yield 0, outcome
     queue: asyncio.Queue[tuple[int, Outcome]] = asyncio.Queue()
 
     async def pump(i: int, run: JobRun) -> None:
@@ -167,8 +236,8 @@ async def _merged(runs: list[JobRun]) -> AsyncIterator[tuple[int, Outcome]]:
 
 
 async def _stream(gateway: Gateway, req: om.JobRequest, runs: list[JobRun],
-                  choices: list[Choice], accepted: list[dict[str, Any]], created: int, *,
-                  chat: bool) -> AsyncIterator[bytes]:
+                  choices: list[Choice], accepted: list[dict[str, Any]], created: int,
+                  pending: list[Outcome], *, chat: bool) -> AsyncIterator[bytes]:
     """SSE of a request's jobs: the role chunks, the choices' chunks as their tokens come,
     each choice's finish, the usage, [DONE]; a job's failure ends the stream (no [DONE])."""
     finished = False
@@ -177,7 +246,7 @@ async def _stream(gateway: Gateway, req: om.JobRequest, runs: list[JobRun],
         if chat:
             for i in range(len(runs)):
                 yield _sse(orsp.role_chunk(req, created, i))
-        async for i, outcome in _merged(runs):
+        async for i, outcome in _merged(runs, pending):
             event = outcome.data if outcome.kind == "event" else None
             if event is None:
                 if outcome.kind != "accepted":
@@ -247,7 +316,16 @@ async def _complete(gateway: Gateway, request: Request, req: om.JobRequest, *,
     if not req.stream:
         dones = await _collect(gateway, request, runs, choices)
         return JSONResponse(orsp.response(req, choices, dones, created, accepted, chat=chat))
-    return StreamingResponse(_stream(gateway, req, runs, choices, accepted, created,
+    # The first job's start is awaited before the response begins (its refusal is then an
+    # HTTP status); its siblings share its prompt, so the runner would refuse them alike.
+    try:
+        pending = await _until_started(gateway, request, runs[0])
+    except BaseException:
+        for run in runs[1:]:
+            run.cancel()
+            gateway.link.open -= 1
+        raise
+    return StreamingResponse(_stream(gateway, req, runs, choices, accepted, created, pending,
                                      chat=chat),
                              media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -257,21 +335,37 @@ async def embeddings(request: Request) -> Response:
     body = await _body(request, gateway)
     texts = om.embedding_texts(body, model=gateway.settings.embed_model)
     gateway.check_open()
-    try:
-        vectors = await gateway.link.embed(texts)
-    except ClientError as err:
-        raise from_protocol(err.code, err.message, err.field) from None
-    except ConnectionError as err:  # no pool (EmbedUnavailable, SchedulerUnavailable)
-        raise ApiError(503, str(err), "server_error", code="shutting_down") from None
+    with gateway.slot():  # embedding requests count against max_open_requests too
+        vectors = await _embed(gateway, texts)
+        # The tokenizer runs in a thread: a 256-text request must not stall the loop.
+        tokens = await asyncio.to_thread(gateway.count_embed_tokens, texts)
     base64_out = body.get("encoding_format") == "base64"
     data = []
     for i, row in enumerate(vectors):
         vector: Any = (base64.b64encode(row.astype("<f4").tobytes()).decode() if base64_out
                        else [float(x) for x in row])
         data.append({"object": "embedding", "index": i, "embedding": vector})
-    tokens = gateway.count_embed_tokens(texts)
     return JSONResponse({"object": "list", "data": data, "model": gateway.settings.embed_model,
                          "usage": {"prompt_tokens": tokens, "total_tokens": tokens}})
+
+
+async def _embed(gateway: Gateway, texts: list[str]) -> Any:
+    """The pool's vectors, or the refusal as an HTTP error with nothing internal in it."""
+    try:
+        return await gateway.link.embed(texts)
+    except EncodeError as err:  # texts over the frame limit
+        raise ApiError(400, f"the request cannot be sent to the embedding pool: {err}",
+                       param="input", code="bad_envelope") from None
+    except ClientError as err:
+        if err.code == "unknown_model":  # the pool's own model is missing: our side
+            logger.warning("embedding request refused: {}", err.message)
+            raise ApiError(503, "the embedding model is not available on this runtime",
+                           "server_error", code="shutting_down") from None
+        raise from_protocol(err.code, err.message, err.field) from None
+    except (ConnectionError, Timeout) as err:  # no pool, or it did not answer in time
+        logger.warning("embedding request not served: {}", err)
+        raise ApiError(503, "the embedding pool is not reachable; retry", "server_error",
+                       code="shutting_down") from None
 
 
 async def list_models(request: Request) -> Response:

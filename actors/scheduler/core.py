@@ -158,7 +158,8 @@ class SchedulerCore(ClientRequests):
 
     def runner_stats(self, count: int, nbytes: int, trimmed: int = 0,
                      spilled: int = 0) -> Effects:
-        self.changes += 1
+        if (count, nbytes) != self.snapshots or (trimmed, spilled) != self.rec.parking:
+            self.changes += 1  # status shows both
         self.snapshots = (count, nbytes)
         fx = Effects()
         self.rec.runner_stats(fx, count, nbytes, trimmed, spilled)
@@ -277,6 +278,8 @@ class SchedulerCore(ClientRequests):
         wake (after every input; a no-op without a runner or while draining)."""
         fx = Effects()
         if self.runner is None or self.draining:
+            if self.watchers.due is not None:
+                fx.wake_at = self.watchers.due
             return fx
         decision: Any = Idle()
         for _ in range(MAX_DECISIONS_PER_PUMP):
@@ -289,7 +292,8 @@ class SchedulerCore(ClientRequests):
                 self._preempt(fx, decision)
             if isinstance(decision, Idle):
                 break
-        fx.wake_at = _earliest(decision.wake_at, self.rec.depths(fx, self.policy))
+        fx.wake_at = _earliest(_earliest(decision.wake_at, self.rec.depths(fx, self.policy)),
+                               self.watchers.due)
         return fx
 
     def _run(self, fx: Effects, d: Run) -> None:

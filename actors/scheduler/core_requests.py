@@ -8,7 +8,7 @@ different job under a known id is ``invalid_field job_id``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from loguru import logger
@@ -40,7 +40,7 @@ class ClientRequests(CoreState):
         """One valid request from the front (everything but ``ping``). ``owner``: the
         client's CURVE key; a job belongs to the key that submitted it."""
         fx = Effects()
-        if not isinstance(request, rq.StatusRequest):
+        if not isinstance(request, (rq.StatusRequest, rq.Watch)):
             self.changes += 1
         handler = self._REQUESTS.get(type(request))
         try:
@@ -70,8 +70,8 @@ class ClientRequests(CoreState):
             job_id=job_id)))])
 
     def client_gone(self, conn: bytes) -> Effects:
-        self.changes += 1
-        self.jobs.drop_subscriber(conn)
+        self.jobs.drop_subscriber(conn)  # subscribers are not in status: no change
+        self.watchers.drop(conn)
         return Effects()
 
     def _submit(self, fx: Effects, conn: bytes, req: rq.Submit, owner: str | None) -> None:
@@ -172,10 +172,25 @@ class ClientRequests(CoreState):
 
     def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest,
                 owner: str | None) -> None:
+        fx.sends.append(Send(conn, m.reply_status(req.id, self._status_for(owner))))
+
+    def _watch(self, fx: Effects, conn: bytes, req: rq.Watch, owner: str | None) -> None:
+        self.watchers.add(conn, owner)  # the first status push follows this reply
+        fx.sends.append(Send(conn, m.reply_ok(req.id)))
+
+    def watch_sends(self, writes: Iterable[object]) -> list[Send]:
+        """What to push to watchers for one applied input (``watchers.py``)."""
+        return self.watchers.sends(writes, self.changes, self._status_for, self._owner_of)
+
+    def _owner_of(self, job_id: str) -> str | None:
+        record = self.jobs.get(job_id)
+        return record.owner if record is not None else None
+
+    def _status_for(self, owner: str | None) -> dict[str, Any]:
         body = self._status_snapshot()
         if owner is not None:  # a keyed client sees other keys' jobs without their ids
             body = redacted(body, lambda job_id: self._owned(job_id, owner) is not None)
-        fx.sends.append(Send(conn, m.reply_status(req.id, body)))
+        return body
 
     def _status_snapshot(self) -> dict[str, Any]:
         """The status body, rebuilt only when something changed or it is old (every reply
@@ -197,6 +212,7 @@ class ClientRequests(CoreState):
     _REQUESTS: dict[type, Callable[..., None]] = {
         rq.Submit: _submit, rq.Attach: _attach, rq.Cancel: _cancel,
         rq.Foreground: _foreground, rq.Lifecycle: _lifecycle, rq.StatusRequest: _status,
+        rq.Watch: _watch,
     }
 
 

@@ -19,6 +19,7 @@ from uniun.actors.policy import PolicyBase
 from uniun.actors.scheduler.effects import Effects, JFinish, Send
 from uniun.actors.scheduler.jobs import JobRecord, JobTable
 from uniun.actors.scheduler.recorder import Recorder
+from uniun.actors.scheduler.watchers import Watchers
 from uniun.protocol import messages as m
 from uniun.protocol import runner_records as rp
 from uniun.protocol.errors import ErrorCode
@@ -56,6 +57,7 @@ class CoreState:
         self._processes = processes
         self._process_info = process_info
         self.quarantined = tuple(quarantined)  # databases moved aside at start (status)
+        self.watchers = Watchers(clock)  # clients following the state (``watch``)
         self.rec = Recorder(wall=wall, clock=clock, chat_kind=policy.config.chat_kind,
                             segments=segments, metrics=metrics)
         self.jobs = JobTable()

@@ -267,9 +267,12 @@ class SchedulerHost(pykka.ThreadingActor):
         self._send(fx)
 
     def _send(self, fx: Effects) -> None:
-        if fx.sends:
+        sends = fx.sends
+        if self._core.watchers:  # the timeline and status, pushed to watching clients
+            sends = [*sends, *self._core.watch_sends(fx.journal)]
+        if sends:
             assert self._front is not None, "Wire must come before traffic"
-            for send in fx.sends:
+            for send in sends:
                 self._front.tell(Outgoing(send.conn, send.msg))
         if fx.commands:
             assert self._link is not None, "Wire must come before traffic"
@@ -277,6 +280,9 @@ class SchedulerHost(pykka.ThreadingActor):
                 self._link.tell(ToRunner(command))
         if fx.wake_at is not KEEP_TIMER:
             self._arm(fx.wake_at)
+        due = self._core.watchers.due  # a status push held back: wake for it, no later
+        if due is not None and (self._wake_at is None or due < self._wake_at):
+            self._arm(due)
         if fx.observations and self._observe is not None:
             self._observe(fx.observations)
 

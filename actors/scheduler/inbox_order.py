@@ -41,7 +41,7 @@ from typing import Any
 __all__ = ["Pending", "classify", "Interactive", "FairInbox", "REPLY_ONLY"]
 
 # Requests whose only effect is the reply: dropped, not served, once their client is gone.
-REPLY_ONLY = frozenset({"status", "attach", "ping"})
+REPLY_ONLY = frozenset({"status", "attach", "ping", "watch"})
 
 
 @dataclass(frozen=True)

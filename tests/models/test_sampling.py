@@ -53,6 +53,18 @@ def test_top_k_and_top_p_restrict_the_candidates() -> None:
     assert tiny_p == {int(order[0])}
 
 
+@pytest.mark.parametrize("temperature", [5e-324, 1e-308, 1e-300])
+def test_a_vanishing_temperature_is_greedy_and_keeps_a_mask(temperature: float) -> None:
+    """logits / T overflows: without care every probability is NaN and token 0 comes
+    out, even where a grammar mask (-inf) forbids it."""
+    logits = _logits(4)
+    logits[: len(logits) // 2] = -np.inf  # token 0 among the forbidden
+    allowed_best = int(np.argmax(logits))
+    for top_k, top_p in ((0, 1.0), (5, 1.0), (0, 0.5)):
+        params = SamplingParams(temperature=temperature, top_k=top_k, top_p=top_p)
+        assert {sample_token(logits, params, 1, s) for s in range(10)} == {allowed_best}
+
+
 def test_bad_parameters_are_refused_and_the_wire_type_is_accepted() -> None:
     for bad in ({"temperature": -1}, {"top_p": 0}, {"top_p": 1.5}, {"top_k": -2}):
         with pytest.raises(ValueError):

@@ -61,3 +61,12 @@ def test_pause_and_resume_every_way_yields_the_uninterrupted_tokens(session: Dec
         assert [e.token_id for e in events] == reference, name
         assert [e.seq for e in events] == list(range(n)), name
         assert resumed.text == reference_text, name
+
+
+def test_a_prompt_that_tokenizes_to_nothing_is_refused_at_start(session: DecoderSession
+                                                                 ) -> None:
+    """SmolLM2's tokenizer drops some control characters: a raw prompt of only those has
+    no tokens, which the decoder cannot run (it failed mid-step before)."""
+    assert session.encode(prompt="\x04\x06")[0] == []
+    with pytest.raises(ValueError, match="no tokens"):
+        session.start("\x04\x06", max_new_tokens=2)

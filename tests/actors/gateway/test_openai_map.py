@@ -166,3 +166,12 @@ def test_responses_and_chunks_have_openai_shapes() -> None:
                                  "finish_reason": None}]
     assert orsp.usage_chunk(req, 5, [done, done], chat=True)["usage"] == {
         "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}  # n = 2: prompt once
+
+
+@pytest.mark.parametrize("job_id", [{"a": 1}, ["x"], 5, "", "x" * 129])
+def test_a_job_id_that_is_not_a_short_string_is_400(job_id: object) -> None:
+    body = {"model": "m", "messages": [{"role": "user", "content": "x"}],
+            "uniun": {"job_id": job_id}}
+    with pytest.raises(ApiError) as err:
+        om.chat_job(body, default_max_tokens=8, now=0.0)
+    assert err.value.status == 400 and err.value.param == "uniun.job_id"

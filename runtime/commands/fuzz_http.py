@@ -1,0 +1,118 @@
+"""``uniun-runtime fuzz --http``: hostile HTTP requests against a running gateway.
+
+First the door probes (``runtime/chaos/http_probes.py``: a foreign ``Host``, a
+cross-site form post, a text/plain body, a foreign ``Origin``, a body declared at
+256 MiB), then N Hypothesis-generated hostile requests (``runtime/chaos/http_fuzz.py``):
+no 5xx, every error an OpenAI error object with nothing internal in it, every request
+the door must refuse refused, the gateway's RSS within its budget and its pid unchanged.
+Exit status 0 only if all of that held. Needs Hypothesis (the ``test`` extra).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from uniun.protocol.client import Client
+from uniun.protocol.endpoints import front_endpoint
+from uniun.runtime.commands.common import fail
+from uniun.runtime.config import load_config
+from uniun.runtime.config_check import ConfigError
+from uniun.runtime.paths import models_dir, run_dir, uniun_home
+from uniun.runtime.security import client_curve
+from uniun.runtime.state import HTTP_ENDPOINT_FILE
+
+__all__ = ["add_http_args", "run_http"]
+
+
+def add_http_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--http", action="store_true",
+                        help="fuzz the HTTP gateway instead of the ZeroMQ front")
+    parser.add_argument("--requests", type=int, default=1000, metavar="N",
+                        help="with --http: hostile requests to send (default 1000)")
+    parser.add_argument("--url", default=None, metavar="URL",
+                        help="with --http: the gateway's base URL (default: the running "
+                             "runtime's, from $UNIUN_HOME/run/http.endpoint)")
+    parser.add_argument("--model", default=None, metavar="ID",
+                        help="with --http: the chat model valid requests name (default: "
+                             "[models] chat_model of this home's config)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="with --http: the gateway's API key (default: [http] api_key)")
+    parser.add_argument("--rss-budget-mb", type=float, default=None, metavar="MB",
+                        help="with --http: allowed growth of the gateway's RSS (default 64)")
+
+
+def _gateway_pid(front: str | None) -> int | None:
+    """The gateway's pid from the scheduler's ``status`` (None if it cannot be asked)."""
+    try:
+        endpoint = front_endpoint(front)
+        client = Client(endpoint, timeout=10.0, curve=client_curve(endpoint))
+        try:
+            pid = (client.status().get("processes") or {}).get("http")
+        finally:
+            client.close()
+    except Exception:  # noqa: BLE001 - no scheduler: the run goes on without RSS
+        return None
+    return pid if isinstance(pid, int) else None
+
+
+def run_http(args: argparse.Namespace) -> int:
+    try:
+        from uniun.runtime.chaos.http_drafts import Target
+        from uniun.runtime.chaos.http_fuzz import RSS_BUDGET_MB, run_http_fuzz
+        from uniun.runtime.chaos.http_probes import probes_json, run_probes
+        from uniun.runtime.chaos.http_wire import split_base_url
+    except ImportError as err:
+        fail(f"the fuzzer needs Hypothesis ({err}); install the test extra: "
+             "pip install 'uniun-runtime[test]'")
+        return 2
+    if args.requests < 1:
+        fail("--requests must be at least 1")
+        return 2
+    try:
+        config = load_config()
+    except ConfigError as err:
+        fail(str(err))
+        return 2
+    url = args.url
+    if url is None:
+        try:
+            url = (run_dir() / HTTP_ENDPOINT_FILE).read_text().strip()
+        except OSError:
+            fail(f"no HTTP gateway is serving in {uniun_home()} (no run/{HTTP_ENDPOINT_FILE}); "
+                 "start the runtime, or pass --url")
+            return 2
+    try:
+        host, port = split_base_url(url)
+    except ValueError as err:
+        fail(str(err))
+        return 2
+    api_key = config.http.api_key if args.api_key is None else args.api_key
+    target = Target(host, port, args.model or config.models.chat_model,
+                    config.models.embed_model, api_key, config.limits.max_frame_bytes)
+    probes = run_probes(host, port, target.chat_model, api_key)
+    pid = _gateway_pid(args.front)
+    report = run_http_fuzz(target, args.requests, args.seed, gateway_pid=pid,
+                           markers=(str(uniun_home()), str(models_dir())),
+                           rss_budget_mb=args.rss_budget_mb or RSS_BUDGET_MB,
+                           pid_after=lambda: _gateway_pid(args.front))
+    huge = next(p for p in probes if p.name == "declared_256mib")
+    probes_ok = not any(p.answered for p in probes) and huge.status == 413 \
+        and huge.body_bytes_sent == 0
+    body: dict[str, Any] = {"url": url, "ok": report.ok and probes_ok,
+                            "probes": probes_json(probes), "fuzz": report.to_json()}
+    if args.out is not None:
+        args.out.write_text(json.dumps(body, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(f"gateway {url}")
+        for p in probes:
+            extra = "" if p.body_bytes_sent is None else \
+                f", {p.body_bytes_sent} body bytes sent before the answer"
+            print(f"probe {p.name:<16} {p.status} {'ANSWERED' if p.answered else 'refused'}"
+                  f"{extra}")
+        print(report.text())
+        print("verdict:", "OK" if body["ok"] else "FAILED")
+    return 0 if body["ok"] else 1
