@@ -34,6 +34,7 @@ from uniun.models.kv import JobProgress, KVCache
 from uniun.models.logprobs import TokenLogprobs, token_logprobs
 from uniun.models.penalties import Penalties
 from uniun.models.sampling import Sampler
+from uniun.models.sampling_ops import top_k
 
 __all__ = ["TokenEvent", "Generation", "FinishedError"]
 
@@ -86,6 +87,7 @@ class Generation:
         self.recomputed_tokens = 0  # positions fed again on resume (eviction/recompute)
         self.cache_prefix = False  # put the static prefix's KV in the session's prefix cache
         self.parked = False  # set by DecoderSession.park: the state now lives elsewhere
+        self._work: np.ndarray | None = None  # the log-probabilities' scratch buffer
 
     # -- views ----------------------------------------------------------------------
     @property
@@ -136,9 +138,17 @@ class Generation:
             logits = self.constraint.mask(logits)
         if self.penalties is not None:
             logits = self.penalties.apply(logits)
-        token = self.sampler.pick(logits, len(self.progress.generated_ids))
         k = self.progress.logprobs
-        return token, None if k is None else token_logprobs(logits, token, k)
+        greedy = self.sampler.params.greedy
+        ids = top_k(logits, k) if k and greedy else None  # its first is the greedy pick
+        token = (int(ids[0]) if ids is not None and ids.shape[0]
+                 else self.sampler.pick(logits, len(self.progress.generated_ids)))
+        if k is None:
+            return token, None
+        if self._work is None or self._work.shape[0] != logits.shape[-1]:
+            self._work = np.empty(logits.shape[-1], np.float32)  # reused every step
+        return token, token_logprobs(logits, token, k, self._work, ids=ids,
+                                     token_is_max=greedy)
 
     def accept(self, token_id: int, logprobs: TokenLogprobs | None = None) -> TokenEvent:
         """Record a sampled token; decide the text to stream and whether we are done."""

@@ -8,19 +8,23 @@ this "processed" distribution too; it makes the first alternative exactly the to
 greedy job picks (ties go to the lowest id in both), and it does not depend on how a
 sampled job was tempered.
 
-Cost: one log-sum-exp over the vocabulary and, with alternatives, one partial sort of
-``k`` entries: about a tenth of a millisecond for a 49k vocabulary (``bench``).
+Cost: one pass for the ``k`` most likely (``models/sampling_ops.c``) and one log-sum-exp
+over the vocabulary per token; ``bench --dialect`` measures it inside real decode steps.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
-__all__ = ["MAX_TOP_LOGPROBS", "TokenLogprobs", "logprobs_map", "token_logprobs"]
+from uniun.models.sampling_ops import top_k
+
+__all__ = ["MAX_TOP_LOGPROBS", "Shown", "TokenLogprobs", "logprobs_record", "token_logprobs",
+           "token_shower"]
 
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap on top_logprobs
 
@@ -34,47 +38,67 @@ class TokenLogprobs:
     top: tuple[tuple[int, float], ...] = ()
 
 
-def token_logprobs(logits: np.ndarray, token_id: int, k: int) -> TokenLogprobs:
+def token_logprobs(logits: np.ndarray, token_id: int, k: int,
+                   work: np.ndarray | None = None, *, ids: np.ndarray | None = None,
+                   token_is_max: bool = False) -> TokenLogprobs:
     """Natural-log probabilities from ``logits`` (1-D), for ``token_id`` and the top ``k``.
 
     The order of ``top``: by probability, then by lowest id, so ``top[0]`` is
     ``argmax(logits)``, the greedy pick. Fewer than ``k`` when fewer tokens are allowed.
+    ``work``: a float32 buffer of the vocabulary's size to compute in (a job passes the
+    same one every step: no fresh 200 KB array per token). ``ids``: the top ``k`` ids if
+    the caller has them already (:func:`top_k`); ``token_is_max``: the token is the
+    argmax (a greedy pick), so no search for the maximum is needed.
     """
-    row = np.asarray(logits, dtype=np.float32).reshape(-1)
-    peak = row.max()
-    # exp in float32 (a fifth of float64's cost over a 49k vocabulary), summed in float64:
-    # every term is in (0, 1] after the shift, so the float32 rounding is relative 6e-8.
-    log_total = float(np.log(np.exp(row - peak).sum(dtype=np.float64)))
-
-    def logprob(i: int) -> float:
-        return float(np.float64(row[i]) - np.float64(peak)) - log_total
-
-    chosen = logprob(token_id)
-    if k <= 0:
+    row = logits
+    if not (row.dtype == np.float32 and row.ndim == 1 and row.flags.c_contiguous):
+        row = np.ascontiguousarray(np.asarray(logits, dtype=np.float32).reshape(-1))
+    if ids is None and k > 0:
+        ids = top_k(row, int(k))
+    if ids is not None and ids.shape[0]:
+        peak = row[ids[0]]
+    else:
+        peak = row[token_id] if token_is_max else row.max()
+    # float32 throughout (a fifth of float64's cost over a 49k vocabulary): every term is
+    # in (0, 1] after the shift and numpy sums pairwise, so log_total is good to ~1e-6.
+    shifted = work if work is not None and work.shape == row.shape else None
+    shifted = np.subtract(row, peak, out=shifted)
+    base = float(peak) + math.log(float(np.exp(shifted, out=shifted).sum()))
+    chosen = float(row[token_id]) - base
+    if k <= 0 or ids is None:
         return TokenLogprobs(int(token_id), chosen)
-    n = row.shape[0]
-    k = min(int(k), n)
-    candidates = np.argpartition(row, n - k)[n - k:] if k < n else np.arange(n)
-    # Ties at the cut: argpartition may keep any of the tied ids; the lowest ones win.
-    cut = row[candidates].min()
-    above = candidates[row[candidates] > cut]
-    tied = np.flatnonzero(row == cut)
-    candidates = np.concatenate([above, tied[: k - above.shape[0]]])
-    order = np.lexsort((candidates, -row[candidates]))
     # A token the grammar forbids (-inf) is no alternative: it is left out, not listed
     # with a log-probability JSON cannot even write.
-    top = tuple((int(i), logprob(int(i))) for i in candidates[order] if np.isfinite(row[i]))
+    top = tuple((i, v - base) for i, v in zip(ids.tolist(), row[ids].tolist())
+                if math.isfinite(v))
     return TokenLogprobs(int(token_id), chosen, top)
 
 
-def logprobs_map(lp: TokenLogprobs, token_bytes: Callable[[int], bytes]) -> dict[str, Any]:
-    """The wire shape (docs/protocol.md, the ``token`` event's ``logprobs``; OpenAI's
-    ``logprobs.content`` item): each token as text and as bytes, its log-probability."""
-    def entry(token: int, logprob: float) -> dict[str, Any]:
-        raw = token_bytes(token)
-        return {"token": raw.decode("utf-8", errors="replace"), "bytes": list(raw),
-                "logprob": logprob}
+Shown = Callable[[int], tuple[str, list[int]]]  # a token id -> its text and its bytes
 
-    out = entry(lp.token_id, lp.logprob)
-    out["top_logprobs"] = [entry(token, logprob) for token, logprob in lp.top]
-    return out
+
+def token_shower(token_bytes: Callable[[int], bytes], cap: int = 65_536) -> Shown:
+    """A token id's text and byte list, made once per id and kept (up to ``cap`` ids):
+    a job asks for ~21 of them per token, mostly the same few hundred ids. One per
+    tokenizer (the runner keeps one per loaded model)."""
+    kept: dict[int, tuple[str, list[int]]] = {}
+
+    def shown(token: int) -> tuple[str, list[int]]:
+        found = kept.get(token)
+        if found is None:
+            raw = token_bytes(token)
+            found = (raw.decode("utf-8", errors="replace"), list(raw))
+            if len(kept) < cap:
+                kept[token] = found
+        return found
+
+    return shown
+
+
+def logprobs_record(lp: TokenLogprobs, shown: Shown) -> list[Any]:
+    """The runner's compact form for the scheduler: ``[text, bytes, logprob, [[text,
+    bytes, logprob], ...]]``. Compact because it is built in the decode loop, where each
+    Python object costs; :func:`expand_logprobs` (the scheduler's side, ``protocol``) makes
+    the event's shape from it."""
+    text, raw = shown(lp.token_id)
+    return [text, raw, lp.logprob, [(*shown(i), v) for i, v in lp.top]]

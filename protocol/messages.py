@@ -180,6 +180,19 @@ def event_started(job_id: str, model_id: str, resumed: bool, tier: str | int) ->
     return envelope(STARTED, job_id=job_id, model_id=model_id, resumed=bool(resumed), tier=tier)
 
 
+def expand_logprobs(record: Any) -> dict[str, Any] | None:
+    """A ``token`` event's ``logprobs`` from the runner's compact record (``[text, bytes,
+    logprob, [[text, bytes, logprob], ...]]``, runner_records ``Token``); None for none or
+    a record that is not one (a runner bug must not take the scheduler down)."""
+    try:
+        text, raw, logprob, top = record
+        return {"token": text, "bytes": list(raw), "logprob": logprob,
+                "top_logprobs": [{"token": t, "bytes": list(b), "logprob": v}
+                                 for t, b, v in top]}
+    except (TypeError, ValueError):
+        return None
+
+
 def event_token(job_id: str, seq: int, text: str,
                 logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
     """``token``; ``logprobs`` (extension) only for a job that asked for them."""

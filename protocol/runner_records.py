@@ -248,8 +248,9 @@ class Started(Report):
 @dataclass(frozen=True)
 class Token(Report):
     """One generated token. ``seq`` is 0-based over the whole job. ``logprobs``, for a job
-    that asked: ``{token, bytes, logprob, top_logprobs: [{token, bytes, logprob}]}``, the
-    shape of the ``token`` event's (docs/protocol.md)."""
+    that asked: ``[text, bytes, logprob, [[text, bytes, logprob], ...]]``, the token and its
+    most likely alternatives, compact because the runner builds it in its decode loop;
+    the scheduler expands it to the ``token`` event's shape (``messages.expand_logprobs``)."""
 
     kind: ClassVar[str] = "token"
     job_id: str
@@ -257,7 +258,7 @@ class Token(Report):
     token_id: int
     text: str
     seconds: float = 0.0
-    logprobs: dict[str, Any] | None = None
+    logprobs: list[Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,7 @@ class RunnerJobs:
         self.session: Any = None  # DecoderSession, imported lazily (onnxruntime)
         self.active: _Active | None = None
         self._orphans: dict[str, Path] = {}
+        self._shower: tuple[Any, Any] | None = None  # (session, its token text/bytes lookup)
         # (snapshots, snapshot bytes, trimmed, spilled), read by the pump thread
         self.stats = (0, 0, 0, 0)
 
@@ -304,16 +305,21 @@ class RunnerJobs:
         else:
             self._step_again()
 
-    def _logprobs(self, gen: Generation, lp: Any) -> dict[str, Any] | None:
-        """A token's log-probabilities in the wire shape, for a job that asked."""
+    def _logprobs(self, gen: Generation, lp: Any) -> list[Any] | None:
+        """A token's log-probabilities in the runner's compact form, for a job that asked
+        (the scheduler expands it: ``protocol.messages.expand_logprobs``)."""
         if lp is None:
             return None
         from uniun.models.constrain import token_bytes
-        from uniun.models.logprobs import logprobs_map
+        from uniun.models.logprobs import logprobs_record, token_shower
 
-        vocab = int(self.session.config.get("vocab_size", 0)) or len(self.session.tokenizer)
-        eos = gen.progress.eos_ids
-        return logprobs_map(lp, lambda t: token_bytes(self.session.tokenizer, vocab, eos, t))
+        session = self.session
+        if self._shower is None or self._shower[0] is not session:  # one per loaded model
+            vocab = int(session.config.get("vocab_size", 0)) or len(session.tokenizer)
+            eos = gen.progress.eos_ids
+            self._shower = (session, token_shower(
+                lambda t: token_bytes(session.tokenizer, vocab, eos, t)))
+        return logprobs_record(lp, self._shower[1])
 
     # ---- parking --------------------------------------------------------------------
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from tests.models_cache import shared_store
+from uniun.models import sampling_ops
 from uniun.models.chat_defaults import chat_defaults
 from uniun.models.convert.recipes import ensure_model
 from uniun.models.kv import ParkedState
@@ -70,7 +71,7 @@ def test_repetition_penalty_is_llama_cpps_bit_for_bit(last_n: int) -> None:
         theirs.accept(token)
     for _ in range(80):
         logits = _logits(rng)
-        got, want = ours.apply(logits), theirs.apply(logits)
+        got, want = ours.apply(logits.copy()), theirs.apply(logits)
         assert got.dtype == np.float32 and got.tobytes() == want.tobytes()
         token = int(np.argmax(got)) if rng.random() < 0.5 else int(rng.integers(0, 40))
         ours.accept(token)
@@ -81,21 +82,24 @@ def test_frequency_and_presence_count_generated_tokens_only() -> None:
     params = SamplingParams(frequency_penalty=0.5, presence_penalty=0.25)
     pen = Penalties(params, prompt_ids=[7, 7, 7], generated_ids=[3, 3, 5])
     logits = np.zeros(10, np.float32)
-    out = pen.apply(logits)
+    out = pen.apply(logits.copy())
     assert out[7] == 0.0  # the prompt does not count (OpenAI's semantics)
     assert out[3] == np.float32(-(2 * 0.5 + 0.25)) and out[5] == np.float32(-(0.5 + 0.25))
-    assert logits.tolist() == [0.0] * 10  # the caller's logits are never written
     pen.accept(5)
-    assert pen.apply(logits)[5] == np.float32(-(2 * 0.5 + 0.25))
+    assert pen.apply(logits.copy())[5] == np.float32(-(2 * 0.5 + 0.25))
+    frozen = np.zeros(10, np.float32)
+    frozen.flags.writeable = False  # an array it may not write is copied, not refused
+    assert pen.apply(frozen)[5] != 0.0 and frozen.tolist() == [0.0] * 10
+    assert np.shares_memory(pen.apply(logits), logits)  # the step's own: in place
 
 
 def test_window_bounds_whole_history_and_off() -> None:
     logits = np.full(10, 2.0, np.float32)
     history = [1, 2, 3, 4]
     window = Penalties(SamplingParams(repetition_penalty=2.0, repeat_last_n=2), history)
-    assert window.apply(logits).tolist() == [2, 2, 2, 1, 1, 2, 2, 2, 2, 2]
+    assert window.apply(logits.copy()).tolist() == [2, 2, 2, 1, 1, 2, 2, 2, 2, 2]
     whole = Penalties(SamplingParams(repetition_penalty=2.0, repeat_last_n=-1), history)
-    assert whole.apply(logits).tolist() == [2, 1, 1, 1, 1, 2, 2, 2, 2, 2]
+    assert whole.apply(logits.copy()).tolist() == [2, 1, 1, 1, 1, 2, 2, 2, 2, 2]
     off = SamplingParams(repetition_penalty=2.0, repeat_last_n=0)
     assert not off.penalized and not Penalties(off, history).active
     # negative logits are pushed down too: multiplied, not divided
@@ -114,7 +118,7 @@ def test_state_rebuilt_from_the_ids_equals_the_state_built_token_by_token() -> N
         step_by_step.accept(token)
     rebuilt = Penalties(params, prompt, generated)
     logits = _logits(rng, 30)
-    assert step_by_step.apply(logits).tobytes() == rebuilt.apply(logits).tobytes()
+    assert step_by_step.apply(logits.copy()).tobytes() == rebuilt.apply(logits.copy()).tobytes()
 
 
 def test_bad_sampling_values_are_refused() -> None:
@@ -140,12 +144,45 @@ def test_logprobs_are_a_log_softmax_and_the_first_alternative_is_the_greedy_pick
         greedy = int(np.argmax(logits))
         lp = token_logprobs(logits, greedy, 5)
         ref = logits.astype(np.float64) - np.log(np.exp(logits.astype(np.float64)).sum())
-        assert lp.top[0][0] == greedy and abs(lp.logprob - ref[greedy]) < 1e-6
+        assert lp.top[0][0] == greedy and abs(lp.logprob - ref[greedy]) < 1e-5
         assert [t for t, _ in lp.top] == sorted(range(500), key=lambda i: (-logits[i], i))[:5]
     masked = np.full(10, -np.inf, np.float32)
     masked[[2, 6]] = [1.0, 0.5]
     lp = token_logprobs(masked, 2, 5)  # forbidden tokens are no alternatives
     assert [t for t, _ in lp.top] == [2, 6] and all(np.isfinite(v) for _, v in lp.top)
+
+
+@pytest.mark.parametrize("vocab", [300, 3000, 49152, 50001])
+def test_the_top_alternatives_are_a_full_sorts_first_k_whatever_the_ties(vocab: int) -> None:
+    rng = np.random.default_rng(vocab)
+    for trial in range(20):
+        row = np.round(rng.standard_normal(vocab) * 2, 1).astype(np.float32)  # many ties
+        if trial % 3 == 0:
+            row[rng.random(vocab) < 0.9] = -np.inf  # a grammar's mask
+        k = int(rng.integers(1, 21))
+        want = sorted(range(vocab), key=lambda i: (-row[i], i))[:k]
+        got = token_logprobs(row, want[0], k).top
+        assert [t for t, _ in got] == [i for i in want if np.isfinite(row[i])]
+
+
+@pytest.mark.skipif(not sampling_ops.available(), reason="the kernel library is not built")
+def test_the_c_helpers_give_the_numpy_fallbacks_numbers_bit_for_bit() -> None:
+    rng = np.random.default_rng(11)
+    for vocab in (10, 300, 49152):
+        for _ in range(20):
+            x = np.round(rng.standard_normal(vocab) * 3, 1).astype(np.float32)
+            x[rng.random(vocab) < 0.2] = -np.inf
+            # distinct ids, as the penalties' counters give them; ids outside are skipped
+            window = rng.choice(np.arange(-2, vocab + 2), min(40, vocab), replace=False)
+            generated = rng.choice(vocab, min(30, vocab), replace=False)
+            counts = rng.integers(1, 5, generated.shape[0]).astype(np.float32)
+            a, b = x.copy(), x.copy()
+            sampling_ops.penalize(a, window, 1.3, generated, counts, 0.7, -0.3)
+            sampling_ops.penalize(b, window, 1.3, generated, counts, 0.7, -0.3, use_c=False)
+            assert a.tobytes() == b.tobytes()
+            k = int(rng.integers(1, 21))
+            assert sampling_ops.top_k(a, k).tolist() == sampling_ops.top_k(
+                a, k, use_c=False).tolist()
 
 
 def test_chat_defaults_come_from_the_table_and_the_models_generation_config(
