@@ -13,10 +13,20 @@ Wire: one frame, msgpack ``{"v": 1, "interactive": bool, "seq": int}``; ``seq`` 
 every change (not on a re-publish), so a listener can tell a change from a repeat.
 The endpoint is ``ipc://$UNIUN_HOME/run/device.sock`` (:func:`device_endpoint`).
 
-:class:`YieldGate` is the listener's side: a thread owns the SUB socket and keeps the
-latest state; :meth:`YieldGate.wait_turn` blocks while interactive work is in flight and
-returns how long it waited. It never refuses and never gives up on a request: the
-caller's work only starts later.
+Two listeners, one interface (``wait_heard``, ``interactive``, ``wait_turn``, ``close``):
+
+- :class:`YieldGate`: a thread owns the SUB socket and keeps the latest state, so any
+  thread may ask. It is only as current as that thread is scheduled: in a process at
+  idle CPU priority it may not run for as long as other processes hold every core.
+- :class:`PolledGate`: no thread; the caller's own thread reads the socket (every record
+  queued since the last look, keeping the latest) each time it asks. What it answers is
+  the latest record the process has received when the question is asked, because the
+  thread that asks is the thread that is about to compute. The embedding workers use it
+  before each micro-batch.
+
+:meth:`wait_turn` blocks while interactive work is in flight and returns how long it
+waited. It never refuses and never gives up on a request: the caller's work only starts
+later.
 """
 
 from __future__ import annotations
@@ -30,8 +40,16 @@ import zmq
 
 from uniun.protocol.home import run_dir
 
-__all__ = ["DeviceState", "encode_state", "decode_state", "device_endpoint", "YieldGate",
-           "REPUBLISH_S", "STALE_S"]
+__all__ = [
+    "REPUBLISH_S",
+    "STALE_S",
+    "DeviceState",
+    "PolledGate",
+    "YieldGate",
+    "decode_state",
+    "device_endpoint",
+    "encode_state",
+]
 
 REPUBLISH_S = 0.5  # the publisher repeats the current state this often, s
 STALE_S = 3.0  # a listener that heard nothing this long treats the device as free, s
@@ -53,7 +71,7 @@ def decode_state(frame: bytes) -> DeviceState | None:
     try:
         raw = msgpack.unpackb(frame, raw=False, max_bin_len=64, max_str_len=64,
                               max_map_len=8, max_array_len=0)
-    except Exception:
+    except Exception:  # noqa: BLE001 - any undecodable frame is ignored, whatever the error
         return None
     if (not isinstance(raw, dict) or raw.get("v") != 1
             or not isinstance(raw.get("interactive"), bool)
@@ -146,3 +164,90 @@ class YieldGate:
                 self._heard.set()
         finally:
             sock.close(0)
+
+
+class PolledGate:
+    """A listener read by the thread that asks (see the module docstring).
+
+    Not thread-safe: the thread that creates it is the only one that may call it (a
+    ZeroMQ socket belongs to one thread). ``PolledGate(None)`` never closes. The SUB
+    socket keeps one record at most (``CONFLATE``): only the latest state matters, so a
+    worker that was busy for seconds reads one record, not every republish since.
+    """
+
+    def __init__(self, endpoint: str | None, *, stale_s: float = STALE_S,
+                 ctx: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.stale_s = stale_s
+        self._interactive = False
+        self._heard_at = 0.0
+        self.last_seq = -1
+        self.heard = False
+        self.waits = 0  # calls of wait_turn that had to wait
+        self.waited_s = 0.0  # their total wait, s
+        self._sock: zmq.Socket | None = None
+        if endpoint:
+            sock = (ctx or zmq.Context.instance()).socket(zmq.SUB)
+            sock.setsockopt(zmq.LINGER, 0)
+            sock.setsockopt(zmq.CONFLATE, 1)
+            sock.setsockopt(zmq.SUBSCRIBE, b"")
+            sock.connect(endpoint)
+            self._sock = sock
+
+    def close(self) -> None:
+        if self._sock is not None:
+            self._sock.close(0)
+            self._sock = None
+
+    def wait_heard(self, timeout: float = STALE_S) -> bool:
+        """Wait until the first state arrived; False if none came within ``timeout``."""
+        if self._sock is None:
+            return True
+        deadline = time.monotonic() + timeout
+        self._read()
+        while not self.heard:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return False
+            self._sock.poll(min(100, max(1, int(left * 1000))))
+            self._read()
+        return True
+
+    @property
+    def interactive(self) -> bool:
+        """Interactive work is in flight now, as last received (False once stale)."""
+        self._read()
+        return self._closed(time.monotonic())
+
+    def wait_turn(self, stop: threading.Event | None = None) -> float:
+        """Block while interactive work is in flight; return the seconds waited."""
+        started = time.monotonic()
+        self._read()
+        while self._closed(time.monotonic()) and not (stop and stop.is_set()):
+            assert self._sock is not None  # _closed is False without a socket
+            left_fresh = self.stale_s - (time.monotonic() - self._heard_at)
+            self._sock.poll(max(1, min(100, int(left_fresh * 1000) + 1)))
+            self._read()
+        waited = time.monotonic() - started
+        if waited > 0.001:
+            self.waits += 1
+            self.waited_s += waited
+        return waited
+
+    def _closed(self, now: float) -> bool:
+        return self._interactive and now - self._heard_at < self.stale_s
+
+    def _read(self) -> bool:
+        """Take every record received so far, keep the latest; True if any came."""
+        got = False
+        while self._sock is not None:
+            try:
+                frame = self._sock.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            state = decode_state(frame)
+            if state is None:
+                continue
+            self._interactive, self.last_seq = state.interactive, state.seq
+            self._heard_at, self.heard, got = time.monotonic(), True, True
+        return got

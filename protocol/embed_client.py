@@ -11,7 +11,8 @@ Theory of operation:
 - Pipelining: :meth:`submit` sends and returns the message id at once; :meth:`wait`
   collects replies for several ids (routed by ``re``); :meth:`embed` is the two in one.
   Replies are ``np.ndarray`` rows, or a :class:`~uniun.protocol.client.ClientError`
-  value (``queue_full`` is retryable) -- :meth:`embed` raises it instead.
+  value (``queue_full`` is retryable, and its ``retry_after_s`` says when to try again)
+  -- :meth:`embed` raises it instead.
 - No pool: a missing ipc socket file fails at once with :class:`EmbedUnavailable`, and
   so does a socket file nobody listens on (a SIGKILLed pool leaves its file behind; a
   plain ``connect`` to it is refused at once, so the client need not wait out
@@ -39,6 +40,7 @@ from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
 from uniun.protocol.curve import ClientCurve
 from uniun.protocol.dealer import DealerConnection
 from uniun.protocol.endpoints import embed_endpoint
+
 
 class EmbedUnavailable(ConnectionError):
     """No embedding pool at the endpoint; the message says how to start one."""
@@ -178,13 +180,14 @@ class EmbedClient(DealerConnection):
 
     def _route(self, frame: bytes) -> None:
         msg = try_decode(frame, self._limits)
-        if isinstance(msg, dict) and isinstance(msg.get("re"), str):
-            if self._pending.pop(msg["re"], None) is not None:
-                self._replies[msg["re"]] = msg
+        if (isinstance(msg, dict) and isinstance(msg.get("re"), str)
+                and self._pending.pop(msg["re"], None) is not None):
+            self._replies[msg["re"]] = msg
 
 
 def _result(reply: dict[str, Any]) -> np.ndarray | ClientError:
-    """An ``embeddings`` reply as rows, or the ``error`` reply as a ``ClientError``."""
+    """An ``embeddings`` reply as rows, or the ``error`` reply as a ``ClientError``; a
+    ``queue_full`` carries the pool's ``retry_after_s`` hint (seconds, or None)."""
     if reply.get("type") != m.EMBEDDINGS:
         return ClientError.from_msg(reply)
     dim, vectors = reply["dim"], reply["vectors"]

@@ -32,16 +32,21 @@ class ClientError(Exception):
     """The scheduler answered ``error``: ``code`` is the PROTOCOL.md code."""
 
     def __init__(self, code: str, message: str, *, field: str | None = None,
-                 job_id: str | None = None, retryable: bool = False) -> None:
+                 job_id: str | None = None, retryable: bool = False,
+                 retry_after_s: float | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.field = code, message, field
         self.job_id, self.retryable = job_id, retryable
+        self.retry_after_s = retry_after_s  # a refusal for load says when to try again
 
     @classmethod
     def from_msg(cls, msg: Mapping[str, Any]) -> "ClientError":
+        hint = msg.get("retry_after_s")
+        valid = isinstance(hint, (int, float)) and not isinstance(hint, bool) and hint >= 0
         return cls(str(msg.get("code", "internal")), str(msg.get("message", "")),
                    field=msg.get("field"), job_id=msg.get("job_id"),
-                   retryable=bool(msg.get("retryable", False)))
+                   retryable=bool(msg.get("retryable", False)),
+                   retry_after_s=float(hint) if valid else None)
 
 
 class JobFailed(ClientError):

@@ -13,7 +13,7 @@ Theory of operation (h11-style: no I/O here, any socket layer drives it):
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping
+from typing import Any, Literal, Mapping, get_args
 
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
@@ -57,7 +57,10 @@ TERMINAL_EVENTS: frozenset[str] = frozenset({DONE, ERROR})
 # Scheduler -> a watching client (no ``re``, no ``job_id``): extension, docs/protocol.md.
 STATE = "state"
 
-PAUSE_REASONS = ("preempted", "slice", "budget", "swap")
+# Why a job was paused: a higher tier took the runner, its slice or its token budget was
+# spent, or the runner swaps to another model. Named once, for the wire and the policy.
+PauseReason = Literal["preempted", "slice", "budget", "swap"]
+PAUSE_REASONS: tuple[PauseReason, ...] = get_args(PauseReason)
 FINISH_REASONS = ("stop", "length", "tool_calls")  # tool_calls: only for a job with tools
 LIFECYCLE_STATES = ("foreground", "background")
 

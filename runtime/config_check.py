@@ -69,7 +69,7 @@ _POSITIVE = {
     "runner": ("intra_op_threads",),
     "supervisor": ("heartbeat_interval_s", "missed_heartbeats", "restart_window_s",
                    "start_timeout_s"),
-    "embed": ("workers", "queue_bound"),
+    "embed": ("workers", "queue_bound", "micro_batch"),
     "trace": ("keep_segments",),
     "http": ("default_max_tokens", "max_open_requests", "max_connections", "read_timeout_s"),
     "producers": ("scan_interval_s", "backfill_per_s", "extract_in_flight",
@@ -83,6 +83,7 @@ _NON_NEGATIVE = {
     "supervisor": ("max_restarts", "stop_grace_s", "load_grace_s"),
     "producers": ("gana_lead_s",),
     "device": ("cores", "runner_threads", "embed_threads"),
+    "embed": ("client_queue_bound",),
 }
 _LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 

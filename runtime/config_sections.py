@@ -186,6 +186,15 @@ class EmbedConfig:
     # Requests; default 64. Beyond it embed answers queue_full.
     queue_bound: int = field(default=64, metadata=_doc(
         "embed requests waiting at most; more get error queue_full (default 64)"))
+    # Requests; default 16; 0 = only queue_bound applies. Waiting requests are taken
+    # round-robin across connections.
+    client_queue_bound: int = field(default=16, metadata=_doc(
+        "embed requests one connection may have waiting; more get error queue_full with "
+        "retry_after_s (default 16; 0 = no per-connection cap)"))
+    # Texts; default 4. The yield check runs before each micro-batch.
+    micro_batch: int = field(default=4, metadata=_doc(
+        "texts per ONNX run of one embed request; interactive work waits for at most one "
+        "(default 4)"))
     # Default "" means ipc://$UNIUN_HOME/run/embed.sock.
     endpoint: str = field(default="", metadata=_doc(
         "embedding pool endpoint (default ipc://$UNIUN_HOME/run/embed.sock)"))

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from uniun.actors.embedding.pool import EmbedPool, PoolSettings
+from uniun.actors.embedding.worker import DEFAULT_MICRO_BATCH
 from uniun.models.convert.embedding import MODEL_ID
 from uniun.models.store import ModelStore
 from uniun.protocol.device_state import device_endpoint
@@ -43,6 +44,8 @@ def settings_from_config(config: RuntimeConfig) -> PoolSettings:
     """``[embed]``, ``models.embed_model`` and ``logging.level`` of a ``RuntimeConfig``."""
     return PoolSettings(endpoint=config.embed.endpoint, workers=config.embed.workers,
                         queue_bound=config.embed.queue_bound,
+                        client_queue_bound=config.embed.client_queue_bound,
+                        micro_batch=config.embed.micro_batch,
                         model_id=config.models.embed_model,
                         threads=config.budget().embed_threads,
                         device_state=device_endpoint() if config.device.yield_signal else "",
@@ -79,6 +82,10 @@ def cli(argv: Sequence[str] | None = None) -> int:
                         help="bind here (default ipc://$UNIUN_HOME/run/embed.sock)")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--queue-bound", type=int, default=64)
+    parser.add_argument("--client-queue-bound", type=int, default=16,
+                        help="requests one connection may have waiting (0 = no cap)")
+    parser.add_argument("--micro-batch", type=int, default=DEFAULT_MICRO_BATCH,
+                        help="texts per ONNX run of a request")
     parser.add_argument("--model", default=MODEL_ID)
     parser.add_argument("--private", action="store_true",
                         help="do not write run/embed.endpoint (a side pool)")
@@ -91,6 +98,8 @@ def cli(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, lambda *_: stop.set())
     settings = PoolSettings(endpoint=args.endpoint or default_endpoint(EMBED),
                             workers=args.workers, queue_bound=args.queue_bound,
+                            client_queue_bound=args.client_queue_bound,
+                            micro_batch=args.micro_batch,
                             model_id=args.model, log_level=args.log_level,
                             publish_endpoint=not args.private, **_places())
     return EmbedPool(settings).run(stop)

@@ -14,11 +14,11 @@ import threading
 from collections.abc import Sequence
 from pathlib import Path
 
-from uniun.actors.embedding.worker import serve
+from uniun.actors.embedding.worker import DEFAULT_MICRO_BATCH, serve
 from uniun.runtime.logging_setup import configure_logging
 from uniun.runtime.process import die_with_parent
 
-__all__ = ["main", "ARGV"]
+__all__ = ["ARGV", "main"]
 
 ARGV = (sys.executable, "-m", "uniun.runtime.embed_worker_main")  # what the pool runs
 
@@ -31,6 +31,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--backend", required=True, help="the pool's worker endpoint")
     parser.add_argument("--model-dir", required=True, type=Path)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--micro-batch", type=int, default=DEFAULT_MICRO_BATCH,
+                        help=f"texts per ONNX run (default {DEFAULT_MICRO_BATCH})")
     parser.add_argument("--parent-pid", type=int, default=None)
     parser.add_argument("--device-state", default="",
                         help="the scheduler's device-state endpoint (yield to chat)")
@@ -48,7 +50,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _stop)
     signal.signal(signal.SIGINT, _stop)
     return serve(args.name, args.identity.encode(), args.backend, args.model_dir,
-                 threads=args.threads, parent_pid=args.parent_pid, stop=stop,
+                 threads=args.threads, micro_batch=args.micro_batch,
+                 parent_pid=args.parent_pid, stop=stop,
                  device_state=args.device_state)
 
 

@@ -29,8 +29,17 @@ from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir
 
-__all__ = ["main", "spill_dir", "crash_hook", "hold_gil", "load_hold_hook", "CRASH_MARKER_ENV",
-           "LOAD_HOLD_ENV"]
+__all__ = [
+    "CRASH_MARKER_ENV",
+    "LOAD_HOLD_ENV",
+    "TOKEN_PACE_ENV",
+    "crash_hook",
+    "hold_gil",
+    "load_hold_hook",
+    "main",
+    "spill_dir",
+    "token_pace",
+]
 
 # Test fault hook: a runner started with this variable set kills itself (SIGKILL, as a
 # segfault in native code would) when a job whose input contains the value starts. Only
@@ -39,6 +48,12 @@ CRASH_MARKER_ENV = "UNIUN_TEST_CRASH_MARKER"
 # Test hook: every model load first holds the GIL this many seconds, as loading Gemma 3's
 # tokenizer does, so a test can check that the runner is not restarted mid-load.
 LOAD_HOLD_ENV = "UNIUN_TEST_LOAD_HOLD_S"
+# Test hook: the runner makes at most one token per this many seconds (it sleeps before
+# reporting a token that came early), so a test's long job outlasts a slice, a deadline
+# or a chat however fast the machine is: its length is at least its token count times
+# this pace, not a hope that the model is slow. The test harness sets it for every
+# runtime it starts.
+TOKEN_PACE_ENV = "UNIUN_TEST_TOKEN_PACE_S"
 
 
 def spill_dir(config: RuntimeConfig) -> Path:
@@ -90,6 +105,22 @@ def load_hold_hook(seconds: float) -> Callable[[], None]:
     return hold
 
 
+def token_pace(value: str | None) -> float:
+    """Seconds per token of :data:`TOKEN_PACE_ENV` (0: unset; a bad value is logged, 0)."""
+    if not value:
+        return 0.0
+    try:
+        pace = float(value)
+    except ValueError:
+        pace = -1.0
+    if not 0.0 <= pace <= 10.0:
+        logger.warning("{}={!r} is not seconds in [0, 10]; no token pace", TOKEN_PACE_ENV,
+                       value)
+        return 0.0
+    logger.warning("test hook: at most one token per {:g} s", pace)
+    return pace
+
+
 def main(config: RuntimeConfig) -> int:
     ensure_private_dir(run_dir())
     spill = ensure_private_dir(spill_dir(config))
@@ -112,7 +143,7 @@ def main(config: RuntimeConfig) -> int:
         else None, load_grace_s=config.supervisor.load_grace_s,
         announce_quiet=process.announce_quiet,
         before_load=load_hold_hook(float(hold)) if (hold := os.environ.get(LOAD_HOLD_ENV))
-        else None)
+        else None, token_pace_s=token_pace(os.environ.get(TOKEN_PACE_ENV)))
     rc = 0
     try:
         while not stop.wait(0.5) and not process.STOPPING.is_set():

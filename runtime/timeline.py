@@ -1,8 +1,9 @@
 """The scheduler's timeline as a Chrome trace (Perfetto, ``chrome://tracing``).
 
-Input: segments (a job held the runner, or waited for it) and marks (instants), from
-the journal (``actors/scheduler/journal.py:read_timeline``) or from the simulator
-(``actors/sim/timeline.py``); anything with the same attribute names will do. Output:
+Input: segments (a job held the runner, or waited for it) and marks (instants), the
+records of ``actors/timeline.py``, from the journal
+(``actors/scheduler/journal.py:read_timeline``) or from the simulator
+(``actors/sim/timeline.py``). Output:
 the JSON object format of the Trace Event Format, laid out as
 
 - one process, "uniun scheduler" (or "uniun simulator");
@@ -23,36 +24,17 @@ was for a real runtime), so a simulated run (which starts at 0) and a real one l
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from typing import Any, Protocol
+from typing import Any
+
+from uniun.actors.timeline import PROCESS_MARKS, Mark, Segment
 
 __all__ = ["chrome_trace", "trace_problems", "RUNNER_TID"]
 
 RUNNER_TID = 1
 _TIER_TID = 100_000  # tier t's threads are 100000*(t+1) + lane
-_GLOBAL = frozenset({"runner_lost", "runner_up", "scheduler_start", "restart"})
 
 
-class SegmentLike(Protocol):
-    job_id: str
-    lane: str
-    kind: str
-    flow: str
-    tier: int
-    model_id: str
-    start: float
-    end: float
-    reason: str
-    tokens: int
-
-
-class MarkLike(Protocol):
-    what: str
-    at: float
-    job_id: str | None
-    detail: str
-
-
-def chrome_trace(segments: Iterable[SegmentLike], marks: Iterable[MarkLike], *,
+def chrome_trace(segments: Iterable[Segment], marks: Iterable[Mark], *,
                  source: str = "uniun scheduler", origin: float | None = None
                  ) -> dict[str, Any]:
     """The trace object (``json.dump`` it). ``origin``: the time of ts 0 (default: the
@@ -88,7 +70,7 @@ def chrome_trace(segments: Iterable[SegmentLike], marks: Iterable[MarkLike], *,
                        "dur": round(max(0.0, seg.end - seg.start) * 1e6, 1), "pid": 1,
                        "tid": tid, "args": args})
     for mark in marks:
-        scope = "p" if mark.what in _GLOBAL else "t"
+        scope = "p" if mark.what in PROCESS_MARKS else "t"
         label = mark.what if not mark.job_id else f"{mark.what} {mark.job_id}"
         events.append({"name": label, "cat": mark.what, "ph": "i", "s": scope,
                        "ts": us(mark.at), "pid": 1, "tid": RUNNER_TID,

@@ -16,10 +16,15 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
 from tests.models_cache import shared_store
+
+if TYPE_CHECKING:
+    from uniun.models.embedding import EmbeddingSession
+    from uniun.protocol.embed_client import EmbedClient
 
 WAIT_S = 180.0  # generous: a loaded 2-core machine may be converting the model meanwhile
 
@@ -47,7 +52,7 @@ def minilm_dir(minilm_wheel: Path) -> Path:
 
 
 @pytest.fixture(scope="session")
-def session(minilm_dir: Path):  # noqa: ANN201 - EmbeddingSession
+def session(minilm_dir: Path) -> EmbeddingSession:
     from uniun.models.embedding import EmbeddingSession
 
     return EmbeddingSession(minilm_dir)
@@ -59,7 +64,7 @@ class Pool:
     def __init__(self, endpoint: str, proc: subprocess.Popen[bytes], bound: int) -> None:
         self.endpoint, self.proc, self.queue_bound = endpoint, proc, bound
 
-    def client(self, timeout: float = WAIT_S):  # noqa: ANN201 - EmbedClient
+    def client(self, timeout: float = WAIT_S) -> EmbedClient:
         from uniun.protocol.embed_client import EmbedClient
 
         return EmbedClient(self.endpoint, timeout=timeout, connect_timeout=WAIT_S)
@@ -80,6 +85,67 @@ class Pool:
                 pass
             time.sleep(0.2)
         raise AssertionError("the embedding pool did not become ready")
+
+
+class HeldPool(Pool):
+    """A pool whose device state the test publishes: :meth:`hold` says interactive work
+    is in flight (the workers start no micro-batch), :meth:`release` says it ended. With
+    it a test puts the pool in a known state (a worker paused, requests waiting) without
+    depending on how fast anything runs."""
+
+    def __init__(self, endpoint: str, proc: subprocess.Popen[bytes], bound: int,
+                 publisher: Any) -> None:
+        super().__init__(endpoint, proc, bound)
+        self.publisher = publisher
+
+    def hold(self) -> None:
+        self.publisher.set(True)
+
+    def release(self) -> None:
+        self.publisher.set(False)
+
+    def worker(self) -> dict:
+        """The status of the pool's one worker."""
+        (worker,) = self.status()["workers"]
+        return worker
+
+
+@pytest.fixture(scope="module")
+def held_pool(minilm_dir: Path) -> Iterator[HeldPool]:
+    """One worker, 2 texts per micro-batch, queue bound 8, 3 per connection, and the
+    device state published by the test (``run/device.sock`` of the pool's own home)."""
+    import zmq
+
+    from uniun.actors.scheduler.device_signal import DevicePublisher
+
+    with tempfile.TemporaryDirectory(prefix="uh-") as tmp:  # short: ipc paths are short
+        home = Path(tmp)
+        (home / "run").mkdir()
+        publisher = DevicePublisher(f"ipc://{home / 'run' / 'device.sock'}",
+                                    zmq.Context.instance(), republish_s=0.1)
+        publisher.start()
+        endpoint = f"ipc://{home}/embed.sock"
+        config = home / "uniun.toml"
+        config.write_text(f'[embed]\nenabled = true\nworkers = 1\nqueue_bound = 8\n'
+                          f'client_queue_bound = 3\nmicro_batch = 2\n'
+                          f'endpoint = "{endpoint}"\n[device]\nyield_signal = true\n')
+        proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime.process", "embed",
+                                 "--config", str(config)], stdin=subprocess.DEVNULL,
+                                env={**os.environ, "UNIUN_HOME": str(home)})
+        handle = HeldPool(endpoint, proc, 8, publisher)
+        try:
+            handle.wait_ready()
+            yield handle
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                code = proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                raise
+            finally:
+                publisher.close()
+        assert code == 0, f"the pool did not stop cleanly (exit {code})"
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from uniun.models.convert.recipes import ensure_model
 from uniun.models.store import ModelStore
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
-__all__ = ["ModelGate", "MODEL_RETRY_S"]
+__all__ = ["MODEL_RETRY_S", "ModelGate"]
 
 MODEL_RETRY_S = 30.0  # a model that could not be made is tried again after this, s
 

@@ -1,6 +1,6 @@
 """The embedding pool: a ROUTER for clients, N worker processes, a bounded queue.
 
-Why it stands apart (DESIGN.md §1, §4; the seed's EmbeddingQueue + Semaphore(2)):
+Why it stands apart (docs/embeddings.md):
 embedding must never block, preempt or be preempted by the chat path, so it has its
 own socket, its own processes and its own model, and it never talks to the scheduler.
 
@@ -9,13 +9,22 @@ parent of its workers):
 
 - The **front** is a ROUTER bound at ``embed.endpoint`` (default
   ``ipc://$UNIUN_HOME/run/embed.sock``, written to ``run/embed.endpoint``), with the
-  envelope rules of PROTOCOL.md: codec limits, ``v``, ``type``, ``id``/``re``, error codes.
+  envelope rules of docs/protocol.md: codec limits, ``v``, ``type``, ``id``/``re``, error codes.
   Requests: ``embed {texts}`` -> ``embeddings {dim, vectors}``, ``ping`` -> ``pong``,
   and ``status`` -> ``status {workers, processes, queued, running, ...}`` (an extension).
 - The **back** is a ROUTER on a private ipc socket; every worker is a child process
   (``worker.py``) with a DEALER. A worker runs one request at a time, so at most
-  ``workers`` requests run at once; the rest wait in a FIFO of at most ``queue_bound``;
-  one more is answered ``queue_full`` (retryable) at once, never silently dropped.
+  ``workers`` requests run at once; the rest wait, at most ``queue_bound`` of them and
+  at most ``client_queue_bound`` of one connection; one more is answered ``queue_full``
+  (retryable, with a ``retry_after_s`` hint) at once, never silently dropped. Waiting
+  requests are taken round-robin across connections (``fair_queue.py``), so a flooding
+  client gets its share of the workers and no more.
+- A worker embeds a request ``micro_batch`` texts per ONNX run and checks the device
+  state before each run (``worker.py``), so interactive work waits for one micro-batch,
+  not for a whole request.
+- **Gone peers**: the front is ``ROUTER_MANDATORY``, so a reply to a client that has
+  disconnected fails instead of vanishing; the pool then drops that client's waiting
+  requests instead of computing answers nobody will read.
 - **Crash safety**: the pool polls its children every tick. A worker that exits (crash,
   OOM, SIGKILL) is restarted, and the request it held goes back to the *front* of the
   queue, so nothing accepted is lost. A request that kills ``max_attempts`` workers in a
@@ -32,100 +41,56 @@ worker's ``request`` slot, or answered.
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 import time
-from collections import deque
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import zmq
 from loguru import logger
 
+from uniun.actors.embedding.fair_queue import FairQueue
 from uniun.actors.embedding.model_gate import ModelGate
-from uniun.actors.observe import Count, Observation, Sample
+from uniun.actors.embedding.pool_state import Counters, PoolSettings, Request, ServiceTime
 from uniun.actors.embedding.worker import EXIT_MODEL, INTERNAL_LIMITS
 from uniun.actors.embedding.workers import PIDS_FILE, WorkerProcess, publish_pids
-from uniun.models.convert.embedding import MODEL_ID
-from uniun.models.store import ModelStore
+from uniun.actors.observe import Count, Observation, Sample
 from uniun.protocol import messages as m
 from uniun.protocol import requests as rq
-from uniun.protocol.codec import DEFAULT_LIMITS, EncodeError, Limits, encode, try_decode
+from uniun.protocol.codec import EncodeError, encode, try_decode
 from uniun.protocol.endpoints import EMBED, remove_endpoint, write_endpoint
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
 POLL_MS = 100  # loop tick: how often children are checked when no message arrives, ms
 DRAIN = 256  # messages read from one socket per tick before looking at the other
+# Frames ZeroMQ holds unread per client connection; past it ZeroMQ stops reading that
+# connection (the client's sends wait), so a client cannot park more than this in the pool.
+FRONT_RCVHWM = 64
+UNREAD_LOG_S = 5.0  # replies dropped for clients that do not read: logged this often, s
 STOP_GRACE_S = 3.0  # running requests get this long to finish on stop, s
 ALLOWED = frozenset({m.EMBED, m.PING, m.STATUS})
 
-
-@dataclass(frozen=True)
-class PoolSettings:
-    """How one pool runs. Defaults match ``[embed]`` of the runtime config.
-
-    The folders and the worker command are the runtime's to choose: ``run_dir`` holds the
-    private worker socket and the published pids, ``logs_dir`` one log per worker,
-    ``worker_argv`` starts one worker process (``runtime/embed_worker_main.py``).
-    """
-
-    endpoint: str
-    store: ModelStore
-    run_dir: Path
-    logs_dir: Path
-    worker_argv: tuple[str, ...]
-    workers: int = 2  # processes = requests served at once
-    queue_bound: int = 64  # requests waiting at most; more get queue_full
-    model_id: str = MODEL_ID
-    threads: int = 1  # ONNX Runtime threads per worker
-    device_state: str = ""  # the scheduler's device-state endpoint ("" = never yield)
-    max_attempts: int = 3  # runs of one request (crashes included) before `internal`
-    request_timeout_s: float = 300.0  # a worker busy longer than this is killed, s
-    log_level: str = "INFO"
-    publish_endpoint: bool = True  # write run/embed.endpoint (false for private pools)
-    limits: Limits = DEFAULT_LIMITS
-    observe: Callable[[list[Observation]], None] | None = None  # MetricSink.apply
-    front_setup: Callable[[zmq.Socket], None] | None = None  # before bind (CURVE on tcp)
-    # After the sockets close, before the context terminates: what front_setup started on
-    # this context (CURVE's ZAP authenticator) must end first, or the term waits forever.
-    front_teardown: Callable[[], None] | None = None
-
-
-@dataclass
-class _Request:
-    route: list[bytes]  # ROUTER identity frames, sent back before the reply
-    msg_id: str
-    texts: tuple[str, ...]
-    rid: int
-    attempts: int = 0
-    arrived: float = 0.0  # monotonic seconds, for the latency metric
-
-
-@dataclass
-class _Counters:
-    accepted: int = 0
-    answered: int = 0
-    rejected_full: int = 0
-    requeued: int = 0
-    failed: int = 0
-    yielded: int = 0  # answered requests that waited for interactive work to end
-    yield_wait_s: float = 0.0  # their total wait, s
-    yield_wait_max_s: float = 0.0
+__all__ = ["EmbedPool", "PoolSettings"]
 
 
 class EmbedPool:
     """The broker. ``run(stop)`` serves until ``stop`` is set; one thread drives it."""
 
     def __init__(self, settings: PoolSettings) -> None:
-        if settings.workers < 1 or settings.queue_bound < 0:
-            raise ValueError("an embedding pool needs workers >= 1 and queue_bound >= 0")
+        if (settings.workers < 1 or settings.queue_bound < 0
+                or settings.client_queue_bound < 0 or settings.micro_batch < 1):
+            raise ValueError("an embedding pool needs workers >= 1, queue_bound >= 0, "
+                             "client_queue_bound >= 0 and micro_batch >= 1")
         self.s = settings
         self.rules = rq.JobRules(default_model=settings.model_id)
-        self.queue: deque[_Request] = deque()
+        self.queue: FairQueue[Request] = FairQueue(settings.queue_bound,
+                                                    settings.client_queue_bound)
+        self.service = ServiceTime()
+        self._unread_logged = -UNREAD_LOG_S
         self.workers = [WorkerProcess(f"embed-{i}") for i in range(settings.workers)]
-        self.counters = _Counters()
+        self.counters = Counters()
         self.endpoint = settings.endpoint
         self.dim: int | None = None
         self._rid = 0
@@ -143,9 +108,11 @@ class EmbedPool:
         self.s.run_dir.mkdir(parents=True, exist_ok=True)
         os.chmod(self.s.run_dir, 0o700)
         self.front.setsockopt(zmq.LINGER, 1000)
+        self.front.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a gone client fails the send
         # Frames between the protocol limit and this are read and answered bad_envelope;
         # only absurd ones make ZeroMQ drop the connection.
         self.front.setsockopt(zmq.MAXMSGSIZE, 16 * self.s.limits.frame_bytes)
+        self.front.setsockopt(zmq.RCVHWM, FRONT_RCVHWM)
         if self.s.front_setup is not None:  # e.g. CURVE for a tcp endpoint
             self.s.front_setup(self.front)
         self.front.bind(self.s.endpoint)
@@ -155,8 +122,9 @@ class EmbedPool:
         self.back.bind(f"ipc://{self._back_path}")
         if self.s.publish_endpoint:
             write_endpoint(self.endpoint, EMBED)
-        logger.info("embedding pool at {} ({} workers, queue bound {})", self.endpoint,
-                    self.s.workers, self.s.queue_bound)
+        logger.info("embedding pool at {} ({} workers, queue bound {}, {} per connection, "
+                    "{} texts per micro-batch)", self.endpoint, self.s.workers,
+                    self.s.queue_bound, self.s.client_queue_bound, self.s.micro_batch)
         return self.endpoint
 
     def run(self, stop: threading.Event) -> int:
@@ -187,7 +155,7 @@ class EmbedPool:
                 return
             try:
                 handle(frames)
-            except Exception:  # a bug of ours must not take every queued request down
+            except Exception:  # noqa: BLE001 - a bug of ours must not fail every queued request
                 logger.exception("failed to handle a message; carrying on")
 
     # -- clients --------------------------------------------------------------------------
@@ -218,18 +186,27 @@ class EmbedPool:
             self._observe(err.code.value)
             self._reply(route, m.reply_error(req.id, err))
             return
-        if len(self.queue) >= self.s.queue_bound and not self._idle_worker():
+        key = tuple(route)
+        refusal = None if self._idle_worker() else self.queue.refusal(key)
+        if refusal is not None:
             self.counters.rejected_full += 1
+            self.counters.rejected_client += refusal.limit == "client"
             self._observe(ErrorCode.QUEUE_FULL.value)
-            err = ProtocolError(ErrorCode.QUEUE_FULL,
-                                f"embedding queue is full ({len(self.queue)} waiting, "
-                                f"{self._running()} running); retry later")
-            self._reply(route, m.reply_error(req.id, err))
+            if refusal.limit == "client":
+                text = (f"this connection has {refusal.waiting} embedding requests waiting, "
+                        f"the most one connection may have; retry later")
+            else:
+                text = (f"embedding queue is full ({refusal.waiting} waiting, "
+                        f"{self._running()} running); retry later")
+            turns = self.queue.connections if refusal.limit == "client" else 1
+            hint = self.service.retry_after(workers=self.s.workers, turns=turns)
+            self._reply(route, m.reply_error(req.id, ProtocolError(
+                ErrorCode.QUEUE_FULL, text, retry_after_s=hint)))
             return
         self._rid += 1
         self.counters.accepted += 1
-        self.queue.append(_Request(route, req.id, req.texts, self._rid,
-                                   arrived=time.monotonic()))
+        self.queue.push(key, Request(route, key, req.id, req.texts, self._rid,
+                                      arrived=time.monotonic()))
         self._dispatch()
 
     def _reply(self, route: list[bytes], msg: dict[str, Any]) -> None:
@@ -241,10 +218,28 @@ class EmbedPool:
                 ErrorCode.INTERNAL, "the reply does not fit in one frame; send fewer texts")))
         try:
             self.front.send_multipart([*route, frame], zmq.NOBLOCK)
-        except zmq.Again:
-            logger.warning("client not reading; dropped a {} reply", msg.get("type"))
+        except zmq.Again:  # its outgoing queue is full: it has stopped reading
+            self.counters.dropped_unread += 1
+            now = time.monotonic()
+            if now - self._unread_logged >= UNREAD_LOG_S:
+                self._unread_logged = now
+                logger.warning("a client is not reading its replies; dropped a {} reply "
+                               "({} dropped so far)", msg.get("type"),
+                               self.counters.dropped_unread)
+        except zmq.ZMQError as exc:
+            if exc.errno != errno.EHOSTUNREACH:
+                raise
+            self._peer_gone(tuple(route), msg)
 
-    def _observe(self, outcome: str, req: _Request | None = None) -> None:
+    def _peer_gone(self, key: tuple[bytes, ...], msg: dict[str, Any]) -> None:
+        """The client disconnected: its reply is lost, and nobody will read the answers
+        to its waiting requests, so they are dropped instead of computed."""
+        dropped = self.queue.drop(key)
+        self.counters.dropped_gone += len(dropped)
+        logger.info("client gone before its {} reply (re {}); dropped its {} waiting "
+                    "request(s)", msg.get("type"), msg.get("re"), len(dropped))
+
+    def _observe(self, outcome: str, req: Request | None = None) -> None:
         """Count one answered request (and its latency, when it was queued)."""
         if self.s.observe is None:
             return
@@ -253,7 +248,7 @@ class EmbedPool:
             obs.append(Sample("embed_latency_seconds", time.monotonic() - req.arrived))
         self.s.observe(obs)
 
-    def _answer_error(self, req: _Request, err: ProtocolError) -> None:
+    def _answer_error(self, req: Request, err: ProtocolError) -> None:
         self.counters.failed += 1
         self._observe(err.code.value, req)
         self._reply(req.route, m.reply_error(req.msg_id, err))
@@ -265,7 +260,10 @@ class EmbedPool:
                 "workers": [w.summary() for w in self.workers],
                 "processes": {w.name: w.pid for w in self.workers if w.pid is not None},
                 "queued": len(self.queue), "running": self._running(),
-                "queue_bound": self.s.queue_bound, "pid": os.getpid(),
+                "connections_waiting": self.queue.connections,
+                "queue_bound": self.s.queue_bound,
+                "client_queue_bound": self.s.client_queue_bound,
+                "micro_batch": self.s.micro_batch, "pid": os.getpid(),
                 **vars(self.counters)}
 
     # -- workers --------------------------------------------------------------------------
@@ -281,10 +279,17 @@ class EmbedPool:
             worker.state, worker.failures_in_row = "idle", 0
             self.dim = int(msg.get("dim", 0)) or self.dim
             logger.info("{} ready (pid {})", worker.name, msg.get("pid"))
+        elif kind == "progress":
+            if worker.request is not None and msg.get("rid") == worker.request.rid:
+                done = msg.get("batches_done")
+                worker.batches_done = done if isinstance(done, int) else worker.batches_done
+                worker.paused = msg.get("paused") is True
+            return
         elif kind in ("result", "failed"):
             req = worker.request
             if req is None or msg.get("rid") != req.rid:
                 return
+            ran_s = time.monotonic() - worker.busy_since
             worker.request, worker.state = None, "idle"
             if kind == "failed":
                 self._answer_error(req, ProtocolError(
@@ -292,18 +297,11 @@ class EmbedPool:
             else:
                 self._answer_result(req, int(msg["dim"]), msg["data"])
                 worker.served += 1
-                self._count_wait(msg.get("waited_s"))
+                self.counters.add_result(msg)
+                self.service.add(ran_s)
         self._dispatch()
 
-    def _count_wait(self, waited: Any) -> None:
-        """A worker waited this long for interactive work before (or within) a request."""
-        if isinstance(waited, (int, float)) and waited > 0.001:
-            c = self.counters
-            c.yielded += 1
-            c.yield_wait_s += float(waited)
-            c.yield_wait_max_s = max(c.yield_wait_max_s, float(waited))
-
-    def _answer_result(self, req: _Request, dim: int, data: bytes) -> None:
+    def _answer_result(self, req: Request, dim: int, data: bytes) -> None:
         width = 4 * dim
         vectors = [data[i * width:(i + 1) * width] for i in range(len(req.texts))]
         self.counters.answered += 1
@@ -321,9 +319,10 @@ class EmbedPool:
             worker = self._idle_worker()
             if worker is None:
                 return
-            req = self.queue.popleft()
+            req = self.queue.pop()
             req.attempts += 1
             worker.request, worker.state, worker.busy_since = req, "busy", time.monotonic()
+            worker.batches_done, worker.paused = 0, False
             frame = encode({"type": "work", "rid": req.rid, "texts": list(req.texts)},
                            INTERNAL_LIMITS)
             try:
@@ -347,6 +346,7 @@ class EmbedPool:
             if worker.proc is None and self.model.folder is not None and now >= worker.next_start:
                 worker.spawn(self.s.worker_argv, backend=f"ipc://{self._back_path}",
                              model_dir=self.model.folder, threads=self.s.threads,
+                             micro_batch=self.s.micro_batch,
                              log_level=self.s.log_level, device_state=self.s.device_state,
                              log_file=self.s.logs_dir / f"{worker.name}.log")
         pids = {w.name: w.pid for w in self.workers if w.pid is not None}
@@ -363,7 +363,7 @@ class EmbedPool:
             return
         err = self.model.unavailable()
         while self.queue:
-            self._answer_error(self.queue.popleft(), err)
+            self._answer_error(self.queue.pop(), err)
 
     def _on_exit(self, worker: WorkerProcess, code: int, now: float) -> None:
         """A worker process ended: put its request back first in line; it restarts."""
@@ -379,7 +379,7 @@ class EmbedPool:
                     "workers; not retrying it"))
             else:
                 self.counters.requeued += 1
-                self.queue.appendleft(req)
+                self.queue.push_front(req.key, req)
         if not was_ready and code == EXIT_MODEL and not any(w.ready for w in self.workers):
             self.model.failed(f"the workers cannot load it (see {worker.name}.log)", now)
 
@@ -388,13 +388,13 @@ class EmbedPool:
         """Stop workers, let running requests finish briefly, answer the rest."""
         err = ProtocolError(ErrorCode.SHUTTING_DOWN, "the embedding pool is stopping")
         while self.queue:
-            self._answer_error(self.queue.popleft(), err)
+            self._answer_error(self.queue.pop(), err)
         deadline = time.monotonic() + STOP_GRACE_S
         while self._running() and time.monotonic() < deadline:
             if self.back.poll(50):
                 self._drain(self.back, self._on_worker_message)
             while self.queue:  # a crash during the grace period requeued something
-                self._answer_error(self.queue.popleft(), err)
+                self._answer_error(self.queue.pop(), err)
         for worker in self.workers:
             if worker.request is not None:
                 self._answer_error(worker.request, err)

@@ -40,6 +40,8 @@ class WorkerProcess:
     failures_in_row: int = 0  # exits before becoming ready
     restarts: int = 0
     served: int = 0
+    batches_done: int = 0  # micro-batches of the current request done, as last reported
+    paused: bool = False  # waiting for interactive work, as last reported
 
     @property
     def ready(self) -> bool:
@@ -50,7 +52,8 @@ class WorkerProcess:
         return self.proc.pid if self.proc is not None else None
 
     def spawn(self, argv: tuple[str, ...], *, backend: str, model_dir: Path, threads: int,
-              log_level: str, log_file: Path, device_state: str = "") -> None:
+              log_level: str, log_file: Path, device_state: str = "",
+              micro_batch: int | None = None) -> None:
         """Start a new incarnation (``argv`` runs one worker process); it says ``ready`` on
         ``backend`` once loaded."""
         self.generation += 1
@@ -62,6 +65,8 @@ class WorkerProcess:
                "--log-file", str(log_file)]
         if device_state:
             cmd += ["--device-state", device_state]
+        if micro_batch is not None:
+            cmd += ["--micro-batch", str(micro_batch)]
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
         self.state = "starting"
         logger.info("started {} (pid {}, generation {})", self.name, self.proc.pid,
@@ -80,6 +85,7 @@ class WorkerProcess:
         """Forget the ended process, schedule the next start; return its request (or None)."""
         request, was_ready = self.request, self.ready
         self.proc, self.request, self.state = None, None, "stopped"
+        self.batches_done, self.paused = 0, False
         self.restarts += 1
         if was_ready:
             self.failures_in_row, self.next_start = 0, now
@@ -105,7 +111,9 @@ class WorkerProcess:
     def summary(self) -> dict[str, Any]:
         return {"name": self.name, "pid": self.pid, "state": self.state,
                 "restarts": self.restarts, "served": self.served,
-                "request": getattr(self.request, "msg_id", None)}
+                "request": getattr(self.request, "msg_id", None),
+                "batches_done": self.batches_done if self.request is not None else None,
+                "paused": self.paused and self.request is not None}
 
 
 # -- the workers' pids, published for the scheduler's ``status.processes`` ----------------

@@ -16,6 +16,7 @@ fixed text, since it may hold exception text, paths or endpoints (the log keeps 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -53,6 +54,7 @@ class ApiError(Exception):
     type: str = "invalid_request_error"
     param: str | None = None
     code: str | None = None
+    retry_after_s: float | None = None  # the runtime's hint, where it gave one
 
     def __post_init__(self) -> None:
         super().__init__(self.message)
@@ -64,8 +66,12 @@ class ApiError(Exception):
                           "code": self.code}}
 
     def headers(self) -> dict[str, str]:
-        """``Retry-After`` on what a client should retry (429, 503)."""
-        return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
+        """``Retry-After`` on what a client should retry (429, 503): the runtime's hint
+        rounded up to whole seconds (the header's unit), else ``RETRY_AFTER_S``."""
+        if self.status not in (429, 503):
+            return {}
+        wait = RETRY_AFTER_S if self.retry_after_s is None else math.ceil(self.retry_after_s)
+        return {"Retry-After": str(max(1, wait))}
 
 
 def bad_request(message: str, param: str | None = None, code: str = "invalid_field") -> ApiError:
@@ -79,7 +85,8 @@ def _printable(text: str, limit: int) -> str:
     return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def from_protocol(code: str, message: str, field: str | None = None) -> ApiError:
+def from_protocol(code: str, message: str, field: str | None = None, *,
+                  retry_after_s: float | None = None) -> ApiError:
     """An ``error`` reply or event of protocol v1 as the HTTP error a client expects."""
     if code not in STATUS_OF_CODE:
         code = "internal"
@@ -87,7 +94,7 @@ def from_protocol(code: str, message: str, field: str | None = None) -> ApiError
     if code == "unknown_model":
         return ApiError(404, message, kind, "model", "model_not_found")
     return ApiError(status, FIXED_MESSAGES.get(code, message), kind, _openai_param(field),
-                    code)
+                    code, retry_after_s)
 
 
 def _openai_param(field: str | None) -> str | None:

@@ -76,7 +76,8 @@ def _failure(outcome: Outcome) -> ApiError:
     """The HTTP error for an outcome that ends a job without ``done``."""
     if outcome.kind == "refused" and isinstance(outcome.error, ClientError):
         err = outcome.error
-        return from_protocol(err.code, err.message, err.field)
+        return from_protocol(err.code, err.message, err.field,
+                             retry_after_s=err.retry_after_s)
     if outcome.kind == "event" and outcome.data is not None:
         data = outcome.data
         message = str(data.get("message"))
@@ -361,7 +362,8 @@ async def _embed(gateway: Gateway, texts: list[str]) -> Any:
             logger.warning("embedding request refused: {}", err.message)
             raise ApiError(503, "the embedding model is not available on this runtime",
                            "server_error", code="shutting_down") from None
-        raise from_protocol(err.code, err.message, err.field) from None
+        raise from_protocol(err.code, err.message, err.field,
+                            retry_after_s=err.retry_after_s) from None
     except (ConnectionError, Timeout) as err:  # no pool, or it did not answer in time
         logger.warning("embedding request not served: {}", err)
         raise ApiError(503, "the embedding pool is not reachable; retry", "server_error",

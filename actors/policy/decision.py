@@ -12,10 +12,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
-from typing import Literal, Union
+from typing import Union
 
-PauseReason = Literal["preempted", "slice", "budget", "swap"]
-PAUSE_REASONS: tuple[str, ...] = ("preempted", "slice", "budget", "swap")
+from uniun.protocol.messages import PAUSE_REASONS, PauseReason
+
+__all__ = [
+    "PAUSE_REASONS",
+    "CancelOutcome",
+    "Decision",
+    "Idle",
+    "PauseReason",
+    "Preempt",
+    "ReportOutcome",
+    "Run",
+]
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,6 +25,7 @@ heartbeats); each is one reference, replaced whole, so no lock is needed.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -51,12 +52,13 @@ PREFILL_CHUNK = 64  # prompt positions fed per message, so control is checked du
 class _Active:
     job_id: str
     gen: Generation
-    t0: float  # when the segment's runner time was last reported (perf_counter)
+    t0: float  # when the segment's runner time was last reported (on ``clock``)
     stop_at: int | None  # generated count at which the grant is spent
+    clock: Callable[[], float] = time.perf_counter
 
     def lap(self) -> float:
         """Runner seconds since the last report of this segment."""
-        now = time.perf_counter()
+        now = self.clock()
         seconds, self.t0 = now - self.t0, now
         return seconds
 
@@ -64,12 +66,27 @@ class _Active:
 class RunnerJobs:
     """See the module docstring."""
 
-    def __init__(self, *, store: ModelStore, threads: int, parking: ParkingLot,
+    def __init__(self, *, store: ModelStore | None, threads: int, parking: ParkingLot,
                  preload: str | None, report: Callable[[rp.Report], None],
                  step_again: Callable[[], None], spinning: bool = True,
                  before_start: Callable[[rp.Start], None] | None = None,
-                 before_load: Callable[[], None] = lambda: None) -> None:
+                 before_load: Callable[[], None] = lambda: None,
+                 open_session: Callable[[str], Any] | None = None,
+                 clock: Callable[[], float] = time.perf_counter,
+                 sleep: Callable[[float], None] = time.sleep,
+                 token_pace_s: float = 0.0) -> None:
         self._store = store
+        # model id -> a loaded session; the real one (ONNX Runtime) unless a unit test
+        # gives a fake model. ``clock``: what a Token's runner seconds are measured on.
+        self._open_session = open_session or self._open_decoder
+        self._clock = clock
+        self._sleep = sleep
+        # For tests only (runtime/runner_main.py's UNIUN_TEST_TOKEN_PACE_S): a segment's n
+        # tokens take at least n times this many seconds of runner time, so a test's long
+        # job outlasts a slice, a deadline or a chat however fast the machine makes
+        # tokens. 0: off. Paced from (segment start, tokens then) of the active job.
+        self._token_pace_s = token_pace_s
+        self._paced_from = (0.0, 0)
         self._before_load = before_load  # announces the load's silence (RunnerWorker)
         self._before_start = before_start  # test fault hook (runner_main.crash_hook)
         self._threads = threads
@@ -88,6 +105,7 @@ class RunnerJobs:
     def find_orphans(self, spill_dir: Path) -> None:
         """Adopt the spill files a previous runner process left in ``spill_dir``."""
         self._orphans = find_orphans(spill_dir)
+        self._update_stats()  # the heartbeats count them from the first beat
 
     def preload_model(self) -> None:
         """Load the chat model named at start, if any (a failure is logged, not reported)."""
@@ -152,15 +170,10 @@ class RunnerJobs:
             return True
         t0 = time.perf_counter()
         try:
-            from uniun.models.session import DecoderSession  # onnxruntime: loaded on demand
-
             if self.session is not None:
                 self.session.unload()
                 self.session = None
-            path = ensure_model(model_id, self._store)
-            self._before_load()  # parsing the tokenizer holds the GIL: no beats for a while
-            self.session = DecoderSession.load(path, threads=self._threads, model_id=model_id,
-                                               spinning=self._spinning)
+            self.session = self._open_session(model_id)
         except Exception as err:
             logger.exception("loading model {} failed", model_id)
             if report:
@@ -172,13 +185,25 @@ class RunnerJobs:
             self._report(rp.ModelLoaded(model_id=model_id, seconds=seconds))
         return True
 
+    def _open_decoder(self, model_id: str) -> Any:
+        """The model's ONNX session (fetched and converted into the store first if needed)."""
+        from uniun.models.session import DecoderSession  # onnxruntime: loaded on demand
+
+        if self._store is None:
+            raise RuntimeError("no model store to load models from")
+        path = ensure_model(model_id, self._store)
+        self._before_load()  # parsing the tokenizer holds the GIL: no beats for a while
+        return DecoderSession.load(path, threads=self._threads, model_id=model_id,
+                                   spinning=self._spinning)
+
     def _on_start(self, cmd: rp.Start) -> None:
         log = logger.bind(job=cmd.job_id)
         if self._before_start is not None:
             self._before_start(cmd)
         self.park_active(report=True)
         if not self.load(cmd.model_id, report=False):
-            self._report(rp.Failed(job_id=cmd.job_id, message=f"model {cmd.model_id} failed to load"))
+            self._report(rp.Failed(job_id=cmd.job_id,
+                                   message=f"model {cmd.model_id} failed to load"))
             return
         state = self._take_parked(cmd.job_id)
         try:
@@ -202,11 +227,17 @@ class RunnerJobs:
         self._activate(cmd.job_id, gen, cmd.grant, resumed=bool(cmd.tokens))
 
     def _fresh(self, cmd: rp.Start) -> Generation:
-        gen = self.session.start(cmd.prompt, messages=cmd.messages or None,
+        messages = [_message_map(m) for m in cmd.messages] if cmd.messages else None
+        # The job map's extensions only when the job uses them: a session (or a test's
+        # stand-in for one) that predates them still runs every other job.
+        extras = {k: v for k, v in (("logprobs", cmd.logprobs), ("tools", cmd.tools),
+                                    ("tool_choice", cmd.tool_choice),
+                                    ("cache_prompt", cmd.cache_prompt or None))
+                  if v is not None}
+        gen = self.session.start(cmd.prompt, messages=messages,
                                  max_new_tokens=cmd.max_new_tokens, sampling=cmd.sampling,
                                  job_id=cmd.job_id, stop=tuple(cmd.stop), format=cmd.format,
-                                 logprobs=cmd.logprobs, tools=cmd.tools,
-                                 tool_choice=cmd.tool_choice, cache_prompt=cmd.cache_prompt)
+                                 **extras)
         if not cmd.tokens and cmd.seed is None:
             return gen
         progress = gen.progress
@@ -239,7 +270,8 @@ class RunnerJobs:
     def _activate(self, job_id: str, gen: Generation, grant: int, *, resumed: bool) -> None:
         p = gen.progress
         stop_at = len(p.generated_ids) + grant if grant > 0 else None
-        self.active = _Active(job_id, gen, time.perf_counter(), stop_at)
+        self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock)
+        self._paced_from = (self.active.t0, len(p.generated_ids))
         self._update_stats()
         self._report(rp.Started(job_id=job_id, resumed=resumed, prompt_tokens=len(p.prompt_ids),
                                 recomputed=gen.recomputed_tokens, seed=int(p.seed)))
@@ -290,6 +322,8 @@ class RunnerJobs:
             self.active = None
             self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500], seconds=a.lap()))
             return
+        if self._token_pace_s > 0:
+            self._pace(len(a.gen.generated_ids))
         self._report(rp.Token(job_id=a.job_id, seq=ev.seq, token_id=ev.token_id,
                               text=ev.text_delta, seconds=a.lap(),
                               logprobs=self._logprobs(a.gen, ev.logprobs)))
@@ -320,6 +354,14 @@ class RunnerJobs:
             self._shower = (session, token_shower(
                 lambda t: token_bytes(session.tokenizer, vocab, eos, t)))
         return logprobs_record(lp, self._shower[1])
+
+    def _pace(self, generated: int) -> None:
+        """Sleep until this segment's tokens have taken their least runner time (a
+        machine slower than the pace never sleeps; one that was slow for a while catches
+        up before it sleeps again)."""
+        since, tokens0 = self._paced_from
+        due = since + (generated - tokens0) * self._token_pace_s
+        self._sleep(max(0.0, due - self._clock()))
 
     # ---- parking --------------------------------------------------------------------
 
@@ -359,3 +401,12 @@ class RunnerJobs:
         if path is not None:
             path.unlink(missing_ok=True)
         self._update_stats()
+
+
+def _message_map(message: list[str]) -> dict[str, Any]:
+    """A ``Start`` message (``[role, content]`` or ``[role, content, extra JSON]``) as the
+    session's ``{role, content, ...}`` map."""
+    out: dict[str, Any] = {"role": message[0], "content": message[1]}
+    if len(message) > 2:
+        out.update(json.loads(message[2]))
+    return out

@@ -74,7 +74,8 @@ class RunnerWorker(pykka.ThreadingActor):
                  before_start: Callable[[rp.Start], None] | None = None,
                  load_grace_s: float = 0.0,
                  announce_quiet: Callable[[float], None] = lambda _s: None,
-                 before_load: Callable[[], None] | None = None) -> None:
+                 before_load: Callable[[], None] | None = None,
+                 token_pace_s: float = 0.0) -> None:
         super().__init__()
         self._load_grace_s = load_grace_s
         self._announce_supervisor = announce_quiet  # runtime/process.announce_quiet
@@ -87,7 +88,8 @@ class RunnerWorker(pykka.ThreadingActor):
         self._jobs = RunnerJobs(store=store, threads=threads, parking=parking, preload=preload,
                                 report=self._report, spinning=spinning,
                                 step_again=lambda: self.actor_ref.tell(_Step()),
-                                before_start=before_start, before_load=self._before_load)
+                                before_start=before_start, before_load=self._before_load,
+                                token_pace_s=token_pace_s)
         self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
         self._beat_seq = 0  # pump thread increments; the actor reads it
         self._heard_at = time.monotonic()  # pump thread only: last scheduler message

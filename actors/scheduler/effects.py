@@ -21,11 +21,12 @@ from dataclasses import dataclass, field
 from typing import Any, Union
 
 from uniun.actors.observe import Observation
+from uniun.actors.timeline import Mark, Segment
 from uniun.protocol import runner_records as rp
 from uniun.protocol.jobmap import JobSpec
 
 __all__ = ["Effects", "Send", "JournalWrite", "JAccept", "JStarted", "JToken", "JPaused",
-           "JFinish", "JCancelAsked", "JSegment", "JMark", "KEEP_TIMER"]
+           "JFinish", "JCancelAsked", "KEEP_TIMER"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,40 +84,6 @@ class JFinish:
 
 
 @dataclass(frozen=True, slots=True)
-class JSegment:
-    """One stretch of a job's timeline ended (``uniun-runtime trace export`` reads them).
-
-    ``lane`` "run": the job held the runner from ``start`` to ``end`` (unix seconds) and
-    generated ``tokens``; "wait": it waited in tier ``tier`` (the tier it was then
-    dispatched from). ``reason`` says why the stretch ended: preempted, slice, budget,
-    swap, done, cancelled, failed, runner_lost or shutdown for a run; dispatched or
-    cancelled for a wait.
-    """
-
-    job_id: str
-    lane: str
-    kind: str
-    flow: str
-    tier: int
-    model_id: str
-    start: float
-    end: float
-    reason: str
-    tokens: int = 0
-
-
-@dataclass(frozen=True, slots=True)
-class JMark:
-    """An instant on the timeline: preempt, resume, swap, runner_lost, runner_up,
-    scheduler_start (``job_id`` and ``detail`` say for whom and why)."""
-
-    what: str
-    at: float
-    job_id: str | None = None
-    detail: str = ""
-
-
-@dataclass(frozen=True, slots=True)
 class JCancelAsked:
     """A running job's cancel was acknowledged; it ends when the runner stops it.
 
@@ -128,7 +95,8 @@ class JCancelAsked:
     job_id: str
 
 
-JournalWrite = Union[JAccept, JStarted, JToken, JPaused, JFinish, JCancelAsked, JSegment, JMark]
+# The timeline's records (a stretch that ended, an instant) are journal writes as they are.
+JournalWrite = Union[JAccept, JStarted, JToken, JPaused, JFinish, JCancelAsked, Segment, Mark]
 
 
 class _KeepTimer:

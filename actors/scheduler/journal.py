@@ -35,9 +35,10 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
-from typing import Any
+from types import UnionType
+from typing import Any, Literal, Union, get_args, get_origin, get_type_hints
 
 import msgpack
 from loguru import logger
@@ -46,13 +47,12 @@ from uniun.actors.scheduler.effects import (
     JAccept,
     JCancelAsked,
     JFinish,
-    JMark,
     JournalWrite,
     JPaused,
-    JSegment,
     JStarted,
     JToken,
 )
+from uniun.actors.timeline import Mark, Segment
 from uniun.protocol.jobmap import JobSpec, validate_job
 
 __all__ = ["Journal", "JournalEntry", "KEEP_SEGMENTS", "read_timeline"]
@@ -86,29 +86,65 @@ CREATE TABLE IF NOT EXISTS tokens (
     text     TEXT NOT NULL,
     PRIMARY KEY (job_id, seq)
 ) WITHOUT ROWID;
--- The timeline (docs/observability.md): one row per stretch a job ran or waited, written
--- when it ends, and instants (preempt, swap, restarts). Pruned to the newest rows.
-CREATE TABLE IF NOT EXISTS segments (
-    job_id   TEXT NOT NULL,
-    lane     TEXT NOT NULL,        -- run | wait
-    kind     TEXT NOT NULL,
-    flow     TEXT NOT NULL,
-    tier     INTEGER NOT NULL,
-    model_id TEXT NOT NULL,
-    start    REAL NOT NULL,        -- unix seconds
-    end      REAL NOT NULL,
-    reason   TEXT NOT NULL,
-    tokens   INTEGER NOT NULL DEFAULT 0
-);
-CREATE INDEX IF NOT EXISTS segments_end ON segments (end);
-CREATE TABLE IF NOT EXISTS marks (
-    what   TEXT NOT NULL,
-    at     REAL NOT NULL,
-    job_id TEXT,
-    detail TEXT NOT NULL DEFAULT ''
-);
-CREATE INDEX IF NOT EXISTS marks_at ON marks (at);
 """
+
+
+@dataclass(frozen=True)
+class _RecordTable:
+    """A table whose columns are a record's dataclass fields, in order, so a field is
+    spelled once (in :mod:`uniun.actors.timeline`) and the schema, the INSERT and the
+    SELECT follow it. Types: str TEXT, int INTEGER, float REAL (a ``Literal`` of strings
+    is TEXT); ``| None`` makes a column nullable; a field's default is the column's.
+    ``at``: the time column the table is pruned and read by; ``order``: the read order.
+    """
+
+    name: str
+    record: type
+    at: str
+    order: str
+
+    @property
+    def columns(self) -> list[str]:
+        return [f.name for f in fields(self.record)]
+
+    def create(self) -> str:
+        hints = get_type_hints(self.record)
+        cols = [f"{f.name} {_column(hints[f.name], f.default)}" for f in fields(self.record)]
+        return (f"CREATE TABLE IF NOT EXISTS {self.name} ({', '.join(cols)});\n"
+                f"CREATE INDEX IF NOT EXISTS {self.name}_{self.at} ON {self.name} ({self.at});")
+
+    def insert(self) -> str:
+        return f"INSERT INTO {self.name} VALUES ({', '.join('?' * len(self.columns))})"
+
+    def select(self) -> str:
+        return (f"SELECT {', '.join(self.columns)} FROM {self.name} WHERE {self.at} >= ? "
+                f"ORDER BY {self.order}")
+
+    def row(self, record: Any) -> tuple[Any, ...]:
+        return tuple(getattr(record, name) for name in self.columns)
+
+
+_SQL_TYPES = {str: "TEXT", int: "INTEGER", float: "REAL"}
+
+
+def _column(hint: Any, default: Any) -> str:
+    """``TYPE [NOT NULL] [DEFAULT x]`` of a field annotated ``hint``."""
+    args = [a for a in get_args(hint) if a is not type(None)]
+    nullable = get_origin(hint) in (Union, UnionType) and len(args) < len(get_args(hint))
+    if nullable:
+        (hint,) = args
+    if get_origin(hint) is Literal:
+        hint = type(get_args(hint)[0])
+    sql = _SQL_TYPES[hint] + ("" if nullable else " NOT NULL")
+    if default is not MISSING and default is not None:
+        sql += f" DEFAULT {default!r}"
+    return sql
+
+
+# The timeline (docs/observability.md): one row per stretch a job ran or waited, written
+# when it ends, and instants (preempt, swap, restarts). Pruned to the newest rows.
+_SEGMENTS = _RecordTable("segments", Segment, at="end", order="start, rowid")
+_MARKS = _RecordTable("marks", Mark, at="at", order="at, rowid")
 
 
 @dataclass
@@ -148,7 +184,7 @@ class Journal:
         self.synchronous = synchronous
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._flushing = False  # the connection's synchronous is FULL right now
-        self._db.executescript(_SCHEMA)
+        self._db.executescript(_SCHEMA + _SEGMENTS.create() + _MARKS.create())
         columns = {row[1] for row in self._db.execute("PRAGMA table_info(jobs)")}
         if "cancel_asked" not in columns:  # a journal from before the column existed
             self._db.execute("ALTER TABLE jobs ADD COLUMN cancel_asked INTEGER NOT NULL "
@@ -223,21 +259,18 @@ class Journal:
     def _cancel_asked(self, w: JCancelAsked) -> None:
         self._db.execute("UPDATE jobs SET cancel_asked = 1 WHERE job_id = ?", (w.job_id,))
 
-    def _segment(self, w: JSegment) -> None:
-        self._db.execute("INSERT INTO segments VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                         (w.job_id, w.lane, w.kind, w.flow, w.tier, w.model_id, w.start,
-                          w.end, w.reason, w.tokens))
+    def _segment(self, w: Segment) -> None:
+        self._db.execute(_SEGMENTS.insert(), _SEGMENTS.row(w))
 
-    def _mark(self, w: JMark) -> None:
-        self._db.execute("INSERT INTO marks VALUES (?, ?, ?, ?)",
-                         (w.what, w.at, w.job_id, w.detail))
+    def _mark(self, w: Mark) -> None:
+        self._db.execute(_MARKS.insert(), _MARKS.row(w))
 
     def _entry(self, row: tuple[Any, ...], **rules: Any) -> JournalEntry:
         return _entry_of(self._db, row, **rules)
 
     _APPLY: dict[type, Callable[[Journal, Any], None]] = {
         JAccept: _accept, JStarted: _started, JToken: _token, JPaused: _paused,
-        JFinish: _finish, JCancelAsked: _cancel_asked, JSegment: _segment, JMark: _mark,
+        JFinish: _finish, JCancelAsked: _cancel_asked, Segment: _segment, Mark: _mark,
     }
 
     def prune(self) -> None:
@@ -247,7 +280,7 @@ class Journal:
             "DELETE FROM jobs WHERE final IS NOT NULL AND job_id NOT IN ("
             "SELECT job_id FROM jobs WHERE final IS NOT NULL "
             "ORDER BY finished_at DESC LIMIT ?)", (self.keep_done,))
-        for table in ("segments", "marks"):
+        for table in (_SEGMENTS.name, _MARKS.name):
             self._db.execute(f"DELETE FROM {table} WHERE rowid <= "
                              f"(SELECT MAX(rowid) FROM {table}) - ?", (self.keep_segments,))
 
@@ -319,7 +352,7 @@ def _entry_of(db: sqlite3.Connection, row: tuple[Any, ...], *, default_model: st
 
 
 def read_timeline(path: Path, *, since: float | None = None
-                  ) -> tuple[list[JSegment], list[JMark]]:
+                  ) -> tuple[list[Segment], list[Mark]]:
     """The journal's timeline rows (segments that ended, and marks) at or after ``since``
     (unix seconds; None: all kept), oldest first.
 
@@ -331,15 +364,11 @@ def read_timeline(path: Path, *, since: float | None = None
     try:
         tables = {name for (name,) in db.execute(
             "SELECT name FROM sqlite_master WHERE type = 'table'")}
-        if not {"segments", "marks"} <= tables:
+        if not {_SEGMENTS.name, _MARKS.name} <= tables:
             return [], []
         low = -1e300 if since is None else since
-        segments = [JSegment(*row) for row in db.execute(
-            "SELECT job_id, lane, kind, flow, tier, model_id, start, end, reason, tokens "
-            "FROM segments WHERE end >= ? ORDER BY start, rowid", (low,))]
-        marks = [JMark(*row) for row in db.execute(
-            "SELECT what, at, job_id, detail FROM marks WHERE at >= ? ORDER BY at, rowid",
-            (low,))]
+        segments = [Segment(*row) for row in db.execute(_SEGMENTS.select(), (low,))]
+        marks = [Mark(*row) for row in db.execute(_MARKS.select(), (low,))]
         return segments, marks
     finally:
         db.close()

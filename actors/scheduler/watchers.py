@@ -20,8 +20,9 @@ import dataclasses
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from uniun.actors.scheduler.effects import JMark, JSegment, Send
+from uniun.actors.scheduler.effects import Send
 from uniun.actors.scheduler.status import HIDDEN
+from uniun.actors.timeline import Mark, Segment
 from uniun.protocol import messages as m
 
 __all__ = ["Watchers", "WATCH_STATUS_S"]
@@ -59,14 +60,14 @@ class Watchers:
         if not self._owners:
             self.due = None
             return []
-        records = [w for w in writes if isinstance(w, (JSegment, JMark))]
+        records = [w for w in writes if isinstance(w, (Segment, Mark))]
         events: dict[str | None, dict[str, Any]] = {}
         if records:
             for owner in set(self._owners.values()):
                 seen = [_fields(w, owner, job_owner) for w in records]
                 events[owner] = m.event_state(
-                    segments=[f for f, w in zip(seen, records) if isinstance(w, JSegment)],
-                    marks=[f for f, w in zip(seen, records) if isinstance(w, JMark)])
+                    segments=[f for f, w in zip(seen, records) if isinstance(w, Segment)],
+                    marks=[f for f, w in zip(seen, records) if isinstance(w, Mark)])
         out = [Send(conn, events[owner]) for conn, owner in self._owners.items() if events]
         if changes == self._pushed_changes:
             self.due = None

@@ -32,6 +32,7 @@ from uniun.actors.policy import (
 )
 from uniun.actors.sim.timeline import SimTimeline
 from uniun.actors.sim.trace import Cancel, Foreground, Lifecycle, Submit, TraceEvent
+from uniun.actors.timeline import preempt_mark
 
 # A trace that still has work this long after its last line has a policy that never
 # finishes it: stop and count what is left as lost.
@@ -193,8 +194,7 @@ class Simulation:
         if isinstance(decision, Run):
             self._start(decision)
         elif isinstance(decision, Preempt):
-            self.timeline.mark("preempt", decision.running_job_id, decision.reason + (
-                f" for {decision.for_job_id}" if decision.for_job_id else ""), self.now)
+            self.timeline.mark(preempt_mark(decision, self.now))
             self._request_stop("pause", decision.reason)
         else:
             assert isinstance(decision, Idle)

@@ -156,7 +156,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--submits", type=int, default=10_000)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--out", type=Path, default=Path("bench-results/burst.json"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/chat-ttft-burst.json"))
     args = parser.parse_args(argv)
     result = run(args.model, args.submits, args.reps,
                  lambda line: print(line, file=sys.stderr, flush=True))

@@ -7,7 +7,7 @@ pool's overhead and its scaling over two workers are visible.
 
 The pool runs as a private side pool (``--private``: it does not publish
 ``run/embed.endpoint``) on its own socket, so a running runtime is not disturbed.
-Results go to ``bench-results/embed.json``.
+Results go to ``bench/results/embed-pool-throughput.json``.
 """
 
 from __future__ import annotations
@@ -45,7 +45,7 @@ def corpus(count: int, *, seed: int = 7) -> list[str]:
 def run(results_dir: Path | None = None, *, workers: int = 2, requests: int = 48,
         texts_per_request: int = 8, latency_samples: int = 20,
         start_timeout_s: float = 300.0) -> dict[str, Any]:
-    """Measure and write ``<results_dir>/embed.json``; returns the same dict.
+    """Measure and write ``<results_dir>/embed-pool-throughput.json``; returns the same dict.
 
     ``texts_per_request`` texts per ``embed`` request, ``requests`` of them sent at once
     (the queue bound is set so none is refused): throughput = texts / wall time from the
@@ -54,7 +54,7 @@ def run(results_dir: Path | None = None, *, workers: int = 2, requests: int = 48
     from uniun.models.embedding import EmbeddingSession
     from uniun.protocol.embed_client import EmbedClient, EmbedUnavailable
 
-    results_dir = Path(results_dir) if results_dir is not None else Path("bench-results")
+    results_dir = Path(results_dir) if results_dir is not None else Path("bench/results")
     texts = corpus(requests * texts_per_request)
     batches = [texts[i::requests] for i in range(requests)]
     with tempfile.TemporaryDirectory(prefix="uniun-eb-") as tmp:
@@ -108,7 +108,7 @@ def run(results_dir: Path | None = None, *, workers: int = 2, requests: int = 48
         "when": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
     }
     results_dir.mkdir(parents=True, exist_ok=True)
-    (results_dir / "embed.json").write_text(json.dumps(result, indent=2) + "\n")
+    (results_dir / "embed-pool-throughput.json").write_text(json.dumps(result, indent=2) + "\n")
     return result
 
 

@@ -8,8 +8,9 @@ work's). Then, as a buggy or hostile local program would:
 
 1. a chat client (a raw DEALER speaking protocol v1 maps) measures its time to first
    token with the runtime idle;
-2. a **flooder** in a process of its own connects one DEALER and sends ``N`` ``status``
-   requests as fast as ZeroMQ takes them, and never reads a reply;
+2. a **flooder** in a process of its own connects one DEALER and sends ``status``
+   requests as fast as ZeroMQ takes them (at least ``N``, and on until the chats are
+   timed), and never reads a reply;
 3. while it floods, the chat client measures its time to first token again, and the
    scheduler's RSS is sampled;
 4. the flooder is killed (its connection drops), and a new client's ``status`` is timed
@@ -42,15 +43,21 @@ CONFIG = ('[models]\nchat_model = "{model}"\n'
           "[producers]\nextract = false\nnataraj = false\ngana = false\n"
           "background_gana = false\n[http]\nport = 0\n")
 WAIT_S = 300.0
+# Sends status requests as fast as ZeroMQ takes them, never reads a reply: at least
+# argv[2] of them, and on until its stdin closes (so every chat is timed during the
+# flood); prints how many it sent, then stays connected until killed.
 FLOODER = """
-import sys, msgpack, zmq
+import select, sys, msgpack, zmq
 ctx = zmq.Context()
 sock = ctx.socket(zmq.DEALER)
 sock.connect(sys.argv[1])
-for i in range(int(sys.argv[2])):
-    sock.send(msgpack.packb({"v": 1, "type": "status", "id": f"f{i}"}))
-print("sent", flush=True)
-sys.stdin.read()  # stay connected, never read a reply, until killed
+i, least = 0, int(sys.argv[2])
+while i < least or not select.select([sys.stdin], [], [], 0)[0]:
+    for _ in range(1000):
+        sock.send(msgpack.packb({"v": 1, "type": "status", "id": f"f{i}"}))
+        i += 1
+print(i, flush=True)
+sys.stdin.read()
 """
 
 
@@ -152,8 +159,10 @@ def run(model: str, requests: int, chats: int, log: Callable[[str], None]) -> di
             flooded = [_ttft(client, _chat(model))[0] for _ in range(chats)]
             log(f"flood: chat TTFT during the flood p50 {statistics.median(flooded):.3f}s "
                 f"(max {max(flooded):.3f}s)")
-            assert flooder.stdout is not None
-            sent_all = flooder.poll() is None and flooder.stdout.readline().strip() == "sent"
+            assert flooder.stdin is not None and flooder.stdout is not None
+            flooder.stdin.write("stop\n")  # a line, not EOF: it stays connected
+            flooder.stdin.flush()
+            sent = int(flooder.stdout.readline().strip() or 0)
             peak = rss.stop()
             flooder.send_signal(signal.SIGKILL)
             flooder.wait()
@@ -168,7 +177,7 @@ def run(model: str, requests: int, chats: int, log: Callable[[str], None]) -> di
             log(f"flood: next batch chosen in {picks} ms (by requests pending)")
             return {"requests": requests, "chats": chats, "model": model,
                     "batch_pick_ms_by_pending": picks,
-                    "flooder_sent_all": sent_all,
+                    "flood_requests_sent": sent,
                     "idle_ttft_s": [round(t, 4) for t in idle],
                     "flood_ttft_s": [round(t, 4) for t in flooded],
                     "idle_ttft_p50_s": statistics.median(idle),
@@ -196,7 +205,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="smollm2-135m-instruct")
     parser.add_argument("--requests", type=int, default=300_000)
     parser.add_argument("--chats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=Path("bench-results/flood.json"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results/chat-ttft-front-flood.json"))
     args = parser.parse_args(argv)
     result = run(args.model, args.requests, args.chats,
                  lambda line: print(line, file=sys.stderr, flush=True))

@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dir", type=Path, default=None,
                         help="where the homes go (default: the home folder, ~)")
     parser.add_argument("--out", type=Path,
-                        default=Path("bench-results/journal-sync-submit-throughput.json"))
+                        default=Path("bench/results/journal-sync-submit-throughput.json"))
     args = parser.parse_args(argv)
     result = run(submits=args.submits, singles=args.singles, reps=args.reps, model=args.model,
                  base=args.dir, log=lambda line: print(line, file=sys.stderr, flush=True))

@@ -18,7 +18,7 @@ from rich.table import Table
 
 from uniun.runtime.config import DEFAULT_CHAT_MODEL
 
-DEFAULT_OUT = Path("bench-results") / "bench.json"
+DEFAULT_OUT = Path("bench/results") / "e2e.json"
 ABLATIONS = {  # one mechanism of docs/device.md off at a time
     "no_yield_signal": "[device]\nyield_signal = false\n",
     "no_os_priority": "[device]\nbackground_priority = \"none\"\n",
@@ -26,7 +26,7 @@ ABLATIONS = {  # one mechanism of docs/device.md off at a time
     "none": "[device]\nyield_signal = false\nbackground_priority = \"none\"\n"
             "thread_budget = false\n",
 }
-DEFAULT_PEER_OUT = Path("bench-results") / "bench-peer.json"
+DEFAULT_PEER_OUT = "bench/results/peer-llamacpp-MODEL.json"  # MODEL: --model
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -37,7 +37,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "job generates, chat -> background paused, background completeness, "
                     "runner restart after SIGKILL, chat TTFT over HTTP against the front, "
                     "constrained decoding cost, plus the model and policy benchmarks. "
-                    "Medians over --reps. Writes JSON (default bench-results/bench.json).")
+                    f"Medians over --reps. Writes JSON (default {DEFAULT_OUT}).")
     parser.add_argument("--model", default=DEFAULT_CHAT_MODEL,
                         help=f"model id (default {DEFAULT_CHAT_MODEL})")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (default 5)")
@@ -98,7 +98,7 @@ def register(sub: argparse._SubParsersAction) -> None:
                          help="instead of the end-to-end bench: penalties vs llama.cpp, "
                               "chat loops with the chat defaults, resume exactness, logprobs, "
                               "their decode cost, tool calls; one JSON file each in --out "
-                              "(a folder, default bench-results)")
+                              "(a folder, default bench/results)")
     dialect.add_argument("--measures", default=None, metavar="M,M",
                          help="which of them (default all): penalties-vs-llamacpp, "
                               "chat-loops, resume-identical, logprobs-top1, decode-cost, "

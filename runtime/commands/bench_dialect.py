@@ -32,9 +32,12 @@ def run_dialect(args: argparse.Namespace) -> int:
         print(f"uniun-runtime: unknown measure {bad[0]!r} (known: {', '.join(MEASURES)})",
               file=sys.stderr)
         return 2
-    out_dir = args.out or Path("bench-results")
+    out_dir = args.out or Path("bench/results")
     out_dir.mkdir(parents=True, exist_ok=True)
-    log = lambda m: print(m, file=sys.stderr)
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr)
+
     try:
         from uniun.models.session import DecoderSession
         from uniun.runtime.commands.bench_peer import _model_and_gguf

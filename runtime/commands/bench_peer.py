@@ -47,7 +47,7 @@ def run_peer(args: argparse.Namespace) -> int:
         print("uniun-runtime: bench --peer needs --rounds >= 1 and --threads >= 1",
               file=sys.stderr)
         return 2
-    out = args.out or Path("bench-results") / "bench-peer.json"
+    out = args.out or Path("bench/results") / f"peer-llamacpp-{args.model}.json"
     try:
         python = peer_python(args.peer_python)  # first: the cheapest thing to be missing
         model_dir, gguf = _model_and_gguf(args)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from uniun.runtime.config import DEFAULT_CHAT_MODEL
 
-DEFAULT_OUT = Path("bench-results") / "swaps.json"
+DEFAULT_OUT = Path("bench/results") / "swaps-multi-model.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:

@@ -40,7 +40,7 @@ def register_models(sub: argparse._SubParsersAction) -> None:
     bench.add_argument("model_id")
     bench.add_argument("--json", action="store_true", help="print one JSON object")
     bench.add_argument("--out", type=Path, default=None,
-                       help="result file (default bench-results/models-<id>.json)")
+                       help="result file (default bench/results/models-bench-<id>.json)")
     bench.add_argument("--threads", type=int, default=2)
     bench.add_argument("--reps", type=int, default=3, help="repetitions per figure (best kept)")
     bench.add_argument("--replay", choices=("auto", "exact", "batched"), default="auto",
@@ -133,7 +133,7 @@ def _bench(args: argparse.Namespace) -> int:
     spinning = None if args.spinning is None else args.spinning == "on"
     result = run_bench(model_dir, threads=args.threads, reps=max(1, args.reps),
                        replay=args.replay, spinning=spinning, log=log)
-    out = args.out or Path("bench-results") / f"models-{args.model_id}.json"
+    out = args.out or Path("bench/results") / f"models-bench-{args.model_id}.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     if args.json:

@@ -44,17 +44,11 @@ def make_runtime(tmp_path: Path, tiny_model: str) -> Iterator[Callable[..., Runt
 
 
 @pytest.fixture(scope="session")
-def reference_done(runtime: Runtime) -> dict:
-    """The ``done`` of ``long_job`` run alone and uninterrupted: its greedy text (any kind:
-    the text depends only on the model and the prompt) and how long it took here."""
+def reference(runtime: Runtime) -> str:
+    """The greedy text of ``long_job`` run alone and uninterrupted (any kind: it depends
+    only on the model and the prompt)."""
     w = runtime.wire()
     assert w.submit(long_job("reference", "nataraj"))["type"] == "accepted"
     done = w.end("reference")
     assert done["type"] == "done" and done["preemptions"] == 0
-    return done
-
-
-@pytest.fixture(scope="session")
-def reference(reference_done: dict) -> str:
-    """The greedy text of ``long_job``, run alone and uninterrupted."""
-    return reference_done["text"]
+    return done["text"]

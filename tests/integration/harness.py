@@ -6,7 +6,9 @@ raw protocol maps, a log of every message in arrival order) so tests can assert 
 order of events across jobs and send malformed frames; tests that need reconnects use
 the product's :class:`~uniun.protocol.client.Client`.
 
-Every wait is generous (a loaded 2-core machine is slow); nothing asserts on timing.
+Every wait is generous (a loaded 2-core machine is slow); nothing asserts on timing. A
+long job is long by its token count at a fixed least pace per token (``TOKEN_PACE_S``),
+so a fast machine cannot finish it before the test has preempted, cancelled or killed it.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import zmq
 
 from tests.wait import WAIT_S, wait_for
 from uniun.protocol.curve import ClientCurve
+from uniun.runtime.runner_main import TOKEN_PACE_ENV
 
 BASE_CONFIG = """\
 [models]
@@ -52,11 +55,19 @@ stop_grace_s = 6
 
 
 PROMPT = "hello world"
-LONG = 2500  # tokens: seconds on the tiny model, so there is time to preempt it
+# Every runtime a test starts makes at most one token per this many seconds (the runner's
+# test hook, runtime/runner_main.py TOKEN_PACE_ENV): the tiny model alone makes a token
+# in a fraction of a millisecond on a fast machine, and a job that has to outlast a
+# slice, a deadline or a chat must do so by its token count, not by the machine being
+# slow. Where the machine is slower than the pace, the pace costs nothing.
+TOKEN_PACE_S = 0.001
+LONG = 2500  # tokens: at least LONG_MIN_S of runner time, so there is time to preempt it
+LONG_MIN_S = LONG * TOKEN_PACE_S
 
 
 def long_job(job_id: str, kind: str, **extra: Any) -> dict[str, Any]:
-    """A background job long enough to be preempted, cancelled or killed mid-way."""
+    """A background job long enough to be preempted, cancelled or killed mid-way (it runs
+    at least LONG_MIN_S on any machine)."""
     return {"job_id": job_id, "kind": kind, "prompt": PROMPT, "max_new_tokens": LONG, **extra}
 
 
@@ -159,6 +170,7 @@ class Runtime:
         # Just the two processes under test: producers and the embedding pool would add
         # jobs and CPU load of their own (they have their own end-to-end tests).
         self.env = dict(os.environ, UNIUN_HOME=str(home), UNIUN_CHILDREN="scheduler,runner")
+        self.env[TOKEN_PACE_ENV] = str(TOKEN_PACE_S)  # a test that needs another sets it
         self.proc: subprocess.Popen[bytes] | None = None
         self.endpoint = f"ipc://{home / 'run' / 'front.sock'}"
         self.curve: ClientCurve | None = None  # keys for a tcp front with CURVE

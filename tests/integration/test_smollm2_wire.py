@@ -12,6 +12,8 @@ from collections.abc import Iterator
 
 import pytest
 
+from uniun.runtime.runner_main import TOKEN_PACE_ENV
+
 from .harness import Runtime, Wire, assert_gap_free, tokens_of, wait_tokens
 
 pytestmark = [pytest.mark.integration, pytest.mark.smollm2]
@@ -34,9 +36,17 @@ stop_grace_s = 6
 STORY = {"kind": "extract", "max_new_tokens": 64,
          "messages": [{"role": "user", "content": "Recite the months of the year."}]}
 
+# SmolLM2 makes a token in milliseconds on a fast machine, and STORY is about 60 tokens:
+# at this least pace the story lasts over a second, time for a chat to land in it and for
+# a kill to hit it mid-way, however fast the machine.
+STORY_PACE_S = 0.02
+
+
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory: pytest.TempPathFactory, smollm2: str) -> Iterator[Runtime]:
-    runtime = Runtime(tmp_path_factory.mktemp("rt-smollm2"), CONFIG).start()
+    runtime = Runtime(tmp_path_factory.mktemp("rt-smollm2"), CONFIG)
+    runtime.env[TOKEN_PACE_ENV] = str(STORY_PACE_S)
+    runtime.start()
     try:
         yield runtime
     finally:

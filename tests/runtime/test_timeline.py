@@ -9,14 +9,14 @@ import sys
 from pathlib import Path
 
 from tests import REPO
-from uniun.actors.scheduler.effects import JMark, JSegment
+from uniun.actors.timeline import Mark, Segment
 from uniun.runtime.commands.trace import parse_since
 from uniun.runtime.timeline import RUNNER_TID, chrome_trace, run_segments, trace_problems
 
 
-def seg(job: str, lane: str, tier: int, start: float, end: float, reason: str) -> JSegment:
+def seg(job: str, lane: str, tier: int, start: float, end: float, reason: str) -> Segment:
     kind = "chat" if tier == 0 else "nataraj"
-    return JSegment(job, lane, kind, kind, tier, "m", start, end, reason, 4)
+    return Segment(job, lane, kind, kind, tier, "m", start, end, reason, 4)
 
 
 PREEMPTION = [seg("bg", "wait", 4, 100.0, 100.1, "dispatched"),
@@ -25,9 +25,9 @@ PREEMPTION = [seg("bg", "wait", 4, 100.0, 100.1, "dispatched"),
               seg("chat", "run", 0, 102.0, 102.5, "done"),
               seg("bg", "wait", 4, 102.0, 102.5, "dispatched"),
               seg("bg", "run", 4, 102.5, 104.0, "done")]
-MARKS = [JMark("preempt", 101.95, "bg", "preempted for chat"),
-         JMark("resume", 102.5, "bg", "T4 after 10 tokens"),
-         JMark("runner_lost", 105.0, None, "killed")]
+MARKS = [Mark("preempt", 101.95, "bg", "preempted for chat"),
+         Mark("resume", 102.5, "bg", "T4 after 10 tokens"),
+         Mark("runner_lost", 105.0, None, "killed")]
 
 
 def threads(trace: dict) -> dict[int, str]:

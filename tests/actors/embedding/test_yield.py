@@ -63,9 +63,15 @@ def _work(back, rid: int, texts: list[str]) -> None:
                                                       "texts": texts})])
 
 
-def _result(back) -> dict:
-    assert back.poll(60_000), "no result"
-    return msgpack.unpackb(back.recv_multipart()[1])
+def _result(back, progress: list | None = None) -> dict:
+    """The next result; the progress messages before it go to ``progress``."""
+    while True:
+        assert back.poll(60_000), "no result"
+        msg = msgpack.unpackb(back.recv_multipart()[1])
+        if msg["type"] != "progress":
+            return msg
+        if progress is not None:
+            progress.append(msg)
 
 
 def test_a_request_accepted_during_a_chat_starts_after_it(tmp_path) -> None:
@@ -81,10 +87,13 @@ def test_a_request_accepted_during_a_chat_starts_after_it(tmp_path) -> None:
         time.sleep(0.5)  # room for a worker that does not yield to start (and be caught)
         chat_running[0] = False
         pub.set(False)  # the chat ended
-        got = _result(back)
+        progress: list = []
+        got = _result(back, progress)
         assert got["type"] == "result" and got["rid"] == 1
         assert session.starts == [False, False]  # no batch started while the chat ran
         assert got["waited_s"] > 0  # and its wait is reported
+        assert (got["batches"], got["pauses"], got["pauses_within"]) == (2, 1, 0)
+        assert {"rid": 1, "batches_done": 0, "paused": True, "type": "progress"} in progress
     finally:
         stop.set()
         thread.join(10)
@@ -118,8 +127,13 @@ def test_the_running_batch_is_the_last_until_the_chat_ends(tmp_path) -> None:
         assert len(session.starts) == 1
         chat_running[0] = False
         pub.set(False)
-        got = _result(back)
+        progress: list = []
+        got = _result(back, progress)
         assert got["rid"] == 7 and session.starts == [False, False, False]
+        # It paused after the first of its three batches, and told the pool so.
+        assert (got["batches"], got["pauses"], got["pauses_within"]) == (3, 1, 1)
+        assert [(p["batches_done"], p["paused"]) for p in progress] == [
+            (1, False), (1, True), (2, False)]
     finally:
         stop.set()
         thread.join(10)

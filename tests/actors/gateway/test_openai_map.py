@@ -175,3 +175,14 @@ def test_a_job_id_that_is_not_a_short_string_is_400(job_id: object) -> None:
     with pytest.raises(ApiError) as err:
         om.chat_job(body, default_max_tokens=8, now=0.0)
     assert err.value.status == 400 and err.value.param == "uniun.job_id"
+
+
+def test_a_refusal_for_load_carries_the_runtimes_retry_hint_in_whole_seconds() -> None:
+    from uniun.actors.gateway.errors import from_protocol
+
+    assert from_protocol("queue_full", "busy", retry_after_s=2.2).headers() == {
+        "Retry-After": "3"}
+    assert from_protocol("queue_full", "busy", retry_after_s=0.05).headers() == {
+        "Retry-After": "1"}
+    assert from_protocol("queue_full", "busy").headers() == {"Retry-After": "1"}
+    assert from_protocol("invalid_field", "no").headers() == {}

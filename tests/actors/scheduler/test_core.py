@@ -2,17 +2,17 @@
 
 A :class:`SchedulerCore` on a fake clock is fed what its host would feed it (client
 requests, runner reports, the runner coming and going) and the Effects it returns are
-what a client or the runner would receive. The fake runner (``core_driver.py``) answers
-like the runner process (``actors/runner/jobs.py``); the end-to-end versions of these scenarios live in
-``tests/integration/``.
+what a client or the runner would receive. The runner is the runner process's own job
+bookkeeping (``actors/runner/jobs.py``) over a fake model (``driver.py``); the
+end-to-end versions of these scenarios live in ``tests/integration/``.
 """
 
 from __future__ import annotations
 
-from tests.actors.scheduler.core_driver import (
+from tests.actors.runner.fake_session import texts
+from tests.actors.scheduler.driver import (
     MODEL,
     Driver,
-    FakeRunner,
     commands,
     entry,
     msgs,
@@ -25,10 +25,6 @@ from uniun.protocol import requests as rq
 from uniun.protocol import runner_records as rp
 
 A, B, C = b"client-a", b"client-b", b"client-c"
-
-
-def texts(n: int, start: int = 0) -> str:
-    return "".join(text_of(s) for s in range(start, n))
 
 
 def seqs(events: list[dict]) -> list[int]:
@@ -59,7 +55,7 @@ def test_failover_requeues_a_non_chat_job_and_the_next_runner_continues_after_it
     assert msgs(down) == [] and down.journal == []  # no end: the job waits for a runner
     assert d.core.policy.status()["queues"]["T4"] == ["bg"]
 
-    up = d.up(FakeRunner(pid=2, model_id=None))
+    up = d.up(pid=2, model_id=None)
     load, start = up.commands
     assert load == rp.Load(model_id=MODEL)
     assert isinstance(start, rp.Start) and start.job_id == "bg"
@@ -83,7 +79,7 @@ def test_failover_ends_a_running_chat_with_a_retryable_runner_failed_and_never_r
     assert end["retryable"] is True
     assert [w.job_id for w in down.journal if isinstance(w, JFinish)] == ["talk"]
 
-    up = d.up(FakeRunner(pid=2))
+    up = d.up(pid=2)
     assert commands(up) == []  # nothing to run: the chat is not silently re-run
     assert d.run().sends == []
     assert terminal(d, A, "talk") == [end]
@@ -289,10 +285,10 @@ def test_replay_ends_a_started_chat_retryable_and_resumes_a_non_chat_after_its_t
 def test_runner_up_drops_jobs_the_core_does_not_know_and_resumes_one_it_holds_exactly() -> None:
     d = Driver(entries=[entry("kept", "nataraj", 3, max_new_tokens=6)])
     d.attach(A, "kept", after_seq=2)
-    up = d.up(FakeRunner().hold("kept", 3, max_new_tokens=6).hold("stray", 5))
+    up = d.spilled("kept", 3, max_new_tokens=6).spilled("stray", 5).up()
     assert commands(up) == [rp.Drop(job_id="stray"), rp.Resume(job_id="kept", generated=3)]
     d.run()
-    assert "stray" not in d.runner.records
+    assert not d.runner.holds("stray")
     [started] = [e for e in d.told(A, "kept") if e["type"] == "started"]
     assert started["resumed"] is True
     assert terminal(d, A, "kept")[0]["text"] == texts(6)
@@ -300,14 +296,14 @@ def test_runner_up_drops_jobs_the_core_does_not_know_and_resumes_one_it_holds_ex
 
 def test_runner_up_holding_a_job_at_another_count_gets_a_full_start() -> None:
     d = Driver(entries=[entry("kept", "nataraj", 3, max_new_tokens=6)])
-    [start] = commands(d.up(FakeRunner().hold("kept", 5)))
+    [start] = commands(d.spilled("kept", 5).up())
     assert isinstance(start, rp.Start) and start.tokens == [token_id(s) for s in range(3)]
 
 
 def test_a_job_the_new_runner_holds_at_another_count_is_dropped_there_when_cancelled() -> None:
     d = Driver(entries=[entry("busy", "nataraj", 0, max_new_tokens=50),
                         entry("kept", "nataraj", 3, max_new_tokens=6)])
-    d.up(FakeRunner().hold("kept", 5))  # "busy" runs first; "kept" waits
+    d.spilled("kept", 5).up()  # "busy" runs first; "kept" waits
     assert commands(d.cancel(A, "kept")) == [rp.Drop(job_id="kept")]
 
 
@@ -315,7 +311,7 @@ def test_a_resume_the_runner_cannot_honour_becomes_a_start_and_the_runner_holds_
     d = started_job("nataraj", "n", 2, max_new_tokens=10)
     d.submit(B, "chat1", "chat", max_new_tokens=1)
     d.deliver()
-    del d.runner.records["n"]  # the runner lost its record of the parked job
+    d.runner.lot.discard("n")  # the runner lost its record of the parked job
     d.step()  # chat1 ends
     d.deliver()  # Resume of n -> Unknown -> Start with the streamed tokens
     d.step()
@@ -326,10 +322,10 @@ def test_a_resume_the_runner_cannot_honour_becomes_a_start_and_the_runner_holds_
     # Parked again, then cancelled while it waits: the runner must forget it too.
     d.submit(B, "chat2", "chat", max_new_tokens=50)
     d.deliver()
-    assert d.runner.active == "chat2" and "n" in d.runner.records
+    assert d.runner.active == "chat2" and d.runner.holds("n")
     assert commands(d.cancel(A, "n")) == [rp.Drop(job_id="n")]
     d.deliver()
-    assert "n" not in d.runner.records
+    assert not d.runner.holds("n")
 
 
 # ---- poison ---------------------------------------------------------------------------
@@ -339,13 +335,13 @@ def test_a_job_running_at_three_runner_deaths_in_a_row_is_dead_lettered_as_poiso
     d = started_job("nataraj", "bad", 4, max_new_tokens=10)
     d.down("killed")  # 1: it was running, 4 tokens streamed
     for pid in (2, 3):  # each new runner is told to run it and dies before a token
-        assert isinstance(commands(d.up(FakeRunner(pid=pid)))[-1], rp.Start)
+        assert isinstance(commands(d.up(pid=pid))[-1], rp.Start)
         d.deliver()  # Started, and it dies before a token
         down = d.down("killed")
     [end] = terminal(d, A, "bad")
     assert end["type"] == "error" and end["code"] == "poisoned" and end["retryable"] is False
     assert [w.job_id for w in down.journal if isinstance(w, JFinish)] == ["bad"]
-    up = d.up(FakeRunner(pid=4))
+    up = d.up(pid=4)
     assert not any(isinstance(c, rp.Start) for c in commands(up))  # not run again
     assert [p["job_id"] for p in _status(d)["poisoned"]] == ["bad"]
 
@@ -354,11 +350,11 @@ def test_runner_deaths_with_tokens_in_between_are_not_poison() -> None:
     d = started_job("nataraj", "ok", 2, max_new_tokens=40)
     for pid in (2, 3, 4):
         d.down("killed")
-        d.up(FakeRunner(pid=pid))
+        d.up(pid=pid)
         d.deliver()
         d.step(2)  # the job makes progress on every new runner
     d.down("killed")
-    d.up(FakeRunner(pid=5))
+    d.up(pid=5)
     d.run()
     [done] = terminal(d, A, "ok")
     assert done["type"] == "done" and done["text"] == texts(40)
@@ -382,7 +378,7 @@ def test_a_cancel_acknowledged_before_a_scheduler_restart_ends_the_job_cancelled
     again = Driver(entries=[e])
     [finish] = again.history[0].journal
     assert isinstance(finish, JFinish) and finish.final["code"] == "cancelled"
-    up = again.up(FakeRunner().hold("asked", 2))
+    up = again.spilled("asked", 2).up()
     assert commands(up) == [rp.Drop(job_id="asked")]
     told = msgs(again.attach(A, "asked"), A)
     assert told[0]["state"] == "ended" and told[-1] == finish.final

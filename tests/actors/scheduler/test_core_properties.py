@@ -20,9 +20,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from loguru import logger
 
-from tests.actors.scheduler.core_driver import (
+from tests.actors.scheduler.driver import (
+    TOO_LONG,
     Driver,
-    FakeRunner,
     assert_persisted_before_told,
     entry,
     text_of,
@@ -51,7 +51,7 @@ def errors() -> Iterator[list[str]]:
 def finish(d: Driver) -> None:
     """Let the runner (a fresh one if it is dead) work until every job has ended."""
     if d.runner is None:
-        d.up(FakeRunner(pid=99))
+        d.up(pid=99)
     for _ in range(200):
         d.run()
         if not d.core.jobs.live:
@@ -99,7 +99,7 @@ def check_run(d: Driver, errors: list[str]) -> None:
 def test_a_scripted_run_through_every_path_persists_before_telling(errors: list[str]) -> None:
     d = Driver(config=CONFIG, entries=[entry("old-chat", "chat", 2),
                                        entry("old-bg", "nataraj", 3, max_new_tokens=8)])
-    d.up(FakeRunner().hold("old-bg", 3, max_new_tokens=8).hold("stray", 1))
+    d.spilled("old-bg", 3, max_new_tokens=8).spilled("stray", 1).up()
     d.attach(B, "old-chat")
     d.attach(B, "old-bg", after_seq=1)
     d.deliver()
@@ -115,8 +115,9 @@ def test_a_scripted_run_through_every_path_persists_before_telling(errors: list[
     d.cancel(B, "gana")
     d.attach(B, "bg", after_seq=-1)
     d.down("killed")                                     # fails over; kills the chat
-    d.up(FakeRunner(pid=2, model_id=None, fail={"doomed"}))
-    d.submit(A, "doomed", "gana", max_new_tokens=3)      # the runner cannot run it
+    d.up(pid=2, model_id=None)
+    d.submit(A, "doomed", "gana", max_new_tokens=3,      # the runner cannot run it
+             prompt=TOO_LONG)
     d.run(4)
     running = d.core.policy.running
     assert running is not None
@@ -158,7 +159,6 @@ def play(actions: list[tuple]) -> Driver:
     """One random run: the actions in order, then every job left runs to its end."""
     d = Driver(config=CONFIG, queue_cap=5)
     d.up()
-    spilled: dict = {}
     for op, *args in actions:
         if op == "submit":
             n, kind, tokens, flow, other_model, stream = args
@@ -172,13 +172,9 @@ def play(actions: list[tuple]) -> Driver:
             d.request(B, rq.Foreground("fg", args[0]))
         elif op == "kill" and d.runner is not None:
             # With args[0], its parked snapshots were spilled and the next runner has them.
-            spilled = {j: h for j, h in d.runner.records.items()
-                       if args[0] and j != d.runner.active}
-            d.down("killed")
+            d.down("killed", spill=args[0])
         elif d.runner is None:  # the supervisor brings a new runner up
-            runner = FakeRunner(pid=len(d.history), model_id=None)
-            runner.records, spilled = spilled, {}
-            d.up(runner)
+            d.up(pid=len(d.history), model_id=None)
         elif op == "step":
             d.step(args[0])
         elif op == "deliver":

@@ -11,22 +11,23 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tests.actors.scheduler.core_driver import Driver, assert_persisted_before_told
+from tests.actors.scheduler.driver import Driver, assert_persisted_before_told
 from uniun.actors.metrics import MetricSink
 from uniun.actors.observe import Count, Level, Sample
-from uniun.actors.scheduler.effects import Effects, JMark, JSegment
+from uniun.actors.scheduler.effects import Effects
+from uniun.actors.timeline import Mark, Segment
 from uniun.protocol import requests as rq
 
 A, B = b"client-a", b"client-b"
 
 
-def segments(d: Driver, lane: str | None = None) -> list[JSegment]:
+def segments(d: Driver, lane: str | None = None) -> list[Segment]:
     return [w for fx in d.history for w in fx.journal
-            if isinstance(w, JSegment) and (lane is None or w.lane == lane)]
+            if isinstance(w, Segment) and (lane is None or w.lane == lane)]
 
 
-def marks(d: Driver) -> list[JMark]:
-    return [w for fx in d.history for w in fx.journal if isinstance(w, JMark)]
+def marks(d: Driver) -> list[Mark]:
+    return [w for fx in d.history for w in fx.journal if isinstance(w, Mark)]
 
 
 def observations(d: Driver) -> list:

@@ -4,13 +4,13 @@ when it changed and at most every interval, other keys' job ids hidden."""
 from __future__ import annotations
 
 from tests.actors.policy.harness import FakeClock
-from uniun.actors.scheduler.effects import JMark, JSegment
 from uniun.actors.scheduler.status import HIDDEN
 from uniun.actors.scheduler.watchers import Watchers
+from uniun.actors.timeline import Mark, Segment
 
 W, V = b"watcher-w", b"watcher-v"
-MARK = JMark("preempt", 5.0, "bg-1", "preempted for chat-7")
-SEGMENT = JSegment("chat-7", "run", "chat", "chat", 0, "m", 1.0, 2.0, "done", 5)
+MARK = Mark("preempt", 5.0, "bg-1", "preempted for chat-7")
+SEGMENT = Segment("chat-7", "run", "chat", "chat", 0, "m", 1.0, 2.0, "done", 5)
 
 
 def status(owner: str | None) -> dict:
