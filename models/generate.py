@@ -145,10 +145,13 @@ class Generation:
                  else self.sampler.pick(logits, len(self.progress.generated_ids)))
         if k is None:
             return token, None
-        if self._work is None or self._work.shape[0] != logits.shape[-1]:
-            self._work = np.empty(logits.shape[-1], np.float32)  # reused every step
-        return token, token_logprobs(logits, token, k, self._work, ids=ids,
-                                     token_is_max=greedy)
+        work = logits  # the step's own, used for nothing after this: computed in place
+        if not (logits.dtype == np.float32 and logits.ndim == 1 and logits.flags.writeable
+                and logits.flags.c_contiguous):
+            if self._work is None or self._work.shape[0] != logits.shape[-1]:
+                self._work = np.empty(logits.shape[-1], np.float32)  # reused every step
+            work = self._work
+        return token, token_logprobs(logits, token, k, work, ids=ids, token_is_max=greedy)
 
     def accept(self, token_id: int, logprobs: TokenLogprobs | None = None) -> TokenEvent:
         """Record a sampled token; decide the text to stream and whether we are done."""
