@@ -116,10 +116,19 @@ def tool_calls(model: str, *, requests: int = 100, max_tokens: int = 256,
                     row["failure"] = f"{type(err).__name__}: {str(err)[:200]}"
             rows.append(row)
             if "failure" in row:
-                log(f"  request {i}: {row['failure']}")
-    failed = sum("failure" in r for r in rows)
-    log(f"  {failed}/{len(rows)} tool calls failed their schema (tool_choice required)")
+                log(f"  request {i}: {row['failure']} (finish_reason {choice.finish_reason})")
+    return summary(rows, max_tokens, log)
+
+
+def summary(rows: list[dict[str, Any]], max_tokens: int, log: Log = lambda _m: None
+            ) -> dict[str, Any]:
+    """The counts of a run: calls whose arguments fail their schema, and requests that
+    ended without a call (a call cut short by ``max_tokens``)."""
+    no_call = sum(r.get("failure") == "no call" for r in rows)
+    schema = sum("failure" in r for r in rows) - no_call
+    log(f"  {schema}/{len(rows) - no_call} calls failed their schema; {no_call}/{len(rows)} "
+        f"requests ended without a call (finish_reason length, max_tokens {max_tokens})")
     return {"measure": "tool calls whose arguments fail their schema, tool_choice required",
-            "requests": len(rows), "failed": failed, "max_tokens": max_tokens,
-            "sampling": "the model's chat defaults, seed = request index",
-            "rows": rows}
+            "requests": len(rows), "calls": len(rows) - no_call,
+            "schema_failures": schema, "no_call": no_call, "max_tokens": max_tokens,
+            "sampling": "the model's chat defaults, seed = request index", "rows": rows}
