@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 
 __all__ = ["FORMAT_TYPES", "FormatError", "ConstraintError", "Constraint", "check_format",
-           "grammar_for", "apply_bitmask"]
+           "grammar_for", "apply_bitmask", "token_bytes"]
 
 FORMAT_TYPES = ("json_object", "json_schema")
 # Compact JSON in json.dumps' default style (", " and ": "), no free whitespace: a small
@@ -64,9 +64,23 @@ def _schema_of(fmt: Mapping[str, Any]) -> Any:
 
 
 def grammar_for(fmt: Mapping[str, Any]) -> str:
-    """The llguidance grammar of a format map (not yet checked)."""
+    """The llguidance grammar of a format map (not yet checked).
+
+    Besides the job map's two types, the runner's own ``{"type": "tools", "tools": [...],
+    "choice": ..., "format"?: <format map>}`` for a job with tools (``models/tools.py``).
+    """
     import llguidance
 
+    if fmt.get("type") == "tools":
+        from uniun.models.tools import tool_grammar
+
+        text = fmt.get("format")
+        try:
+            return llguidance.LLMatcher.grammar_from_lark(tool_grammar(
+                fmt["tools"], fmt.get("choice", "auto"),
+                _schema_of(text) if text else None))
+        except ValueError as err:
+            raise FormatError(str(err)) from None
     schema = _schema_of(fmt)
     if not isinstance(schema, dict):
         raise FormatError("must be a JSON Schema object")
@@ -85,24 +99,48 @@ def check_format(fmt: Mapping[str, Any]) -> None:
         raise FormatError(error.strip()[:300])
 
 
-# One wrapped tokenizer per (tokenizer object, vocab size): wrapping costs ~0.5 s.
-_TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[int, Any]] = weakref.WeakKeyDictionary()
+# One wrapped tokenizer per (tokenizer object, vocab size, EOS ids): wrapping costs
+# ~0.5 s. The EOS ids are part of the key: a job that ignores EOS must not share a
+# wrapper whose grammar end is another job's EOS.
+_TOKENIZERS: weakref.WeakKeyDictionary[Any, dict[tuple[int, tuple[int, ...]], Any]] = \
+    weakref.WeakKeyDictionary()
 _LOCK = threading.Lock()
 
 
 def _ll_tokenizer(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int]) -> Any:
     import llguidance
 
+    key = (int(vocab_size), tuple(int(t) for t in eos_ids))
     with _LOCK:
         per_size = _TOKENIZERS.setdefault(tokenizer, {})
-        wrapped = per_size.get(vocab_size)
+        wrapped = per_size.get(key)
         if wrapped is None:
             backend = getattr(tokenizer, "backend_tokenizer", tokenizer)
             eos: Any = list(eos_ids) if eos_ids else getattr(tokenizer, "eos_token_id", None)
             wrapped = llguidance.LLTokenizer(backend.to_str(), n_vocab=vocab_size,
                                              eos_token=eos)
-            per_size[vocab_size] = wrapped
+            per_size[key] = wrapped
         return wrapped
+
+
+# Token bytes already looked up, per tokenizer: a logprobs job asks for ~21 per token.
+_BYTES: weakref.WeakKeyDictionary[Any, dict[int, bytes]] = weakref.WeakKeyDictionary()
+
+
+def token_bytes(tokenizer: Any, vocab_size: int, eos_ids: Sequence[int], token: int) -> bytes:
+    """The bytes one token stands for (a token may hold part of a UTF-8 character)."""
+    cache = _BYTES.get(tokenizer)
+    if cache is not None and token in cache:
+        return cache[token]
+    with _LOCK:
+        per_size = _TOKENIZERS.get(tokenizer) or {}
+        wrapped = next((w for (size, _), w in per_size.items() if size == vocab_size), None)
+    if wrapped is None:
+        wrapped = _ll_tokenizer(tokenizer, vocab_size, eos_ids)
+    raw = bytes(wrapped.decode_bytes([int(token)]))
+    with _LOCK:
+        _BYTES.setdefault(tokenizer, {})[int(token)] = raw
+    return raw
 
 
 def apply_bitmask(logits: np.ndarray, bits: np.ndarray) -> np.ndarray:

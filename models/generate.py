@@ -25,12 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 from loguru import logger
 
 from uniun.models.constrain import Constraint
 from uniun.models.detokenize import IncrementalDetokenizer, StopMatcher
 from uniun.models.kv import JobProgress, KVCache
+from uniun.models.logprobs import TokenLogprobs, token_logprobs
+from uniun.models.penalties import Penalties
 from uniun.models.sampling import Sampler
+from uniun.models.sampling_ops import top_k
 
 __all__ = ["TokenEvent", "Generation", "FinishedError"]
 
@@ -48,6 +52,7 @@ class TokenEvent:
     text_delta: str
     finished: bool = False
     finish_reason: str | None = None  # "stop" | "length" once finished
+    logprobs: TokenLogprobs | None = None  # for a job that asked (JobProgress.logprobs)
 
 
 class Generation:
@@ -72,11 +77,17 @@ class Generation:
         self.constraint: Constraint | None = (
             Constraint(progress.format, tokenizer, progress.eos_ids, progress.generated_ids)
             if progress.format else None)
+        # Penalties depend on the token history, rebuilt here from the ids the progress
+        # carries: a resumed job penalizes exactly as the uninterrupted one did.
+        self.penalties: Penalties | None = (
+            Penalties(progress.sampling, progress.prompt_ids, progress.generated_ids)
+            if progress.sampling.penalized else None)
         # Counters for the caller's accounting (tokens fed through the model, by cause).
         self.prefix_cache_tokens = 0  # prompt positions taken from the prefix cache
         self.recomputed_tokens = 0  # positions fed again on resume (eviction/recompute)
         self.cache_prefix = False  # put the static prefix's KV in the session's prefix cache
         self.parked = False  # set by DecoderSession.park: the state now lives elsewhere
+        self._work: np.ndarray | None = None  # the log-probabilities' scratch buffer
 
     # -- views ----------------------------------------------------------------------
     @property
@@ -119,7 +130,30 @@ class Generation:
             raise FinishedError(f"job {self.job_id!r} already finished ({self.finish_reason})")
 
     # -- the step's bookkeeping --------------------------------------------------------
-    def accept(self, token_id: int) -> TokenEvent:
+    def choose(self, logits: np.ndarray) -> tuple[int, TokenLogprobs | None]:
+        """The next token from the model's logits: the grammar's mask, the penalties,
+        then the sampler; and its log-probabilities if the job asked (models/logprobs.py:
+        from the same processed logits, before truncation)."""
+        if self.constraint is not None:  # structured output: only what the grammar allows
+            logits = self.constraint.mask(logits)
+        if self.penalties is not None:
+            logits = self.penalties.apply(logits)
+        k = self.progress.logprobs
+        greedy = self.sampler.params.greedy
+        ids = top_k(logits, k) if k and greedy else None  # its first is the greedy pick
+        token = (int(ids[0]) if ids is not None and ids.shape[0]
+                 else self.sampler.pick(logits, len(self.progress.generated_ids)))
+        if k is None:
+            return token, None
+        work = logits  # the step's own, used for nothing after this: computed in place
+        if not (logits.dtype == np.float32 and logits.ndim == 1 and logits.flags.writeable
+                and logits.flags.c_contiguous):
+            if self._work is None or self._work.shape[0] != logits.shape[-1]:
+                self._work = np.empty(logits.shape[-1], np.float32)  # reused every step
+            work = self._work
+        return token, token_logprobs(logits, token, k, work, ids=ids, token_is_max=greedy)
+
+    def accept(self, token_id: int, logprobs: TokenLogprobs | None = None) -> TokenEvent:
         """Record a sampled token; decide the text to stream and whether we are done."""
         p = self.progress
         self.check_live()
@@ -128,9 +162,12 @@ class Generation:
         seq = len(p.generated_ids)
         if self.constraint is not None:
             self.constraint.consume(token_id)
+        if self.penalties is not None:
+            self.penalties.accept(token_id)
         p.generated_ids.append(int(token_id))
         reason: str | None = None
         if token_id in p.eos_ids:
+            logprobs = None  # the end is no token of the text (as OpenAI lists them)
             self._detok.flush()
             end = len(self._detok.text)
             reason = "stop"
@@ -155,4 +192,4 @@ class Generation:
         p.text += delta
         if reason is not None:
             p.finished, p.finish_reason = True, reason
-        return TokenEvent(seq, int(token_id), delta, reason is not None, reason)
+        return TokenEvent(seq, int(token_id), delta, reason is not None, reason, logprobs)

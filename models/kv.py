@@ -78,6 +78,8 @@ class JobProgress:
     # The job's output format (models/constrain.py), None = free text. Travels with the
     # progress so a resumed or recomputed job rebuilds its grammar state by replay.
     format: dict[str, Any] | None = None
+    # Log-probabilities per token with this many alternatives (0-20); None = none.
+    logprobs: int | None = None
 
     @property
     def all_ids(self) -> list[int]:
@@ -96,7 +98,7 @@ class JobProgress:
             "stop": list(self.stop), "eos_ids": list(self.eos_ids),
             "static_prefix": self.static_prefix, "finished": self.finished,
             "finish_reason": self.finish_reason, "job_id": self.job_id,
-            "model_id": self.model_id, "format": self.format,
+            "model_id": self.model_id, "format": self.format, "logprobs": self.logprobs,
         }
 
     @classmethod
@@ -117,6 +119,7 @@ class JobProgress:
                 job_id=record.get("job_id"),
                 model_id=str(record.get("model_id", "")),
                 format=dict(record["format"]) if record.get("format") else None,
+                logprobs=None if record.get("logprobs") is None else int(record["logprobs"]),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"not a job progress record: {exc}") from exc

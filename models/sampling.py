@@ -1,4 +1,4 @@
-"""Choosing the next token from logits: greedy, temperature, top-k, top-p, seeded.
+"""Choosing the next token from logits: greedy, temperature, top-k, top-p, min-p, seeded.
 
 Why a counter-based random stream: a job can be paused, spilled to disk, and resumed in
 another runner process — or rebuilt from nothing but its token ids (recompute). If the
@@ -8,7 +8,10 @@ a pure function of ``(seed, seq)``: the only state is the seed, and "same seed, 
 holds across any number of pauses and resumes.
 
 ``temperature == 0`` means greedy (argmax; ties go to the lowest token id), as on the wire
-(PROTOCOL.md ``sampling``). ``top_k == 0`` and ``top_p == 1`` disable those filters.
+(docs/protocol.md ``sampling``). ``top_k == 0``, ``top_p == 1`` and ``min_p == 0`` disable
+those filters. The order is temperature, then top-k, top-p and min-p on the tempered
+distribution (as transformers and vLLM do). Penalties on repeated tokens come before all
+of it and depend on the job's token history: :mod:`uniun.models.penalties`.
 
 No I/O and no onnxruntime here: the policy of choosing lives apart from the model.
 """
@@ -16,29 +19,46 @@ No I/O and no onnxruntime here: the policy of choosing lives apart from the mode
 from __future__ import annotations
 
 import secrets
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from typing import Any, Protocol
 
 import numpy as np
 
-__all__ = ["Sampler", "SamplingParams", "sample_token"]
+__all__ = ["DEFAULTS_MODES", "FIELDS", "Sampler", "SamplingParams", "sample_token"]
 
 
 class _SamplingLike(Protocol):
-    temperature: float
-    top_p: float
-    top_k: int
+    temperature: float | None
+    top_p: float | None
+    top_k: int | None
     seed: int | None
+
+
+FIELDS = ("temperature", "top_p", "top_k", "seed", "min_p", "repetition_penalty",
+          "repeat_last_n", "frequency_penalty", "presence_penalty")
+DEFAULTS_MODES = ("none", "model")  # see SamplingParams.coerce
 
 
 @dataclass(frozen=True)
 class SamplingParams:
-    """How to pick tokens. Mirrors ``uniun.protocol.jobmap.Sampling`` (accepted too)."""
+    """How to pick tokens. Mirrors ``uniun.protocol.jobmap.Sampling`` (accepted too).
+
+    Every default leaves the logits untouched: greedy, no filter, no penalty.
+    """
 
     temperature: float = 0.0  # 0 = greedy; > 0 divides the logits
     top_p: float = 1.0  # nucleus mass kept, (0, 1]; 1 = off
     top_k: int = 0  # keep the k most likely tokens; 0 = off
     seed: int | None = None  # None: a random seed is drawn once per job and recorded
+    min_p: float = 0.0  # drop tokens below min_p x the top probability, [0, 1]; 0 = off
+    # llama.cpp's repeat_penalty: a logit of a token among the last ``repeat_last_n`` of
+    # prompt + generated ids is divided by it (multiplied when <= 0); 1 = off
+    repetition_penalty: float = 1.0
+    repeat_last_n: int = 64  # the window of repetition_penalty, tokens; -1 = all, 0 = off
+    # OpenAI's: minus count x frequency_penalty, minus presence_penalty once, for every
+    # token already generated in this job (the prompt does not count); [-2, 2], 0 = off
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
 
     def __post_init__(self) -> None:
         if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
@@ -47,21 +67,52 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k!r}")
+        if not (0.0 <= self.min_p <= 1.0):
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
+        if not (0.0 < self.repetition_penalty <= 10.0):
+            raise ValueError(f"repetition_penalty must be in (0, 10], got "
+                             f"{self.repetition_penalty!r}")
+        if self.repeat_last_n < -1:
+            raise ValueError(f"repeat_last_n must be >= -1, got {self.repeat_last_n!r}")
+        for name in ("frequency_penalty", "presence_penalty"):
+            value = getattr(self, name)
+            if not (-2.0 <= value <= 2.0):
+                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
 
+    @property
+    def penalized(self) -> bool:
+        """Whether any penalty changes the logits (the step skips the work otherwise)."""
+        return ((self.repetition_penalty != 1.0 and self.repeat_last_n != 0)
+                or self.frequency_penalty != 0.0 or self.presence_penalty != 0.0)
+
     @classmethod
-    def coerce(cls, value: _SamplingLike | dict[str, Any] | None) -> SamplingParams:
-        """Accept ``SamplingParams``, the protocol's ``Sampling``, a map, or None (greedy)."""
+    def coerce(cls, value: _SamplingLike | dict[str, Any] | None,
+               model_defaults: dict[str, Any] | None = None) -> SamplingParams:
+        """Accept ``SamplingParams``, the protocol's ``Sampling``, a map, or None (greedy).
+
+        A field that is absent or None takes the neutral default above, unless the value
+        asks for ``defaults: "model"``: then it takes ``model_defaults`` (the loaded
+        model's chat defaults, :mod:`uniun.models.chat_defaults`) first.
+        """
         if value is None:
             return cls()
         if isinstance(value, cls):
             return value
         if isinstance(value, dict):
-            return cls(**{k: value[k] for k in ("temperature", "top_p", "top_k", "seed") if k in value})
-        return cls(float(value.temperature), float(value.top_p), int(value.top_k), value.seed)
+            given = {k: value[k] for k in FIELDS if value.get(k) is not None}
+            mode = value.get("defaults")
+        else:
+            given = {k: getattr(value, k) for k in FIELDS if getattr(value, k, None) is not None}
+            mode = getattr(value, "defaults", None)
+        if mode == "model" and model_defaults:
+            given = {**{k: v for k, v in model_defaults.items() if k in FIELDS}, **given}
+        kinds = {f.name: f.type for f in fields(cls)}
+        return cls(**{k: (int(v) if kinds[k] in ("int", "int | None") else float(v))
+                      for k, v in given.items()})
 
     def to_map(self) -> dict[str, Any]:
         return asdict(self)
@@ -102,6 +153,10 @@ def sample_token(logits: np.ndarray, params: SamplingParams, seed: int, seq: int
     scaled -= scaled.max()
     vocab = scaled.shape[0]
     top_k = params.top_k if 0 < params.top_k < vocab else 0
+    if params.min_p > 0.0:
+        # min-p keeps what is within a factor of the top token: drop the rest outright
+        # (in log space: scaled - max >= log(min_p)), before the other filters.
+        scaled = np.where(scaled >= np.log(params.min_p), scaled, -np.inf)
     if top_k == 0 and params.top_p >= 1.0:
         # Plain temperature sampling: no sort needed, token-id order is already stable.
         candidates = None

@@ -42,11 +42,13 @@ from typing import Any
 
 from loguru import logger
 
+from uniun.models.chat_defaults import chat_defaults
 from uniun.models.chat_template import encode_chat, encode_prompt
 from uniun.models.decoder_model import DecoderModel
 from uniun.models.feed_plan import next_pass
 from uniun.models.generate import FinishedError, Generation, TokenEvent
 from uniun.models.kv import JobProgress, KVCache, ParkedState, SnapshotCorrupt
+from uniun.models.logprobs import MAX_TOP_LOGPROBS
 from uniun.models.prefix_cache import PrefixCache
 from uniun.models.sampling import Sampler, SamplingParams
 
@@ -63,6 +65,8 @@ class DecoderSession(DecoderModel):
                  replay: str = "auto", **model_options: Any) -> None:
         super().__init__(model_dir, threads=threads, model_id=model_id, spinning=spinning,
                          replay=replay, **model_options)
+        # What a job with ``sampling.defaults == "model"`` takes for the fields it omits.
+        self.chat_defaults = chat_defaults(self.model_id, self.model_dir)
         # None: the default cap; 0: no prefix cache at all.
         self.prefix_cache: PrefixCache | None = (
             PrefixCache() if prefix_cache_bytes is None
@@ -81,13 +85,16 @@ class DecoderSession(DecoderModel):
 
     # -- jobs ------------------------------------------------------------------------------
     def encode(self, *, prompt: str | None = None,
-               messages: Iterable[Mapping[str, Any] | Sequence[str]] | None = None
+               messages: Iterable[Mapping[str, Any] | Sequence[str]] | None = None,
+               tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None
                ) -> tuple[list[int], int]:
         """Token ids and static-prefix length for a raw prompt or chat messages."""
         if (prompt is None) == (messages is None):
             raise ValueError("give exactly one of prompt or messages")
         if messages is not None:
-            return encode_chat(self.tokenizer, messages)
+            return encode_chat(self.tokenizer, messages, tools=tools, tool_choice=tool_choice)
+        if tools and tool_choice != "none":
+            raise ValueError("tools need chat messages, not a raw prompt")
         return encode_prompt(self.tokenizer, prompt), 0  # type: ignore[arg-type]
 
     def start(self, prompt: str | None = None, *,
@@ -95,7 +102,9 @@ class DecoderSession(DecoderModel):
               prompt_ids: Sequence[int] | None = None, max_new_tokens: int = 128,
               sampling: Any = None, stop: Sequence[str] = (), job_id: str | None = None,
               static_prefix: int | None = None, use_prefix_cache: bool = True,
-              ignore_eos: bool = False, format: Mapping[str, Any] | None = None) -> Generation:
+              ignore_eos: bool = False, format: Mapping[str, Any] | None = None,
+              logprobs: int | None = None, tools: Sequence[Mapping[str, Any]] | None = None,
+              tool_choice: Any = None, cache_prompt: bool = False) -> Generation:
         """A new generation (nothing runs yet; the first :meth:`step` prefills).
 
         Exactly one of ``prompt`` (raw text), ``messages`` (rendered with the chat
@@ -104,7 +113,13 @@ class DecoderSession(DecoderModel):
         system-prompt length (positions kept by partial eviction, shared by the cache).
         ``ignore_eos`` (benchmarks): run to ``max_new_tokens`` whatever the model says.
         ``format``: constrain the output (``models/constrain.py``), e.g.
-        ``{"type": "json_schema", "schema": {...}}``.
+        ``{"type": "json_schema", "schema": {...}}``. ``sampling`` with ``defaults:
+        "model"`` fills what it leaves out from :attr:`chat_defaults`. ``logprobs``: each
+        token's log-probability and this many alternatives (``TokenEvent.logprobs``).
+        ``tools`` (``[{name, description?, parameters?}]``) with ``tool_choice``
+        (``none``, ``auto`` (default), ``required``, ``{"name": ...}``): shown to the
+        model and enforced by grammar (``models/tools.py``). ``cache_prompt``: the whole
+        prompt is the static prefix, so jobs sent with the same prompt share its KV.
         """
         if prompt_ids is not None:
             if prompt is not None or messages is not None:
@@ -113,21 +128,31 @@ class DecoderSession(DecoderModel):
             if not ids:
                 raise ValueError("prompt_ids must not be empty")
         else:
-            ids, static = self.encode(prompt=prompt, messages=messages)
+            ids, static = self.encode(prompt=prompt, messages=messages, tools=tools,
+                                      tool_choice=tool_choice)
             if not ids:  # some control characters tokenize to nothing
                 raise ValueError("the prompt has no tokens for this model")
+        if cache_prompt:
+            static = len(ids)
+        if tools and tool_choice != "none":
+            format = {"type": "tools", "tools": [dict(t) for t in tools],
+                      "choice": tool_choice or "auto",
+                      **({"format": dict(format)} if format else {})}
+        if logprobs is not None and not 0 <= int(logprobs) <= MAX_TOP_LOGPROBS:
+            raise ValueError(f"logprobs must be in [0, {MAX_TOP_LOGPROBS}]")
         if max_new_tokens < 1:
             raise ValueError("max_new_tokens must be >= 1")
         if self.max_positions is not None and len(ids) >= self.max_positions:
             raise ValueError(f"prompt of {len(ids)} tokens does not fit the model's "
                              f"{self.max_positions}-position context")
-        params = SamplingParams.coerce(sampling)
+        params = SamplingParams.coerce(sampling, self.chat_defaults)
         progress = JobProgress(
             prompt_ids=ids, max_new_tokens=int(max_new_tokens), sampling=params,
             seed=Sampler(params).seed, stop=tuple(stop), eos_ids=() if ignore_eos else self.eos_ids,
             static_prefix=max(0, min(static if static_prefix is None else int(static_prefix),
                                      len(ids) - 2)),
-            job_id=job_id, model_id=self.model_id, format=dict(format) if format else None)
+            job_id=job_id, model_id=self.model_id, format=dict(format) if format else None,
+            logprobs=None if logprobs is None else int(logprobs))
         gen = self._generation(progress, None)
         if use_prefix_cache and self.prefix_cache is not None:
             n, kv = self.prefix_cache.lookup(ids)
@@ -160,10 +185,8 @@ class DecoderSession(DecoderModel):
         gen.check_live()
         self._feed(gen, for_step=True)
         logits, gen.kv = self.forward(gen.pending_ids(), gen.kv)
-        if gen.constraint is not None:  # structured output: only what the grammar allows
-            logits = gen.constraint.mask(logits)
-        token = gen.sampler.pick(logits, len(gen.progress.generated_ids))
-        return gen.accept(token)
+        token, logprobs = gen.choose(logits)
+        return gen.accept(token, logprobs)
 
     def advance(self, gen: Generation, max_tokens: int = 64) -> TokenEvent | None:
         """One bounded unit of work: a pass of a long prefill or of a replay (returns None,

@@ -9,23 +9,27 @@ from __future__ import annotations
 import json
 import math
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from uniun.protocol.errors import InvalidField
+from uniun.protocol.jobmap_sampling import Sampling, parse_sampling
+from uniun.protocol.tools import ToolSpec, canonical, parse_tool_choice, parse_tools
 
 DEFAULT_KINDS: tuple[str, ...] = ("chat", "extract", "nataraj", "gana")
 DEFAULT_MAX_NEW_TOKENS = 128
 MAX_JOB_ID_CHARS = 128
 MAX_MESSAGES = 256
-ROLES = ("system", "user", "assistant")
+ROLES = ("system", "user", "assistant", "tool")
+MAX_TOP_LOGPROBS = 20  # as OpenAI's top_logprobs
+MAX_CALLS_PER_MESSAGE = 16
 
 _KNOWN_KEYS = frozenset({
     "job_id", "kind", "model_id", "messages", "prompt", "max_new_tokens", "deadline",
     "foreground_hint", "flow", "stream", "sampling",
-    "stop", "format",  # extensions (docs/protocol.md): optional, a v1 peer may omit them
+    # extensions (docs/protocol.md): optional, a v1 peer may omit them
+    "stop", "format", "logprobs", "tools", "tool_choice", "cache_prompt",
 })
-_SAMPLING_KEYS = frozenset({"temperature", "top_p", "top_k", "seed"})
 MAX_STOP_STRINGS = 4  # as OpenAI's ``stop``
 MAX_STOP_CHARS = 256
 FORMAT_TYPES = ("json_object", "json_schema")
@@ -36,16 +40,6 @@ MAX_SCHEMA_CHARS = 65_536  # a schema's JSON text
 MODEL_ID_RE = re.compile(r"[a-z0-9][a-z0-9._-]{0,63}")
 MODEL_ID_RULE = "use 1-64 characters a-z 0-9 . _ - starting with a letter or digit"
 MAX_SHOWN_KEY = 64  # an unknown key named in an error, characters (the reply must fit)
-
-
-@dataclass(frozen=True)
-class Sampling:
-    """How the next token is chosen. ``temperature == 0`` means greedy."""
-
-    temperature: float = 0.0
-    top_p: float = 1.0
-    top_k: int = 0
-    seed: int | None = None
 
 
 @dataclass(frozen=True)
@@ -73,7 +67,9 @@ class JobSpec:
     job_id: str
     kind: str
     model_id: str
-    messages: tuple[tuple[str, str], ...] | None = None
+    # (role, content) pairs; a message with tool calls or a tool result has a third
+    # element, the canonical JSON of its extra keys (tool_calls / tool_call_id, name)
+    messages: tuple[tuple[str, ...], ...] | None = None
     prompt: str | None = None
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
     deadline: float | None = None
@@ -83,6 +79,10 @@ class JobSpec:
     sampling: Sampling = field(default_factory=Sampling)
     stop: tuple[str, ...] = ()  # extension: the text ends before the first of these
     format: JobFormat | None = None  # extension: constrained output (docs/protocol.md)
+    logprobs: int | None = None  # extension: per-token log-probabilities and this many
+    # alternatives (0-20); None = none
+    tools: ToolSpec | None = None  # extension: functions the model may call
+    cache_prompt: bool = False  # extension: keep the whole prompt's KV for siblings
 
     def to_map(self) -> dict[str, Any]:
         """Back to a wire job map (used by the journal and for idempotency checks)."""
@@ -90,17 +90,32 @@ class JobSpec:
             "job_id": self.job_id, "kind": self.kind, "model_id": self.model_id,
             "max_new_tokens": self.max_new_tokens, "deadline": self.deadline,
             "foreground_hint": self.foreground_hint, "flow": self.flow,
-            "stream": self.stream, "sampling": asdict(self.sampling),
+            "stream": self.stream, "sampling": self.sampling.to_map(),
         }
         if self.messages is not None:
-            out["messages"] = [{"role": r, "content": c} for r, c in self.messages]
+            out["messages"] = [message_map(m) for m in self.messages]
         else:
             out["prompt"] = self.prompt
         if self.stop:
             out["stop"] = list(self.stop)
         if self.format is not None:
             out["format"] = self.format.to_map()
+        if self.logprobs is not None:
+            out["logprobs"] = self.logprobs
+        if self.tools is not None:
+            out["tools"] = self.tools.tools
+            out["tool_choice"] = self.tools.choice_map()
+        if self.cache_prompt:
+            out["cache_prompt"] = True
         return out
+
+
+def message_map(message: tuple[str, ...]) -> dict[str, Any]:
+    """One ``JobSpec.messages`` entry as the wire map it came from."""
+    out: dict[str, Any] = {"role": message[0], "content": message[1]}
+    if len(message) > 2:
+        out.update(json.loads(message[2]))
+    return out
 
 
 def _is_int(value: Any) -> bool:
@@ -135,46 +150,84 @@ def _check_str(raw: Mapping[str, Any], key: str, *, max_chars: int) -> str:
     return value
 
 
-def _parse_messages(value: Any) -> tuple[tuple[str, str], ...]:
+def _parse_calls(value: Any, where: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not value or len(value) > MAX_CALLS_PER_MESSAGE:
+        raise InvalidField(where, f"must be a list of 1-{MAX_CALLS_PER_MESSAGE} "
+                                  "{id, name, arguments} maps")
+    calls = []
+    for j, call in enumerate(value):
+        if not isinstance(call, dict) or set(call) - {"id", "name", "arguments"}:
+            raise InvalidField(f"{where}[{j}]", "must be a map with id, name, arguments")
+        name, arguments, call_id = call.get("name"), call.get("arguments", {}), call.get("id")
+        if not isinstance(name, str) or not 0 < len(name) <= 64:
+            raise InvalidField(f"{where}[{j}].name", "must be a string of 1-64 characters")
+        if not isinstance(arguments, dict):
+            raise InvalidField(f"{where}[{j}].arguments", "must be a map")
+        if call_id is not None and (not isinstance(call_id, str) or len(call_id) > 128):
+            raise InvalidField(f"{where}[{j}].id", "must be a string of at most 128 characters")
+        calls.append({k: v for k, v in (("id", call_id), ("name", name),
+                                        ("arguments", arguments)) if v is not None})
+    return calls
+
+
+def _parse_message(i: int, item: Any) -> tuple[str, ...]:
+    if not isinstance(item, dict):
+        raise InvalidField(f"messages[{i}]", "must be a map with role and content")
+    role, content = item.get("role"), item.get("content")
+    if role not in ROLES:
+        raise InvalidField(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
+    if not isinstance(content, str):
+        raise InvalidField(f"messages[{i}].content", "must be a string")
+    allowed = {"role", "content"} | ({"tool_calls"} if role == "assistant" else set()) | (
+        {"tool_call_id", "name"} if role == "tool" else set())
+    unknown = set(item) - allowed
+    if unknown:
+        raise InvalidField(f"messages[{i}].{shown_key(min(map(str, unknown)))}",
+                           f"unknown key for a {role} message")
+    extra: dict[str, Any] = {}
+    if item.get("tool_calls") is not None:
+        extra["tool_calls"] = _parse_calls(item["tool_calls"], f"messages[{i}].tool_calls")
+    for key in ("tool_call_id", "name"):
+        if item.get(key) is not None:
+            if not isinstance(item[key], str) or not 0 < len(item[key]) <= 128:
+                raise InvalidField(f"messages[{i}].{key}", "must be a string of 1-128 "
+                                                           "characters")
+            extra[key] = item[key]
+    if not extra:
+        return (role, content)
+    try:
+        return (role, content, canonical(extra))
+    except (TypeError, ValueError) as err:
+        raise InvalidField(f"messages[{i}].tool_calls", f"not JSON: {err}") from None
+
+
+def _parse_messages(value: Any) -> tuple[tuple[str, ...], ...]:
     if not isinstance(value, list) or not value:
         raise InvalidField("messages", "must be a non-empty list of {role, content} maps")
     if len(value) > MAX_MESSAGES:
         raise InvalidField("messages", f"at most {MAX_MESSAGES} messages")
-    out = []
-    for i, item in enumerate(value):
-        if not isinstance(item, dict):
-            raise InvalidField(f"messages[{i}]", "must be a map with role and content")
-        role, content = item.get("role"), item.get("content")
-        if role not in ROLES:
-            raise InvalidField(f"messages[{i}].role", f"must be one of {', '.join(ROLES)}")
-        if not isinstance(content, str):
-            raise InvalidField(f"messages[{i}].content", "must be a string")
-        out.append((role, content))
-    return tuple(out)
+    return tuple(_parse_message(i, item) for i, item in enumerate(value))
 
 
-def _parse_sampling(value: Any) -> Sampling:
+def _parse_tools(raw: Mapping[str, Any]) -> ToolSpec | None:
+    """``tools`` and ``tool_choice``; a choice without tools is refused (it would do
+    nothing a client could see)."""
+    if raw.get("tools") is None:
+        if raw.get("tool_choice") is not None:
+            raise InvalidField("tool_choice", "only with tools")
+        return None
+    tools = parse_tools(raw["tools"])
+    choice, name = parse_tool_choice(raw.get("tool_choice"), {t["name"] for t in tools})
+    return ToolSpec(canonical(tools, sort_keys=False), choice, name)
+
+
+def _parse_logprobs(value: Any) -> int | None:
     if value is None:
-        return Sampling()
-    if not isinstance(value, dict):
-        raise InvalidField("sampling", "must be a map")
-    unknown = set(value) - _SAMPLING_KEYS
-    if unknown:
-        raise InvalidField(f"sampling.{shown_key(sorted(map(str, unknown))[0])}",
-                           "unknown sampling key")
-    temperature = value.get("temperature", 0.0)
-    if not _is_number(temperature) or not 0.0 <= temperature <= 10.0:
-        raise InvalidField("sampling.temperature", "must be a number in [0, 10]")
-    top_p = value.get("top_p", 1.0)
-    if not _is_number(top_p) or not 0.0 < top_p <= 1.0:
-        raise InvalidField("sampling.top_p", "must be a number in (0, 1]")
-    top_k = value.get("top_k", 0)
-    if not _is_int(top_k) or top_k < 0:
-        raise InvalidField("sampling.top_k", "must be an integer >= 0 (0 = off)")
-    seed = value.get("seed")
-    if seed is not None and (not _is_int(seed) or not 0 <= seed < 2**63):
-        raise InvalidField("sampling.seed", "must be an integer in [0, 2^63) or nil")
-    return Sampling(float(temperature), float(top_p), int(top_k), seed)
+        return None
+    if not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
+        raise InvalidField("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}] (the "
+                                       "alternatives per token) or nil")
+    return int(value)
 
 
 def _parse_stop(value: Any) -> tuple[str, ...]:
@@ -254,7 +307,7 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
             prompt = raw["prompt"]
             if not isinstance(prompt, str) or not prompt:  # the runner has nothing to
                 raise InvalidField("prompt", "must be a non-empty string")  # run on ""
-        text_len = len(prompt or "") + sum(len(c) for _, c in messages or ())
+        text_len = len(prompt or "") + sum(sum(map(len, m[1:])) for m in messages or ())
         if text_len > max_prompt_chars:
             raise InvalidField("messages" if messages else "prompt",
                                f"input is longer than {max_prompt_chars} characters")
@@ -277,9 +330,14 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
         stream = raw.get("stream", True)
         if not isinstance(stream, bool):
             raise InvalidField("stream", "must be a boolean")
-        sampling = _parse_sampling(raw.get("sampling"))
+        sampling = parse_sampling(raw.get("sampling"))
         stop = _parse_stop(raw.get("stop"))
         fmt = _parse_format(raw.get("format"))
+        logprobs = _parse_logprobs(raw.get("logprobs"))
+        tools = _parse_tools(raw)
+        cache_prompt = raw.get("cache_prompt", False)
+        if not isinstance(cache_prompt, bool):
+            raise InvalidField("cache_prompt", "must be a boolean")
     except InvalidField as err:
         err.job_id = job_id
         raise
@@ -287,4 +345,5 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
                    prompt=prompt, max_new_tokens=int(max_new),
                    deadline=None if deadline is None else float(deadline),
                    foreground_hint=hint, flow=flow, stream=stream, sampling=sampling,
-                   stop=stop, format=fmt)
+                   stop=stop, format=fmt, logprobs=logprobs, tools=tools,
+                   cache_prompt=cache_prompt)

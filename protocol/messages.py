@@ -61,7 +61,7 @@ STATE = "state"
 # spent, or the runner swaps to another model. Named once, for the wire and the policy.
 PauseReason = Literal["preempted", "slice", "budget", "swap"]
 PAUSE_REASONS: tuple[PauseReason, ...] = get_args(PauseReason)
-FINISH_REASONS = ("stop", "length")
+FINISH_REASONS = ("stop", "length", "tool_calls")  # tool_calls: only for a job with tools
 LIFECYCLE_STATES = ("foreground", "background")
 
 
@@ -183,9 +183,26 @@ def event_started(job_id: str, model_id: str, resumed: bool, tier: str | int) ->
     return envelope(STARTED, job_id=job_id, model_id=model_id, resumed=bool(resumed), tier=tier)
 
 
-def event_token(job_id: str, seq: int, text: str) -> dict[str, Any]:
+def expand_logprobs(record: Any) -> dict[str, Any] | None:
+    """A ``token`` event's ``logprobs`` from the runner's compact record (``[text, bytes,
+    logprob, [[text, bytes, logprob], ...]]``, runner_records ``Token``); None for none or
+    a record that is not one (a runner bug must not take the scheduler down)."""
+    try:
+        text, raw, logprob, top = record
+        return {"token": text, "bytes": list(raw), "logprob": logprob,
+                "top_logprobs": [{"token": t, "bytes": list(b), "logprob": v}
+                                 for t, b, v in top]}
+    except (TypeError, ValueError):
+        return None
+
+
+def event_token(job_id: str, seq: int, text: str,
+                logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``token``; ``logprobs`` (extension) only for a job that asked for them."""
     if not _is_int(seq) or seq < 0:
         raise ValueError(f"token seq must be an int >= 0, not {seq!r}")
+    if logprobs is not None:
+        return envelope(TOKEN, job_id=job_id, seq=seq, text=text, logprobs=logprobs)
     return envelope(TOKEN, job_id=job_id, seq=seq, text=text)
 
 
@@ -197,10 +214,12 @@ def event_paused(job_id: str, reason: str) -> dict[str, Any]:
 
 def event_done(job_id: str, *, text: str, finish_reason: str, prompt_tokens: int,
                completion_tokens: int, queued_s: float, ttft_s: float | None, total_s: float,
-               preemptions: int) -> dict[str, Any]:
+               preemptions: int, tool_calls: list[dict[str, Any]] | None = None
+               ) -> dict[str, Any]:
     """``done``: the whole text, why it stopped, token counts, timings in seconds.
 
-    ``ttft_s`` is None when no token was produced.
+    ``ttft_s`` is None when no token was produced. ``tool_calls`` (extension): the calls
+    the text makes, for a job with tools whose answer is a call.
     """
     if finish_reason not in FINISH_REASONS:
         raise ValueError(f"finish_reason must be one of {FINISH_REASONS}, not {finish_reason!r}")
@@ -210,7 +229,7 @@ def event_done(job_id: str, *, text: str, finish_reason: str, prompt_tokens: int
         timings={"queued_s": float(queued_s),
                  "ttft_s": None if ttft_s is None else float(ttft_s),
                  "total_s": float(total_s)},
-        preemptions=int(preemptions))
+        preemptions=int(preemptions), **({"tool_calls": tool_calls} if tool_calls else {}))
 
 
 def event_error(job_id: str, code: ErrorCode | str, message: str, *,

@@ -182,15 +182,18 @@ def parse_request(msg: Any, rules: JobRules, *,
         if rules.known_models is not None and job.model_id not in rules.known_models:
             raise ProtocolError(ErrorCode.UNKNOWN_MODEL, f"unknown model {job.model_id!r}",
                                 field="model_id", job_id=job.job_id)
-        if job.format is not None and rules.check_format is not None:
-            try:
-                rules.check_format(job.format.to_map())
-            except ValueError as err:
-                raise InvalidField("format.schema", str(err)[:300], job_id=job.job_id) from None
-            except Exception as err:  # noqa: BLE001 - a grammar engine's own failure on a
-                # hostile schema is still the schema's fault, not ours: invalid_field
-                raise InvalidField("format.schema", f"cannot be compiled "
-                                   f"({type(err).__name__})", job_id=job.job_id) from None
+        if rules.check_format is not None:
+            if job.format is not None:
+                _check_schema(rules, job.format.to_map(), "format.schema", job.job_id)
+            for i, tool in enumerate(job.tools.tools if job.tools is not None else ()):
+                if "parameters" in tool:
+                    _check_schema(rules, {"type": "json_schema", "schema": tool["parameters"]},
+                                  f"tools[{i}].parameters", job.job_id)
+            if job.tools is not None and job.tools.active:  # the whole grammar, as the runner
+                fmt = job.tools.to_format()  # will build it (calls and text together)
+                if job.format is not None:
+                    fmt["format"] = job.format.to_map()
+                _check_schema(rules, fmt, "tools", job.job_id)
         return Submit(mid, job)
     if mtype == CANCEL:
         return Cancel(mid, _require_id(msg, "job_id"))
@@ -225,6 +228,19 @@ def parse_request(msg: Any, rules: JobRules, *,
     # handled above is a bug of the caller's ``allowed`` set.
     raise ProtocolError(ErrorCode.UNKNOWN_TYPE, f"no parser for message type {mtype!r}",
                         field="type")
+
+
+def _check_schema(rules: JobRules, fmt: dict[str, Any], where: str, job_id: str) -> None:
+    """``invalid_field`` naming ``where`` unless the grammar engine compiles ``fmt``."""
+    assert rules.check_format is not None
+    try:
+        rules.check_format(fmt)
+    except ValueError as err:
+        raise InvalidField(where, str(err)[:300], job_id=job_id) from None
+    except Exception as err:  # noqa: BLE001 - a grammar engine's own failure on a
+        # hostile schema is still the schema's fault, not ours: invalid_field
+        raise InvalidField(where, f"cannot be compiled ({type(err).__name__})",
+                           job_id=job_id) from None
 
 
 def _parse_texts(texts: Any) -> tuple[str, ...]:

@@ -116,7 +116,10 @@ class Start(Command):
     recomputes them. ``seed`` is the job's effective sampling seed once one was drawn.
     ``grant`` is how many tokens this segment may generate (0 = up to ``max_new_tokens``).
     ``stop`` and ``format`` are the job map's extensions: stop strings, and the output
-    format the runner enforces by constrained decoding (``models/constrain.py``).
+    format the runner enforces by constrained decoding (``models/constrain.py``); so are
+    ``logprobs`` (alternatives per token, None = none), ``tools`` with ``tool_choice``
+    (``protocol/tools.py``) and ``cache_prompt``. A message is ``[role, content]``, or
+    ``[role, content, extra]`` with the JSON of its tool calls or tool-result keys.
     """
 
     kind: ClassVar[str] = "start"
@@ -133,6 +136,10 @@ class Start(Command):
     grant: int = 0
     stop: list[str] = field(default_factory=list)
     format: dict[str, Any] | None = None
+    logprobs: int | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    cache_prompt: bool = False
 
 
 @dataclass(frozen=True)
@@ -240,7 +247,10 @@ class Started(Report):
 
 @dataclass(frozen=True)
 class Token(Report):
-    """One generated token. ``seq`` is 0-based over the whole job."""
+    """One generated token. ``seq`` is 0-based over the whole job. ``logprobs``, for a job
+    that asked: ``[text, bytes, logprob, [[text, bytes, logprob], ...]]``, the token and its
+    most likely alternatives, compact because the runner builds it in its decode loop;
+    the scheduler expands it to the ``token`` event's shape (``messages.expand_logprobs``)."""
 
     kind: ClassVar[str] = "token"
     job_id: str
@@ -248,6 +258,7 @@ class Token(Report):
     token_id: int
     text: str
     seconds: float = 0.0
+    logprobs: list[Any] | None = None
 
 
 @dataclass(frozen=True)

@@ -73,7 +73,7 @@ def _preload_model(config: RuntimeConfig, store: ModelStore) -> str | None:
 def crash_hook(marker: str) -> Callable[[rp.Start], None]:
     """The ``before_start`` hook of :data:`CRASH_MARKER_ENV`: die on a marked job."""
     def check(cmd: rp.Start) -> None:
-        text = (cmd.prompt or "") + "".join(c for _, c in cmd.messages or ())
+        text = (cmd.prompt or "") + "".join(m[1] for m in cmd.messages or ())
         if marker in text:
             logger.bind(job=cmd.job_id).error("test crash marker in the input; dying")
             os.kill(os.getpid(), signal.SIGKILL)

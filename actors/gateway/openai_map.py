@@ -1,11 +1,18 @@
 """OpenAI request bodies -> protocol v1 job maps, and job events -> OpenAI responses.
 
 The gateway is a translator: every OpenAI field either maps onto a field of the job map
-(PROTOCOL.md, plus the ``stop`` and ``format`` extensions), is refused with a 400 because
-honouring it is impossible here and ignoring it would change the answer (``n > 1``,
-``tools``, ``logprobs``, ``logit_bias``, audio), or is ignored because it is a hint or
-bookkeeping (``user``, ``metadata``, ``store``, penalties, ...). docs/http.md has the
+(docs/protocol.md, with its extensions: ``stop``, ``format``, the sampling controls,
+``logprobs``, ``tools``), is refused with a 400 because honouring it is impossible here
+and ignoring it would change the answer (``logit_bias``, audio, ``reasoning_effort``,
+web search, and the answer-changing extensions of other servers in
+:data:`REFUSED_EXTENSIONS`), or is ignored because it is bookkeeping or changes no
+answer (``user``, ``metadata``, ``store``, ``prediction``, ...). docs/http.md has the
 table; :data:`IGNORED_CHAT_FIELDS` and friends are the code behind it.
+
+Sampling: what a request does not say takes the model's chat defaults (``defaults:
+"model"``, docs/models.md), not OpenAI's temperature 1: a client that says nothing gets
+the sampling the model reads best with, and a repetition penalty that stops a small
+model's loops. ``n`` up to :data:`MAX_N` runs that many jobs (``routes.py``).
 
 The ``uniun`` extension field carries the protocol's scheduling fields: a request is a
 ``chat`` (T0) unless it says ``"uniun": {"kind": "nataraj", ...}``.
@@ -21,43 +28,74 @@ from dataclasses import dataclass
 from typing import Any
 
 from uniun.actors.gateway.errors import ApiError, bad_request
+from uniun.actors.gateway.openai_tools import parse_tool_message, tool_fields
 from uniun.protocol.jobmap import MAX_JOB_ID_CHARS
 
 __all__ = [
     "IGNORED_CHAT_FIELDS",
+    "MAX_N",
+    "REFUSED_EXTENSIONS",
     "UNIUN_FIELDS",
     "JobRequest",
-    "chat_chunk",
     "chat_job",
-    "chat_response",
-    "completion_chunk",
     "completion_job",
-    "completion_response",
     "embedding_texts",
-    "uniun_info",
-    "usage_of",
 ]
 
-ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
+ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant",
+         "tool": "tool"}
+# Bookkeeping, or no change to the answer (``prediction`` only speeds a known answer up).
 IGNORED_CHAT_FIELDS = frozenset({
-    "user", "metadata", "store", "service_tier", "presence_penalty", "frequency_penalty",
-    "parallel_tool_calls", "reasoning_effort", "prediction", "web_search_options",
-    "safety_identifier", "prompt_cache_key", "verbosity", "top_logprobs", "tool_choice",
+    "user", "metadata", "store", "service_tier", "prediction", "safety_identifier",
+    "prompt_cache_key",
+})
+# Other servers' answer-changing extensions this one does not implement: refused by name
+# rather than ignored, so a client moved over from llama.cpp's server or vLLM is told.
+REFUSED_EXTENSIONS = frozenset({
+    "grammar", "json_schema", "guided_json", "guided_regex", "guided_choice",
+    "guided_grammar", "min_tokens", "ignore_eos", "mirostat", "mirostat_tau",
+    "mirostat_eta", "typical_p", "tfs_z", "dry_multiplier", "dry_base", "dry_allowed_length",
+    "dry_penalty_last_n", "xtc_probability", "xtc_threshold", "top_n_sigma",
+    "dynatemp_range", "dynatemp_exponent", "length_penalty", "use_beam_search",
+    "stop_token_ids", "bad_words", "allowed_token_ids", "n_probs", "penalize_nl",
+    "prompt_logprobs",
 })
 UNIUN_FIELDS = frozenset({"kind", "flow", "deadline", "deadline_in_s", "foreground_hint",
                           "job_id", "top_k"})
 MAX_TEMPERATURE = 2.0  # OpenAI's range; the protocol accepts up to 10
+MAX_N = 8  # choices per request, each a job of its own
+MAX_TOP_LOGPROBS = 20  # OpenAI's cap (chat); legacy completions' logprobs too
 
 
 @dataclass(frozen=True)
 class JobRequest:
-    """A validated request: the job map to submit and how to answer."""
+    """A validated request: the job map to submit and how to answer.
+
+    ``n`` > 1: :meth:`jobs` gives one job map per choice (their own ids and seeds, one
+    flow, the prompt's KV shared through ``cache_prompt``)."""
 
     job: dict[str, Any]
     model: str
     stream: bool
     include_usage: bool
     object_id: str  # chatcmpl-... / cmpl-...
+    n: int = 1
+    logprobs: int | None = None  # None: not asked; else alternatives per token
+    tools: bool = False  # the model may call a tool (tools given, tool_choice not none)
+
+    def jobs(self) -> list[dict[str, Any]]:
+        if self.n == 1:
+            return [self.job]
+        out = []
+        for i in range(self.n):
+            job = {**self.job, "job_id": f"{self.job['job_id']}-{i}", "cache_prompt": True}
+            job.setdefault("flow", f"{self.job['job_id']}")  # one fair-pool flow
+            sampling = dict(job.get("sampling") or {})
+            if sampling.get("seed") is not None:
+                sampling["seed"] = (sampling["seed"] + i) % 2**63  # each its own seed
+            job["sampling"] = sampling
+            out.append(job)
+        return out
 
 
 def _is_int(value: Any) -> bool:
@@ -100,7 +138,7 @@ def _content(value: Any, i: int) -> str:
                       f"messages[{i}].content")
 
 
-def _messages(value: Any) -> list[dict[str, str]]:
+def _messages(value: Any) -> list[dict[str, Any]]:
     if not isinstance(value, list) or not value:
         raise bad_request("messages must be a non-empty list", "messages")
     out = []
@@ -110,36 +148,86 @@ def _messages(value: Any) -> list[dict[str, str]]:
         role = msg.get("role")
         if not isinstance(role, str) or role not in ROLES:
             raise bad_request(f"role {role!r} is not supported (system, developer, user, "
-                              "assistant)", f"messages[{i}].role")
-        if msg.get("tool_calls"):
-            raise bad_request("tool calls are not supported", f"messages[{i}].tool_calls")
-        out.append({"role": ROLES[role], "content": _content(msg.get("content"), i)})
+                              "assistant, tool)", f"messages[{i}].role")
+        content = _content(msg.get("content"), i)
+        if role == "tool" or (role == "assistant" and msg.get("tool_calls")):
+            out.append(parse_tool_message(msg, i, content))
+        else:
+            out.append({"role": ROLES[role], "content": content})
     return out
 
 
+def _number(body: Mapping[str, Any], key: str, low: float, high: float, *,
+            open_low: bool = False, where: str | None = None) -> float | None:
+    value = body.get(key)
+    if value is None:
+        return None
+    if not _is_number(value) or not low <= value <= high or (open_low and value == low):
+        bound = "(" if open_low else "["
+        raise bad_request(f"{key} must be a number in {bound}{low:g}, {high:g}]", where or key)
+    return float(value)
+
+
 def _sampling(body: Mapping[str, Any], ext: Mapping[str, Any]) -> dict[str, Any]:
-    temperature = body.get("temperature")
-    if temperature is None:
-        temperature = 1.0  # OpenAI's default
-    if not _is_number(temperature) or not 0 <= temperature <= MAX_TEMPERATURE:
-        raise bad_request(f"temperature must be a number in [0, {MAX_TEMPERATURE:g}]",
-                          "temperature")
-    sampling: dict[str, Any] = {"temperature": float(temperature)}
-    top_p = body.get("top_p")
-    if top_p is not None:
-        if not _is_number(top_p) or not 0 < top_p <= 1:
-            raise bad_request("top_p must be a number in (0, 1]", "top_p")
-        sampling["top_p"] = float(top_p)
+    """The job's ``sampling``: what the request gives; the rest from the model's chat
+    defaults. Beside OpenAI's fields, the sampling extensions vLLM's and llama.cpp's
+    servers take at the top level (``top_k``, ``min_p``, ``repetition_penalty`` or
+    ``repeat_penalty``, ``repeat_last_n``)."""
+    sampling: dict[str, Any] = {"defaults": "model"}
+    for key, low, high, open_low in (("temperature", 0.0, MAX_TEMPERATURE, False),
+                                     ("top_p", 0.0, 1.0, True), ("min_p", 0.0, 1.0, False),
+                                     ("frequency_penalty", -2.0, 2.0, False),
+                                     ("presence_penalty", -2.0, 2.0, False)):
+        value = _number(body, key, low, high, open_low=open_low)
+        if value is not None:
+            sampling[key] = value
+    repetition = [(k, _number(body, k, 0.0, 10.0, open_low=True))
+                  for k in ("repetition_penalty", "repeat_penalty") if body.get(k) is not None]
+    if len({v for _, v in repetition}) > 1:
+        raise bad_request("repetition_penalty and repeat_penalty differ (they are one "
+                          "control)", "repeat_penalty")
+    if repetition:
+        sampling["repetition_penalty"] = repetition[0][1]
     seed = body.get("seed")
     if seed is not None:
         if not _is_int(seed) or not 0 <= seed < 2**63:
             raise bad_request("seed must be an integer in [0, 2^63)", "seed")
         sampling["seed"] = seed
-    if ext.get("top_k") is not None:
-        if not _is_int(ext["top_k"]) or ext["top_k"] < 0:
-            raise bad_request("uniun.top_k must be an integer >= 0", "uniun.top_k")
-        sampling["top_k"] = ext["top_k"]
+    last_n = body.get("repeat_last_n")
+    if last_n is not None:
+        if not _is_int(last_n) or not -1 <= last_n <= 1 << 20:
+            raise bad_request("repeat_last_n must be an integer >= -1 (-1 = all, 0 = off)",
+                              "repeat_last_n")
+        sampling["repeat_last_n"] = last_n
+    for top_k, where in ((body.get("top_k"), "top_k"), (ext.get("top_k"), "uniun.top_k")):
+        if top_k is not None:
+            if not _is_int(top_k) or top_k < 0:
+                raise bad_request(f"{where} must be an integer >= 0", where)
+            sampling["top_k"] = top_k
     return sampling
+
+
+def _logprobs(body: Mapping[str, Any], *, chat: bool) -> int | None:
+    """The job's ``logprobs``: chat ``logprobs: true`` with ``top_logprobs`` 0-20, or the
+    legacy completions' ``logprobs`` 0-20 (OpenAI's cap there is 5, vLLM's 20)."""
+    asked = body.get("logprobs")
+    top = body.get("top_logprobs")
+    if not chat:
+        if asked is None:
+            return None
+        if not _is_int(asked) or not 0 <= asked <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]",
+                              "logprobs")
+        return int(asked)
+    if asked is not None and not isinstance(asked, bool):
+        raise bad_request("logprobs must be a boolean", "logprobs")
+    if top is not None:
+        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+            raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]",
+                              "top_logprobs")
+        if not asked:
+            raise bad_request("top_logprobs needs logprobs: true", "top_logprobs")
+    return (int(top) if top is not None else 0) if asked else None
 
 
 def _max_tokens(body: Mapping[str, Any], default: int) -> int:
@@ -187,13 +275,6 @@ def _response_format(value: Any) -> dict[str, Any] | None:
 
 def _refuse_unsupported(body: Mapping[str, Any]) -> None:
     """Fields whose meaning cannot be honoured: refusing beats a silently different answer."""
-    n = body.get("n")
-    if n is not None and n != 1:
-        raise bad_request("only n=1 is supported", "n")
-    if body.get("tools") or body.get("functions"):
-        raise bad_request("tools and functions are not supported", "tools")
-    if body.get("logprobs"):
-        raise bad_request("logprobs are not supported", "logprobs")
     if body.get("logit_bias"):
         raise bad_request("logit_bias is not supported", "logit_bias")
     modalities = body.get("modalities")
@@ -201,6 +282,13 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
         raise bad_request("only the text modality is supported", "modalities")
     if body.get("audio"):
         raise bad_request("audio output is not supported", "audio")
+    if body.get("reasoning_effort") is not None:  # as OpenAI's own non-reasoning models
+        raise bad_request("reasoning_effort is not supported: the model does not reason "
+                          "before it answers", "reasoning_effort")
+    if body.get("verbosity") not in (None, "medium"):
+        raise bad_request("verbosity other than medium is not supported", "verbosity")
+    if body.get("web_search_options") is not None:
+        raise bad_request("web search is not supported", "web_search_options")
     best_of = body.get("best_of")
     if best_of is not None and best_of != 1:
         raise bad_request("only best_of=1 is supported", "best_of")
@@ -208,6 +296,19 @@ def _refuse_unsupported(body: Mapping[str, Any]) -> None:
         raise bad_request("echo is not supported", "echo")
     if body.get("suffix"):
         raise bad_request("suffix is not supported", "suffix")
+    refused = sorted(k for k in body if k in REFUSED_EXTENSIONS and body[k] is not None)
+    if refused:
+        raise bad_request(f"{refused[0]} is not supported by this server (docs/http.md)",
+                          refused[0])
+
+
+def _n(body: Mapping[str, Any]) -> int:
+    n = body.get("n")
+    if n is None:
+        return 1
+    if not _is_int(n) or not 1 <= n <= MAX_N:
+        raise bad_request(f"n must be an integer in [1, {MAX_N}]", "n")
+    return int(n)
 
 
 def _scheduling(ext: Mapping[str, Any], now: float) -> dict[str, Any]:
@@ -266,7 +367,14 @@ def chat_job(body: Any, *, default_max_tokens: int, now: float) -> JobRequest:
     fmt = _response_format(body.get("response_format"))
     if fmt is not None:
         job["format"] = fmt
-    return JobRequest(job, model, stream, usage, f"chatcmpl-{job['job_id']}")
+    logprobs = _logprobs(body, chat=True)
+    if logprobs is not None:
+        job["logprobs"] = logprobs
+    tools = tool_fields(body)
+    job.update(tools)
+    return JobRequest(job, model, stream, usage, f"chatcmpl-{job['job_id']}", n=_n(body),
+                      logprobs=logprobs,
+                      tools=bool(tools) and tools.get("tool_choice") != "none")
 
 
 def completion_job(body: Any, *, default_max_tokens: int, now: float) -> JobRequest:
@@ -279,7 +387,11 @@ def completion_job(body: Any, *, default_max_tokens: int, now: float) -> JobRequ
     if not isinstance(prompt, str) or not prompt:
         raise bad_request("prompt must be a non-empty string (one prompt per request)", "prompt")
     job["prompt"] = prompt
-    return JobRequest(job, model, stream, usage, f"cmpl-{job['job_id']}")
+    logprobs = _logprobs(body, chat=False)
+    if logprobs is not None:
+        job["logprobs"] = logprobs
+    return JobRequest(job, model, stream, usage, f"cmpl-{job['job_id']}", n=_n(body),
+                      logprobs=logprobs)
 
 
 def embedding_texts(body: Any, *, model: str, max_texts: int = 256) -> list[str]:
@@ -300,74 +412,3 @@ def embedding_texts(body: Any, *, model: str, max_texts: int = 256) -> list[str]
     if len(texts) > max_texts:
         raise bad_request(f"at most {max_texts} inputs per request", "input")
     return texts
-
-
-# -- responses ------------------------------------------------------------------------
-
-def usage_of(done: Mapping[str, Any]) -> dict[str, int]:
-    usage = done.get("usage") or {}
-    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    return {"prompt_tokens": prompt, "completion_tokens": completion,
-            "total_tokens": prompt + completion}
-
-
-def uniun_info(done: Mapping[str, Any], accepted: Mapping[str, Any] | None) -> dict[str, Any]:
-    return {"job_id": done.get("job_id"), "tier": (accepted or {}).get("tier"),
-            "preemptions": done.get("preemptions", 0), "timings": done.get("timings")}
-
-
-def chat_response(req: JobRequest, done: Mapping[str, Any], created: int,
-                  accepted: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return {"id": req.object_id, "object": "chat.completion", "created": created,
-            "model": req.model, "system_fingerprint": None,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": done["text"],
-                                                 "refusal": None},
-                         "logprobs": None, "finish_reason": done.get("finish_reason", "stop")}],
-            "usage": usage_of(done), "uniun": uniun_info(done, accepted)}
-
-
-def chat_chunk(req: JobRequest, created: int, *, content: str | None = None,
-               role: bool = False, finish_reason: str | None = None,
-               usage: dict[str, int] | None = None, final_usage: bool = False) -> dict[str, Any]:
-    """One ``chat.completion.chunk``; ``final_usage``: the usage-only chunk (no choices)."""
-    chunk: dict[str, Any] = {"id": req.object_id, "object": "chat.completion.chunk",
-                             "created": created, "model": req.model, "system_fingerprint": None}
-    if final_usage:
-        chunk["choices"] = []
-        chunk["usage"] = usage
-        return chunk
-    delta: dict[str, Any] = {}
-    if role:
-        delta["role"] = "assistant"
-    if content is not None:
-        delta["content"] = content
-    chunk["choices"] = [{"index": 0, "delta": delta, "logprobs": None,
-                         "finish_reason": finish_reason}]
-    if req.include_usage:
-        chunk["usage"] = None
-    return chunk
-
-
-def completion_response(req: JobRequest, done: Mapping[str, Any], created: int,
-                        accepted: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    return {"id": req.object_id, "object": "text_completion", "created": created,
-            "model": req.model, "system_fingerprint": None,
-            "choices": [{"index": 0, "text": done["text"], "logprobs": None,
-                         "finish_reason": done.get("finish_reason", "stop")}],
-            "usage": usage_of(done), "uniun": uniun_info(done, accepted)}
-
-
-def completion_chunk(req: JobRequest, created: int, *, text: str = "",
-                     finish_reason: str | None = None, usage: dict[str, int] | None = None,
-                     final_usage: bool = False) -> dict[str, Any]:
-    chunk: dict[str, Any] = {"id": req.object_id, "object": "text_completion",
-                             "created": created, "model": req.model, "system_fingerprint": None}
-    if final_usage:
-        chunk["choices"] = []
-        chunk["usage"] = usage
-        return chunk
-    chunk["choices"] = [{"index": 0, "text": text, "logprobs": None,
-                         "finish_reason": finish_reason}]
-    if req.include_usage:
-        chunk["usage"] = None
-    return chunk

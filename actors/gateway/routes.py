@@ -3,13 +3,19 @@ health. Each handler maps the request (``openai_map``), runs it through the
 :class:`~uniun.actors.gateway.link.SchedulerLink` and answers in OpenAI's shapes; every
 refusal is an :class:`~uniun.actors.gateway.errors.ApiError`.
 
-Streaming: the job's start (or its refusal, by the scheduler or by the runner) is
+A request with ``n`` > 1 runs ``n`` jobs (``JobRequest.jobs``), each accepted before any
+answer; each has a :class:`~uniun.actors.gateway.choices.Choice` that turns its events
+into its part of the response (text, tool calls, log-probabilities).
+
+Streaming: the (first) job's start (or its refusal, by the scheduler or by the runner) is
 awaited *before* the SSE response starts, so a refusal is a proper HTTP status
-(400/404/429/503), never an error buried in a 200 stream. After that, tokens become ``chat.completion.chunk`` events; a
-``paused`` (the job was preempted) sends nothing, so the client sees a slower stream; an
-``error`` event becomes ``data: {"error": ...}`` and the stream ends without ``[DONE]``.
-A client that disconnects cancels its job: Starlette cancels the streaming generator
-(or, for a non-streamed request, :func:`_watch_disconnect` sees ``http.disconnect``).
+(400/404/429/503), never an error buried in a 200 stream. After that, tokens become
+``chat.completion.chunk`` events, the jobs' interleaved as they come, each with its
+choice's ``index``; a ``paused`` (the job was preempted) sends nothing, so the client
+sees a slower stream; an ``error`` event becomes ``data: {"error": ...}`` and the stream
+ends without ``[DONE]`` (the request's other jobs are cancelled). A client that
+disconnects cancels its jobs: Starlette cancels the streaming generator (or, for a
+non-streamed request, :func:`_watch_disconnect` sees ``http.disconnect``).
 """
 
 from __future__ import annotations
@@ -18,7 +24,7 @@ import asyncio
 import base64
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from typing import Any
 
 from loguru import logger
@@ -26,7 +32,9 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
 from uniun.actors.gateway import openai_map as om
+from uniun.actors.gateway import openai_responses as orsp
 from uniun.actors.gateway.body import carriable, parse_json
+from uniun.actors.gateway.choices import Choice
 from uniun.actors.gateway.errors import ApiError, from_protocol
 from uniun.actors.gateway.gateway import Gateway, too_many
 from uniun.actors.gateway.link import JobRun, Outcome
@@ -115,36 +123,53 @@ async def _drain(run: JobRun) -> None:
         outcome = await run.next()
 
 
-async def _watch_disconnect(request: Request, run: JobRun) -> None:
+async def _watch_disconnect(request: Request, runs: list[JobRun]) -> None:
     while True:
         message = await request.receive()
         if message["type"] == "http.disconnect":
-            run.cancel()
+            for run in runs:
+                run.cancel()
             return
 
 
-async def _collect(gateway: Gateway, request: Request, run: JobRun) -> dict[str, Any]:
-    """Events until ``done`` (returned) or a failure (raised); a disconnect cancels."""
-    watcher = asyncio.ensure_future(_watch_disconnect(request, run))
+async def _events(run: JobRun, choice: Choice) -> tuple[dict[str, Any] | None,
+                                                         ApiError | None]:
+    """One job's events until its end: its ``done`` or its failure (tokens go to its
+    choice, for the log-probabilities)."""
     failure: ApiError | None = None
     done: dict[str, Any] | None = None
-    try:
-        while (outcome := await run.next()).kind != "end":
-            if outcome.kind == "event" and outcome.data is not None:
-                if outcome.data["type"] == "done":
-                    done = outcome.data
-                elif outcome.data["type"] == "error":
-                    failure = _failure(outcome)
-            elif outcome.kind != "accepted":
+    while (outcome := await run.next()).kind != "end":
+        if outcome.kind == "event" and outcome.data is not None:
+            if outcome.data["type"] == "token":
+                choice.on_token(outcome.data)
+            elif outcome.data["type"] == "done":
+                done = outcome.data
+            elif outcome.data["type"] == "error":
                 failure = _failure(outcome)
+        elif outcome.kind != "accepted":
+            failure = _failure(outcome)
+    return done, failure
+
+
+async def _collect(gateway: Gateway, request: Request, runs: list[JobRun],
+                   choices: list[Choice]) -> list[dict[str, Any]]:
+    """Every job's ``done`` (returned, in order) or the first failure (raised); a
+    disconnect cancels them all."""
+    watcher = asyncio.ensure_future(_watch_disconnect(request, runs))
+    results: list[tuple[dict[str, Any] | None, ApiError | None]] = []
+    try:
+        results = list(await asyncio.gather(*(_events(r, c) for r, c in zip(runs, choices))))
     finally:
         watcher.cancel()
-        gateway.link.open -= 1
-        if done is None and failure is None:  # cancelled (shutdown): stop the job too
-            run.cancel()
-    if done is None:
+        gateway.link.open -= len(runs)
+        if len(results) < len(runs):  # cancelled (shutdown): stop the jobs too
+            for run in runs:
+                run.cancel()
+    dones = [done for done, _ in results]
+    if any(done is None for done in dones):
+        failure = next((f for _, f in results if f is not None), None)
         raise failure or ApiError(500, "the job ended without a result", "server_error")
-    return done
+    return dones  # type: ignore[return-value]
 
 
 async def _until_started(gateway: Gateway, request: Request, run: JobRun) -> list[Outcome]:
@@ -156,7 +181,7 @@ async def _until_started(gateway: Gateway, request: Request, run: JobRun) -> lis
     which takes as long. A failure is raised (its slot given back); a client that goes
     away meanwhile cancels the job.
     """
-    watcher = asyncio.ensure_future(_watch_disconnect(request, run))
+    watcher = asyncio.ensure_future(_watch_disconnect(request, [run]))
     seen: list[Outcome] = []
     failure: ApiError | None = None
     try:
@@ -182,46 +207,80 @@ async def _until_started(gateway: Gateway, request: Request, run: JobRun) -> lis
     raise failure
 
 
-async def _stream(gateway: Gateway, run: JobRun, chunk: Callable[..., dict[str, Any]],
-                  first: dict[str, Any] | None, include_usage: bool,
-                  accepted: dict[str, Any], pending: list[Outcome]) -> AsyncIterator[bytes]:
-    """SSE of a job: ``first`` (the role chunk), text chunks, the finish, usage, [DONE].
-    ``pending``: outcomes already read (by :func:`_until_started`), handled first."""
-    ended = False
+async def _merged(runs: list[JobRun], pending: list[Outcome]
+                  ) -> AsyncIterator[tuple[int, Outcome]]:
+    """The outcomes of several jobs as they come, each with its job's index; ``pending``:
+    the first job's outcomes already read (by :func:`_until_started`), first."""
+    for outcome in pending:
+        yield 0, outcome
+    queue: asyncio.Queue[tuple[int, Outcome]] = asyncio.Queue()
 
-    async def outcomes() -> AsyncIterator[Outcome]:
-        for outcome in pending:
-            yield outcome
-        while (outcome := await run.next()).kind != "end":
-            yield outcome
+    async def pump(i: int, run: JobRun) -> None:
+        while True:
+            outcome = await run.next()
+            queue.put_nowait((i, outcome))
+            if outcome.kind == "end":
+                return
 
+    tasks = [asyncio.ensure_future(pump(i, run)) for i, run in enumerate(runs)]
     try:
-        if first is not None:
-            yield _sse(first)
-        async for outcome in outcomes():
+        ended = 0
+        while ended < len(runs):
+            i, outcome = await queue.get()
+            if outcome.kind == "end":
+                ended += 1
+                continue
+            yield i, outcome
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
+async def _stream(gateway: Gateway, req: om.JobRequest, runs: list[JobRun],
+                  choices: list[Choice], accepted: list[dict[str, Any]], created: int,
+                  pending: list[Outcome], *, chat: bool) -> AsyncIterator[bytes]:
+    """SSE of a request's jobs: the role chunks, the choices' chunks as their tokens come,
+    each choice's finish, the usage, [DONE]; a job's failure ends the stream (no [DONE])."""
+    finished = False
+    dones: dict[int, dict[str, Any]] = {}
+    try:
+        if chat:
+            for i in range(len(runs)):
+                yield _sse(orsp.role_chunk(req, created, i))
+        async for i, outcome in _merged(runs, pending):
             event = outcome.data if outcome.kind == "event" else None
             if event is None:
                 if outcome.kind != "accepted":
                     yield _sse(_failure(outcome).body())
+                    break
                 continue
-            if event["type"] == "token" and event["text"]:
-                yield _sse(chunk(text=event["text"]))
+            if event["type"] == "token":
+                entries = choices[i].on_token(event)
+                if entries:
+                    yield _sse(orsp.chunk(req, created, entries, chat=chat))
             elif event["type"] == "done":
-                last = chunk(finish_reason=event.get("finish_reason", "stop"))
-                last["uniun"] = om.uniun_info(event, accepted)  # extension: job id, tier, ...
+                dones[i] = event
+                last = orsp.chunk(req, created, choices[i].on_done(event), chat=chat)
+                last["uniun"] = orsp.uniun_info([event], [accepted[i]])  # job id, tier, ...
                 yield _sse(last)
-                if include_usage:
-                    yield _sse(chunk(usage=om.usage_of(event), final_usage=True))
-                yield b"data: [DONE]\n\n"
             elif event["type"] == "error":
                 yield _sse(_failure(outcome).body())
-        ended = True
+                break
+        else:
+            if req.include_usage:
+                yield _sse(orsp.usage_chunk(req, created, [dones[i] for i in sorted(dones)],
+                                            chat=chat))
+            yield b"data: [DONE]\n\n"
+        finished = True
     finally:
         # No await in here: a cancelled scope (the client went away) cancels every await.
-        gateway.link.open -= 1
-        if not ended:  # the client went away (Starlette cancelled us): cancel the job
-            run.cancel()
-            logger.bind(job=run.job_id).info("HTTP client disconnected; cancelling its job")
+        gateway.link.open -= len(runs)
+        if not finished or len(dones) < len(runs):  # gone away, or one job failed
+            for run in runs:
+                run.cancel()
+            if not finished:
+                logger.bind(job=runs[0].job_id).info(
+                    "HTTP client disconnected; cancelling its job(s)")
 
 
 async def chat_completions(request: Request) -> Response:
@@ -241,26 +300,34 @@ async def completions(request: Request) -> Response:
 
 async def _complete(gateway: Gateway, request: Request, req: om.JobRequest, *,
                     chat: bool) -> Response:
-    run, accepted = await _start(gateway, req.job)
+    started: list[tuple[JobRun, dict[str, Any]]] = []
+    try:
+        for job in req.jobs():  # n jobs: each refused or accepted before any answer
+            started.append(await _start(gateway, job))
+    except BaseException:
+        for run, _ in started:  # the ones already accepted are not wanted any more
+            run.cancel()
+            gateway.link.open -= 1
+        raise
+    runs = [run for run, _ in started]
+    accepted = [a for _, a in started]
+    choices = [Choice(i, run.job_id, chat=chat, tools=req.tools, logprobs=req.logprobs)
+               for i, run in enumerate(runs)]
     created = int(time.time())
     if not req.stream:
-        done = await _collect(gateway, request, run)
-        make = om.chat_response if chat else om.completion_response
-        return JSONResponse(make(req, done, created, accepted))
-
-    def chunk(text: str = "", finish_reason: str | None = None,
-              usage: dict[str, int] | None = None, final_usage: bool = False) -> dict[str, Any]:
-        if chat:
-            return om.chat_chunk(req, created, content=None if finish_reason else text,
-                                 finish_reason=finish_reason, usage=usage,
-                                 final_usage=final_usage)
-        return om.completion_chunk(req, created, text=text, finish_reason=finish_reason,
-                                   usage=usage, final_usage=final_usage)
-
-    pending = await _until_started(gateway, request, run)
-    first = om.chat_chunk(req, created, role=True, content="") if chat else None
-    return StreamingResponse(_stream(gateway, run, chunk, first, req.include_usage, accepted,
-                                     pending),
+        dones = await _collect(gateway, request, runs, choices)
+        return JSONResponse(orsp.response(req, choices, dones, created, accepted, chat=chat))
+    # The first job's start is awaited before the response begins (its refusal is then an
+    # HTTP status); its siblings share its prompt, so the runner would refuse them alike.
+    try:
+        pending = await _until_started(gateway, request, runs[0])
+    except BaseException:
+        for run in runs[1:]:
+            run.cancel()
+            gateway.link.open -= 1
+        raise
+    return StreamingResponse(_stream(gateway, req, runs, choices, accepted, created, pending,
+                                     chat=chat),
                              media_type="text/event-stream", headers=SSE_HEADERS)
 
 

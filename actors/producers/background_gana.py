@@ -160,7 +160,8 @@ class BackgroundGana:
             session = self.sessions.get(model_id)
             text_in = ({"prompt": gana_completion_prompt(gana)} if gana.style == "completion"
                        else {"messages": gana_messages(gana)})
-            gen = session.start(**text_in, max_new_tokens=max_new, job_id=fire.job_id)
+            gen = session.start(**text_in, max_new_tokens=max_new, job_id=fire.job_id,
+                                tools=gana.tools, tool_choice=gana.tool_choice)
         except Exception as err:  # unknown model, prompt too long: a recorded failure
             log.error("cannot run Gana {} on {}: {}", gana.id, model_id, err)
             finish_fire(self.store, fire, None, failed=f"{type(err).__name__}: {err}")

@@ -17,11 +17,15 @@ background-Gana process) is settled by a claim in the results database; both use
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from uniun.protocol.errors import InvalidField
+from uniun.protocol.tools import canonical, parse_tool_choice, parse_tools
 
 try:  # Python 3.11+
     import tomllib
@@ -31,7 +35,7 @@ except ModuleNotFoundError:  # pragma: no cover - Python 3.10
 GANA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_MAX_NEW_TOKENS = 128
 _KEYS = frozenset({"id", "prompt", "every_minutes", "model_id", "max_new_tokens", "system",
-                   "style"})
+                   "style", "tools", "tool_choice"})
 STYLES = ("chat", "completion")
 
 
@@ -52,6 +56,14 @@ class GanaDef:
     # "completion": ``prompt`` is sent as raw text (few-shot text for a base model such as
     # Gemma 3 270M, which has no chat template); "chat" (default): as a user message.
     style: str = "chat"
+    # Functions the Gana's model may call, as the job map's ``tools`` (docs/protocol.md),
+    # kept as JSON text (a frozen definition); the run's text is then the call.
+    tools_json: str | None = None
+    tool_choice: Any = None  # none, auto, required or {"name": ...}; default auto
+
+    @property
+    def tools(self) -> list[dict[str, Any]] | None:
+        return json.loads(self.tools_json) if self.tools_json is not None else None
 
     @property
     def every_s(self) -> float:
@@ -102,8 +114,27 @@ def parse_ganas(data: dict[str, Any], *, source: str = "ganas.toml") -> list[Gan
         style = item.get("style", "chat")
         if style not in STYLES:
             raise GanaConfigError(f"{where}: style must be one of {', '.join(STYLES)}")
-        out.append(GanaDef(gid, prompt, float(every), model_id, max_new, system, style))
+        tools_json, choice = _tools(item, where, style)
+        out.append(GanaDef(gid, prompt, float(every), model_id, max_new, system, style,
+                           tools_json, choice))
     return out
+
+
+def _tools(item: dict[str, Any], where: str, style: str) -> tuple[str | None, Any]:
+    """A Gana's ``tools`` and ``tool_choice``, checked as the job map checks them."""
+    if item.get("tools") is None:
+        if item.get("tool_choice") is not None:
+            raise GanaConfigError(f"{where}: tool_choice needs tools")
+        return None, None
+    if style != "chat":
+        raise GanaConfigError(f"{where}: tools need style chat (the model sees them in "
+                              "its chat template)")
+    try:
+        tools = parse_tools(item["tools"])
+        choice, name = parse_tool_choice(item.get("tool_choice"), {t["name"] for t in tools})
+    except InvalidField as err:
+        raise GanaConfigError(f"{where}: {err.message}") from None
+    return canonical(tools, sort_keys=False), {"name": name} if name else choice
 
 
 def load_ganas(path: Path) -> list[GanaDef]:
@@ -175,4 +206,7 @@ def gana_job(gana: GanaDef, *, job_id: str, deadline: float | None,
         job["messages"] = gana_messages(gana)
     if gana.model_id is not None:
         job["model_id"] = gana.model_id
+    if gana.tools_json is not None:
+        job["tools"] = gana.tools
+        job["tool_choice"] = gana.tool_choice
     return job

@@ -25,6 +25,7 @@ heartbeats); each is one reference, replaced whole, so no lock is needed.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -97,6 +98,7 @@ class RunnerJobs:
         self.session: Any = None  # DecoderSession, imported lazily (onnxruntime)
         self.active: _Active | None = None
         self._orphans: dict[str, Path] = {}
+        self._shower: tuple[Any, Any] | None = None  # (session, its token text/bytes lookup)
         # (snapshots, snapshot bytes, trimmed, spilled), read by the pump thread
         self.stats = (0, 0, 0, 0)
 
@@ -225,10 +227,17 @@ class RunnerJobs:
         self._activate(cmd.job_id, gen, cmd.grant, resumed=bool(cmd.tokens))
 
     def _fresh(self, cmd: rp.Start) -> Generation:
-        messages = [{"role": r, "content": c} for r, c in cmd.messages] if cmd.messages else None
+        messages = [_message_map(m) for m in cmd.messages] if cmd.messages else None
+        # The job map's extensions only when the job uses them: a session (or a test's
+        # stand-in for one) that predates them still runs every other job.
+        extras = {k: v for k, v in (("logprobs", cmd.logprobs), ("tools", cmd.tools),
+                                    ("tool_choice", cmd.tool_choice),
+                                    ("cache_prompt", cmd.cache_prompt or None))
+                  if v is not None}
         gen = self.session.start(cmd.prompt, messages=messages,
                                  max_new_tokens=cmd.max_new_tokens, sampling=cmd.sampling,
-                                 job_id=cmd.job_id, stop=tuple(cmd.stop), format=cmd.format)
+                                 job_id=cmd.job_id, stop=tuple(cmd.stop), format=cmd.format,
+                                 **extras)
         if not cmd.tokens and cmd.seed is None:
             return gen
         progress = gen.progress
@@ -316,7 +325,8 @@ class RunnerJobs:
         if self._token_pace_s > 0:
             self._pace(len(a.gen.generated_ids))
         self._report(rp.Token(job_id=a.job_id, seq=ev.seq, token_id=ev.token_id,
-                              text=ev.text_delta, seconds=a.lap()))
+                              text=ev.text_delta, seconds=a.lap(),
+                              logprobs=self._logprobs(a.gen, ev.logprobs)))
         if ev.finished:
             self.active = None
             p = a.gen.progress
@@ -328,6 +338,22 @@ class RunnerJobs:
             self.park_active(report=True, grant_spent=True)
         else:
             self._step_again()
+
+    def _logprobs(self, gen: Generation, lp: Any) -> list[Any] | None:
+        """A token's log-probabilities in the runner's compact form, for a job that asked
+        (the scheduler expands it: ``protocol.messages.expand_logprobs``)."""
+        if lp is None:
+            return None
+        from uniun.models.constrain import token_bytes
+        from uniun.models.logprobs import logprobs_record, token_shower
+
+        session = self.session
+        if self._shower is None or self._shower[0] is not session:  # one per loaded model
+            vocab = int(session.config.get("vocab_size", 0)) or len(session.tokenizer)
+            eos = gen.progress.eos_ids
+            self._shower = (session, token_shower(
+                lambda t: token_bytes(session.tokenizer, vocab, eos, t)))
+        return logprobs_record(lp, self._shower[1])
 
     def _pace(self, generated: int) -> None:
         """Sleep until this segment's tokens have taken their least runner time (a
@@ -375,3 +401,12 @@ class RunnerJobs:
         if path is not None:
             path.unlink(missing_ok=True)
         self._update_stats()
+
+
+def _message_map(message: list[str]) -> dict[str, Any]:
+    """A ``Start`` message (``[role, content]`` or ``[role, content, extra JSON]``) as the
+    session's ``{role, content, ...}`` map."""
+    out: dict[str, Any] = {"role": message[0], "content": message[1]}
+    if len(message) > 2:
+        out.update(json.loads(message[2]))
+    return out

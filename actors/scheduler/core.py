@@ -211,11 +211,17 @@ class SchedulerCore(ClientRequests):
         record.deaths = 0  # progress: the deaths before were not this job's doing
         record.token_ids.append(rep.token_id)
         record.texts.append(rep.text)
+        logprobs = None
+        if record.spec.logprobs is not None:  # indexed by seq (None: not kept, e.g. a
+            # token journaled before a scheduler restart)
+            logprobs = m.expand_logprobs(rep.logprobs)
+            record.logprobs.extend([None] * (rep.seq - len(record.logprobs)))
+            record.logprobs.append(logprobs)
         first_of_job = record.first_token_at is None
         record.first_token_at = record.first_token_at or now
         self.rec.token(fx, record, rep.seconds, first_of_job)
         if record.spec.stream and record.state != "cancelling":
-            self._emit(fx, record, m.event_token(record.job_id, rep.seq, rep.text))
+            self._emit(fx, record, m.event_token(record.job_id, rep.seq, rep.text, logprobs))
 
     def _paused(self, fx: Effects, record: JobRecord, rep: rp.Paused) -> None:
         reason = "budget" if rep.grant_spent else (record.pause_reason or "preempted")

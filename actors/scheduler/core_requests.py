@@ -122,7 +122,8 @@ class ClientRequests(CoreState):
                                                     state=record.state,
                                                     streamed=record.generated)))
         if after_seq is not None and record.spec.stream:
-            fx.sends.extend(Send(conn, m.event_token(record.job_id, seq, record.texts[seq]))
+            fx.sends.extend(Send(conn, m.event_token(record.job_id, seq, record.texts[seq],
+                                                     _kept_logprobs(record, seq)))
                             for seq in range(after_seq + 1, record.generated))
         if record.final is not None:
             fx.sends.append(Send(conn, record.final))
@@ -213,3 +214,9 @@ class ClientRequests(CoreState):
         rq.Foreground: _foreground, rq.Lifecycle: _lifecycle, rq.StatusRequest: _status,
         rq.Watch: _watch,
     }
+
+
+def _kept_logprobs(record: JobRecord, seq: int) -> dict[str, Any] | None:
+    """A replayed token's log-probabilities, when the job asked and they were kept (not
+    across a scheduler restart: the journal keeps texts, not these)."""
+    return record.logprobs[seq] if seq < len(record.logprobs) else None

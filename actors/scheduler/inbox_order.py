@@ -66,7 +66,9 @@ class Pending:
 
     @property
     def reply_only(self) -> bool:
-        return isinstance(self.raw, Mapping) and self.raw.get("type") in REPLY_ONLY
+        # a hostile ``type`` may be a map or a list: unhashable, so no set lookup for it
+        kind = self.raw.get("type") if isinstance(self.raw, Mapping) else None
+        return isinstance(kind, str) and kind in REPLY_ONLY
 
 
 def classify(conn: bytes, raw: Any, rules: Interactive, owner: str | None = None) -> Pending:

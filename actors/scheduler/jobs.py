@@ -18,6 +18,7 @@ from typing import Any
 from uniun.protocol import messages as m
 from uniun.protocol import runner_records as rp
 from uniun.protocol.jobmap import JobSpec
+from uniun.protocol.tools import parse_tool_calls
 
 __all__ = ["JobRecord", "JobTable", "done_event", "start_command"]
 
@@ -31,6 +32,7 @@ class JobRecord:
     subscribers: set[bytes] = field(default_factory=set)
     token_ids: list[int] = field(default_factory=list)
     texts: list[str] = field(default_factory=list)
+    logprobs: list[dict[str, Any] | None] = field(default_factory=list)  # if it asked
     tail: str = ""  # text released only at the end
     seed: int | None = None
     started_at: float | None = None
@@ -111,11 +113,16 @@ def done_event(record: JobRecord, finish_reason: str, now: float) -> dict[str, A
     """The ``done`` event of a finished job; times are measured from acceptance."""
     start = record.started_at if record.started_at is not None else now
     ttft = None if record.first_token_at is None else record.first_token_at - record.accepted_at
+    calls = None
+    tools = record.spec.tools
+    if tools is not None and tools.active and finish_reason == "stop":
+        calls = parse_tool_calls(record.text, record.job_id)
+        finish_reason = "tool_calls" if calls else finish_reason
     return m.event_done(record.job_id, text=record.text, finish_reason=finish_reason,
                         prompt_tokens=record.prompt_tokens, completion_tokens=record.generated,
                         queued_s=max(0.0, start - record.accepted_at), ttft_s=ttft,
                         total_s=max(0.0, now - record.accepted_at),
-                        preemptions=record.preemptions)
+                        preemptions=record.preemptions, tool_calls=calls)
 
 
 def start_command(record: JobRecord, grant: int | None) -> rp.Start:
@@ -124,10 +131,11 @@ def start_command(record: JobRecord, grant: int | None) -> rp.Start:
     spec = record.spec
     return rp.Start(
         job_id=spec.job_id, model_id=spec.model_id, job_kind=spec.kind, prompt=spec.prompt,
-        messages=[[r, c] for r, c in spec.messages] if spec.messages is not None else None,
-        max_new_tokens=spec.max_new_tokens,
-        sampling={"temperature": spec.sampling.temperature, "top_p": spec.sampling.top_p,
-                  "top_k": spec.sampling.top_k, "seed": spec.sampling.seed},
+        messages=[list(msg) for msg in spec.messages] if spec.messages is not None else None,
+        max_new_tokens=spec.max_new_tokens, sampling=spec.sampling.to_map(),
         tokens=list(record.token_ids), text="".join(record.texts), seed=record.seed,
         grant=grant or 0, stop=list(spec.stop),
-        format=spec.format.to_map() if spec.format is not None else None)
+        format=spec.format.to_map() if spec.format is not None else None,
+        logprobs=spec.logprobs, tools=spec.tools.tools if spec.tools is not None else None,
+        tool_choice=spec.tools.choice_map() if spec.tools is not None else None,
+        cache_prompt=spec.cache_prompt)

@@ -93,10 +93,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     peer.add_argument("--peer-no-extra-buffers", action="store_true",
                       help="run llama.cpp without its repacked / AMX weight buffers "
                            "(use_extra_bufts off): its AMX path crashes on some Xeons")
+    dialect = parser.add_argument_group("the OpenAI dialect's measures (--dialect)")
+    dialect.add_argument("--dialect", action="store_true",
+                         help="instead of the end-to-end bench: penalties vs llama.cpp, "
+                              "chat loops with the chat defaults, resume exactness, logprobs, "
+                              "their decode cost, tool calls; one JSON file each in --out "
+                              "(a folder, default bench/results)")
+    dialect.add_argument("--measures", default=None, metavar="M,M",
+                         help="which of them (default all): penalties-vs-llamacpp, "
+                              "chat-loops, resume-identical, logprobs-top1, decode-cost, "
+                              "tool-calls")
+    dialect.add_argument("--tool-requests", type=int, default=100, metavar="N",
+                         help="tool_choice: required requests over HTTP (default 100)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.dialect:
+        from uniun.runtime.commands.bench_dialect import run_dialect
+
+        return run_dialect(args)
     if args.peer:
         from uniun.runtime.commands.bench_peer import run_peer
 

@@ -25,6 +25,7 @@ from uniun.runtime.commands.common import (
     connect,
     describe_done,
 )
+from uniun.runtime.commands.sampling_args import add_sampling_args, sampling_map
 
 PROMPT = "you> "
 HELP = "Ctrl-C cancels an answer · Ctrl-D or /exit quits · /reset forgets the conversation"
@@ -40,6 +41,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--max-new-tokens", type=int, metavar="N", default=256,
                         help="most tokens per answer (default 256)")
     parser.add_argument("--quiet", action="store_true", help="no timings after answers")
+    add_sampling_args(parser, defaults_help="model: the model's chat defaults")
     add_connection_args(parser)
     parser.set_defaults(func=run)
 
@@ -110,6 +112,7 @@ def _job(args: argparse.Namespace, turn: list[dict[str, str]]) -> dict[str, Any]
                            "messages": system + turn, "max_new_tokens": args.max_new_tokens}
     if args.model:
         job["model_id"] = args.model
+    job["sampling"] = sampling_map(args, defaults="model")
     return job
 
 

@@ -14,6 +14,8 @@ import sys
 import time
 from pathlib import Path
 
+from uniun.runtime.commands.sampling_args import add_sampling_args, sampling_map
+
 EXIT_ERROR = 1
 EXIT_USAGE = 2
 
@@ -27,10 +29,7 @@ def register_models(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--system", default=None, help="system prompt (default: the template's)")
     run.add_argument("--raw", action="store_true", help="send PROMPT as raw text, no chat template")
     run.add_argument("--max-new-tokens", type=int, default=256)
-    run.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    run.add_argument("--top-p", type=float, default=1.0)
-    run.add_argument("--top-k", type=int, default=0)
-    run.add_argument("--seed", type=int, default=None)
+    add_sampling_args(run, defaults_help="model: the model's chat defaults")
     run.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     run.add_argument("--threads", type=int, default=2)
     run.set_defaults(func=_run)
@@ -70,12 +69,14 @@ def _model_dir(model_id: str) -> Path | None:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from uniun.models.chat_defaults import chat_defaults
     from uniun.models.sampling import SamplingParams
     from uniun.models.session import DecoderSession
 
     _quiet_logs()
     try:
-        sampling = SamplingParams(args.temperature, args.top_p, args.top_k, args.seed)
+        sampling = sampling_map(args, defaults="model")
+        SamplingParams.coerce(sampling, chat_defaults(args.model_id))  # refuse bad values now
         if args.max_new_tokens < 1:
             raise ValueError("--max-new-tokens must be >= 1")
     except ValueError as exc:
@@ -114,6 +115,10 @@ def _run(args: argparse.Namespace) -> int:
     print(f"[{args.model_id}: {len(gen.progress.prompt_ids)} prompt tokens, {count} generated, "
           f"finish={gen.finish_reason}, load {session.load_s:.2f}s, ttft {first or 0:.2f}s, "
           f"{decode:.1f} ms/token]", file=sys.stderr)
+    used = gen.progress.sampling
+    shown = {k: v for k, v in used.to_map().items() if v != getattr(SamplingParams(), k)}
+    print(f"[sampling: {shown or 'greedy, no penalty'}; seed {gen.progress.seed}]",
+          file=sys.stderr)
     return 0
 
 

@@ -13,6 +13,7 @@ import json
 import sys
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 from uniun.protocol import messages as m
@@ -24,6 +25,7 @@ from uniun.runtime.commands.common import (
     connect,
     describe_done,
 )
+from uniun.runtime.commands.sampling_args import add_sampling_args, sampling_map
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,9 +54,15 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="send TEXT as chat messages even for non-chat kinds")
     parser.add_argument("--job-id", metavar="ID", default=None,
                         help="job id (default: a random one); resubmitting is idempotent")
-    parser.add_argument("--temperature", type=float, default=None,
-                        help="sampling temperature (default 0 = greedy)")
-    parser.add_argument("--seed", type=int, default=None, help="sampling seed")
+    parser.add_argument("--logprobs", type=int, metavar="N", default=None,
+                        help="ask for each token's log-probability and its N most likely "
+                             "alternatives (0-20; shown with --json)")
+    parser.add_argument("--tools", type=Path, metavar="FILE", default=None,
+                        help="a JSON file with the job's tools: [{name, description, "
+                             "parameters}] (docs/protocol.md)")
+    parser.add_argument("--tool-choice", metavar="C", default=None,
+                        help="none, auto (default), required, or a function's name")
+    add_sampling_args(parser, defaults_help="model for --kind chat, none for other kinds")
     parser.add_argument("--no-wait", action="store_true",
                         help="print the job id once accepted and return (job keeps running)")
     parser.add_argument("--events", action="store_true",
@@ -85,10 +93,20 @@ def build_job(args: argparse.Namespace) -> dict[str, Any]:
         job["foreground_hint"] = True
     if args.max_new_tokens is not None:
         job["max_new_tokens"] = args.max_new_tokens
-    sampling = {k: v for k, v in (("temperature", args.temperature), ("seed", args.seed))
-                if v is not None}
+    sampling = sampling_map(args, defaults="model" if args.kind == "chat" else "none")
     if sampling:
         job["sampling"] = sampling
+    if args.logprobs is not None:
+        job["logprobs"] = args.logprobs
+    if args.tools is not None:
+        try:
+            job["tools"] = json.loads(args.tools.read_text())
+        except (OSError, ValueError) as err:
+            raise CommandError(f"--tools {args.tools}: {err}") from None
+    if args.tool_choice is not None:
+        choice = args.tool_choice
+        job["tool_choice"] = choice if choice in ("none", "auto", "required") else {
+            "name": choice}
     return job
 
 

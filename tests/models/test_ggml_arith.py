@@ -300,6 +300,30 @@ def _replay_golden(session: Any, runs: list[dict]) -> None:
         assert tokens == run["tokens"]
 
 
+PENALTIES = Path(__file__).with_name("data") / "llamacpp-smollm2-q4_1-penalties.json"
+
+
+@pytest.mark.smollm2
+def test_greedy_text_with_a_repetition_penalty_is_llama_cpps(ggml_smollm2: Path) -> None:
+    """llama.cpp's repeat_penalty 1.1 over the last 64 tokens, the prompt included as its
+    server feeds it (recorded by scripts/record_llamacpp_penalties.py): the same text,
+    token for token, up to 60 tokens or llama.cpp's EOS."""
+    from uniun.models.session import DecoderSession
+
+    record = json.loads(PENALTIES.read_text())
+    session = DecoderSession.load(ggml_smollm2, threads=2, prefix_cache_bytes=0)
+    sampling = {"repetition_penalty": record["repeat_penalty"],
+                "repeat_last_n": record["repeat_last_n"]}
+    changed = 0
+    for run in record["runs"]:
+        want = run["tokens"]
+        gen = session.start(prompt_ids=run["prompt"], max_new_tokens=60, sampling=sampling)
+        assert [e.token_id for e in session.generate(gen)] == want
+        plain = session.start(prompt_ids=run["prompt"], max_new_tokens=len(want))
+        changed += [e.token_id for e in session.generate(plain)] != want
+    assert changed == len(record["runs"])  # the penalty made every one of these texts
+
+
 def test_models_it_does_not_apply_to_are_refused_or_built_the_usual_way() -> None:
     from uniun.models.convert.onnx_decoder import build_decoder
     from uniun.models.convert.tiny import tiny_config, tiny_weights

@@ -138,6 +138,19 @@ def test_prefix_cache_hit_gives_the_cold_run_tokens(
     assert _ids(list(session.generate(gen))) == _ids(reference)
 
 
+def test_cache_prompt_lets_siblings_share_the_whole_prompt(session: DecoderSession) -> None:
+    """The gateway's n > 1: every sibling but the first prefills two positions only."""
+    session.prefix_cache.clear()
+    texts = []
+    for seed in (1, 2, 3):
+        gen = session.start(messages=MESSAGES, max_new_tokens=12, cache_prompt=True,
+                            sampling={"temperature": 1.0, "seed": seed})
+        assert gen.progress.static_prefix == len(gen.progress.prompt_ids) - 2
+        assert gen.prefix_cache_tokens == (0 if seed == 1 else gen.progress.static_prefix)
+        texts.append("".join(e.text_delta for e in session.generate(gen)))
+    assert len(set(texts)) == 3  # each its own seed
+
+
 def test_bad_input_is_refused_clearly(session: DecoderSession, tiny_model_b: str,
                                       tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="exactly one"):
@@ -192,10 +205,11 @@ def test_models_run_and_bench_commands(tiny_model: str, tmp_path: Path) -> None:
 
     cmd = [sys.executable, "-m", "uniun.runtime", "models"]
     run = subprocess.run(cmd + ["run", tiny_model, "Hello!", "--max-new-tokens", "6",
-                                "--temperature", "0.8", "--seed", "1"],
-                         capture_output=True, text=True, timeout=300)
+                                "--temperature", "0.8", "--seed", "1", "--repeat-penalty",
+                                "1.3"], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() and "6 generated" in run.stderr
+    assert "'repetition_penalty': 1.3" in run.stderr and "seed 1" in run.stderr
     out = tmp_path / "bench.json"
     bench = subprocess.run(cmd + ["bench", tiny_model, "--json", "--reps", "1", "--out", str(out)],
                            capture_output=True, text=True, timeout=300)

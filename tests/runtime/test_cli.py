@@ -98,6 +98,35 @@ def test_submit_builds_chat_messages_and_raw_prompts() -> None:
     assert "messages" not in bg and bg["deadline"] > 0
 
 
+def test_sampling_flags_become_the_sampling_map_and_chats_take_model_defaults(
+        tmp_path: Path) -> None:
+    from uniun.protocol.jobmap import validate_job
+    from uniun.runtime.commands.chat import _job
+    from uniun.runtime.commands.submit import build_job
+    parser = build_parser()
+    tools = tmp_path / "tools.json"
+    tools.write_text('[{"name": "get_time", "parameters": {"type": "object"}}]')
+    chat = build_job(parser.parse_args([
+        "submit", "--kind", "chat", "--repeat-penalty", "1.15", "--repeat-last-n", "32",
+        "--frequency-penalty", "0.5", "--presence-penalty", "0.25", "--top-k", "40",
+        "--min-p", "0.05", "--seed", "3", "--logprobs", "2", "--tools", str(tools),
+        "--tool-choice", "get_time", "hi"]))
+    assert chat["sampling"] == {"repetition_penalty": 1.15, "repeat_last_n": 32,
+                                "frequency_penalty": 0.5, "presence_penalty": 0.25,
+                                "top_k": 40, "min_p": 0.05, "seed": 3, "defaults": "model"}
+    assert chat["logprobs"] == 2 and chat["tool_choice"] == {"name": "get_time"}
+    validate_job(chat, default_model="tiny-1")  # the scheduler takes it as it is
+    background = build_job(parser.parse_args(["submit", "--kind", "extract", "text"]))
+    assert "sampling" not in background  # reproducible: greedy, no penalty
+    forced = build_job(parser.parse_args(["submit", "--kind", "extract", "--defaults",
+                                          "model", "--temperature", "0", "text"]))
+    assert forced["sampling"] == {"temperature": 0.0, "defaults": "model"}
+    turn = [{"role": "user", "content": "hi"}]
+    assert _job(parser.parse_args(["chat"]), turn)["sampling"] == {"defaults": "model"}
+    assert _job(parser.parse_args(["chat", "--defaults", "none", "--repetition-penalty",
+                                   "1.2"]), turn)["sampling"] == {"repetition_penalty": 1.2}
+
+
 @pytest.mark.integration
 def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
     """start --detach, status, submit, cancel, second start, stop: as the README shows."""

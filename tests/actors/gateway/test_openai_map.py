@@ -24,7 +24,8 @@ def test_a_chat_maps_onto_a_valid_job_map() -> None:
                    "type": "object"}}})
     job = req.job
     assert job["kind"] == "chat" and job["model_id"] == "m" and job["max_new_tokens"] == 32
-    assert job["sampling"] == {"temperature": 0.5, "top_p": 0.9, "seed": 4}
+    assert job["sampling"] == {"defaults": "model", "temperature": 0.5, "top_p": 0.9,
+                               "seed": 4}
     assert job["stop"] == ["\n\n"]
     assert job["format"] == {"type": "json_schema", "schema": {"type": "object"}}
     assert req.stream and req.include_usage and req.object_id == f"chatcmpl-{job['job_id']}"
@@ -32,9 +33,9 @@ def test_a_chat_maps_onto_a_valid_job_map() -> None:
     assert spec.stop == ("\n\n",) and spec.format is not None
 
 
-def test_defaults_follow_openai() -> None:
+def test_defaults_are_the_models_chat_defaults() -> None:
     job = chat().job
-    assert job["sampling"] == {"temperature": 1.0}  # OpenAI samples at 1 unless told
+    assert job["sampling"] == {"defaults": "model"}  # docs/models.md, "Chat defaults"
     assert job["max_new_tokens"] == 512
     assert chat(max_completion_tokens=7, max_tokens=99).job["max_new_tokens"] == 7
     completion = om.completion_job({"model": "m", "prompt": ["once"]}, default_max_tokens=16,
@@ -62,12 +63,24 @@ def test_the_uniun_extension_schedules() -> None:
 
 
 @pytest.mark.parametrize("body, param", [
-    ({"n": 2}, "n"), ({"tools": [{"type": "function"}]}, "tools"),
-    ({"logprobs": True}, "logprobs"), ({"logit_bias": {"1": 5}}, "logit_bias"),
+    ({"n": 9}, "n"), ({"n": 0}, "n"), ({"tools": [{"type": "function"}]}, "tools[0]"),
+    ({"logprobs": "yes"}, "logprobs"), ({"top_logprobs": 3}, "top_logprobs"),
+    ({"logprobs": True, "top_logprobs": 21}, "top_logprobs"),
+    ({"logit_bias": {"1": 5}}, "logit_bias"),
     ({"temperature": 2.5}, "temperature"), ({"top_p": 0}, "top_p"), ({"seed": -1}, "seed"),
+    ({"frequency_penalty": 2.5}, "frequency_penalty"),
+    ({"presence_penalty": -3}, "presence_penalty"), ({"min_p": 2}, "min_p"),
+    ({"repetition_penalty": 0}, "repetition_penalty"), ({"top_k": -1}, "top_k"),
+    ({"repeat_penalty": 1.1, "repetition_penalty": 1.2}, "repeat_penalty"),
+    ({"repeat_last_n": -2}, "repeat_last_n"), ({"reasoning_effort": "low"}, "reasoning_effort"),
+    ({"verbosity": "high"}, "verbosity"), ({"web_search_options": {}}, "web_search_options"),
+    ({"grammar": "root ::= x"}, "grammar"), ({"ignore_eos": True}, "ignore_eos"),
+    ({"functions": [{"name": "f"}]}, "functions"),
     ({"max_tokens": 0}, "max_tokens"), ({"stop": ["a"] * 5}, "stop"),
     ({"response_format": {"type": "xml"}}, "response_format.type"),
-    ({"messages": [{"role": "tool", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "function", "content": "x"}]}, "messages[0].role"),
+    ({"messages": [{"role": "assistant", "tool_calls": [{"function": {"name": "f",
+      "arguments": "{"}}]}]}, "messages[0].tool_calls[0].function.arguments"),
     ({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]},
      "messages[0].content[0]"),
     ({"model": ""}, "model"), ({"stream": "yes"}, "stream"),
@@ -79,9 +92,40 @@ def test_what_cannot_be_honoured_is_400(body: dict, param: str) -> None:
 
 
 def test_ignored_fields_are_ignored() -> None:
-    job = chat(user="u1", metadata={"a": "b"}, presence_penalty=0.5, store=False,
-               frequency_penalty=0.1, n=1).job
+    job = chat(user="u1", metadata={"a": "b"}, store=False, prediction={"type": "content"},
+               service_tier="auto", n=1, parallel_tool_calls=False, verbosity="medium").job
     assert set(job) == {"kind", "job_id", "model_id", "max_new_tokens", "sampling", "messages"}
+
+
+def test_every_sampling_control_reaches_the_job_map() -> None:
+    job = chat(temperature=0, frequency_penalty=0.5, presence_penalty=-0.5, top_k=40,
+               min_p=0.05, repeat_penalty=1.1, repeat_last_n=32, seed=9).job
+    assert job["sampling"] == {"defaults": "model", "temperature": 0.0, "min_p": 0.05,
+                               "frequency_penalty": 0.5, "presence_penalty": -0.5,
+                               "repetition_penalty": 1.1, "seed": 9, "repeat_last_n": 32,
+                               "top_k": 40}
+    validate_job(job, default_model="m")
+    assert chat(repetition_penalty=1.2).job["sampling"]["repetition_penalty"] == 1.2
+
+
+def test_logprobs_tools_and_n_map_to_the_jobs() -> None:
+    req = chat(logprobs=True, top_logprobs=5, n=3, seed=10, tools=[{
+        "type": "function", "function": {"name": "f", "parameters": {"type": "object"}}}],
+        tool_choice="required")
+    assert req.logprobs == 5 and req.n == 3 and req.tools
+    jobs = req.jobs()
+    assert [j["job_id"] for j in jobs] == [f"{req.job['job_id']}-{i}" for i in range(3)]
+    assert [j["sampling"]["seed"] for j in jobs] == [10, 11, 12]
+    assert all(j["cache_prompt"] and j["flow"] == req.job["job_id"] for j in jobs)
+    assert all(j["logprobs"] == 5 and j["tool_choice"] == "required" for j in jobs)
+    for job in jobs:
+        validate_job(job, default_model="m")
+    assert chat(logprobs=True).logprobs == 0 and chat(logprobs=False).logprobs is None
+    assert not chat(tools=[{"type": "function", "function": {"name": "f"}}],
+                    tool_choice="none").tools
+    legacy = om.completion_job({"model": "m", "prompt": "x", "logprobs": 3}, now=0.0,
+                               default_max_tokens=16)
+    assert legacy.job["logprobs"] == 3
 
 
 def test_embedding_inputs() -> None:
@@ -105,16 +149,23 @@ def test_protocol_codes_map_to_openai_statuses(code: str, status: int) -> None:
 
 
 def test_responses_and_chunks_have_openai_shapes() -> None:
+    from uniun.actors.gateway import openai_responses as orsp
+    from uniun.actors.gateway.choices import Choice
+
     req = chat(stream=True, stream_options={"include_usage": True})
     done = {"job_id": "j", "text": "hey", "finish_reason": "stop", "preemptions": 1,
             "usage": {"prompt_tokens": 3, "completion_tokens": 2}}
-    body = om.chat_response(req, done, 5)
+    body = orsp.response(req, [Choice(0, "j", chat=True)], [done], 5, [None], chat=True)
     assert body["choices"][0]["message"]["content"] == "hey"
     assert body["usage"] == {"prompt_tokens": 3, "completion_tokens": 2, "total_tokens": 5}
     assert body["uniun"]["preemptions"] == 1
-    chunk = om.chat_chunk(req, 5, content="h")
+    entries = Choice(0, "j", chat=True).on_token({"text": "h"})
+    chunk = orsp.chunk(req, 5, entries, chat=True)
     assert chunk["object"] == "chat.completion.chunk" and chunk["usage"] is None
-    assert om.chat_chunk(req, 5, usage={"total_tokens": 5}, final_usage=True)["choices"] == []
+    assert chunk["choices"] == [{"index": 0, "delta": {"content": "h"}, "logprobs": None,
+                                 "finish_reason": None}]
+    assert orsp.usage_chunk(req, 5, [done, done], chat=True)["usage"] == {
+        "prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}  # n = 2: prompt once
 
 
 @pytest.mark.parametrize("job_id", [{"a": 1}, ["x"], 5, "", "x" * 129])

@@ -15,6 +15,7 @@ from uniun.actors.producers.gana_schedule import (
     gana_job,
     load_ganas,
     next_slot,
+    parse_ganas,
 )
 from uniun.actors.producers.results import ResultsStore
 from uniun.actors.producers.results_fires import (
@@ -170,3 +171,22 @@ def test_a_completion_style_gana_sends_its_prompt_as_raw_text() -> None:
     assert job["prompt"] == "Haiku, three lines.\n\nTopic: rain\nHaiku:"
     with pytest.raises(GanaConfigError, match="style must be one of chat, completion"):
         parse_ganas({"gana": [{"id": "x", "every_minutes": 5, "prompt": "p", "style": "poem"}]})
+
+
+def test_a_gana_may_declare_tools_as_a_job_does() -> None:
+    from uniun.protocol.jobmap import validate_job
+
+    weather = {"name": "get_weather", "description": "The weather in a city.",
+               "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                              "required": ["city"]}}
+    [gana] = parse_ganas({"gana": [{"id": "weather", "every_minutes": 60, "prompt": "Paris?",
+                                    "tools": [weather], "tool_choice": "required"}]})
+    job = gana_job(gana, job_id="gana-weather-1", deadline=None)
+    assert job["tools"] == [weather] and job["tool_choice"] == "required"
+    spec = validate_job(job, default_model="tiny-1")  # what the scheduler will take
+    assert spec.tools is not None and spec.tools.active
+    for bad, message in [({"tools": [{"name": "a b"}]}, "tools\\[0\\].name"),
+                         ({"tool_choice": "required"}, "tool_choice needs tools"),
+                         ({"tools": [weather], "style": "completion"}, "need style chat")]:
+        with pytest.raises(GanaConfigError, match=message):
+            parse_ganas({"gana": [{"id": "x", "every_minutes": 5, "prompt": "p", **bad}]})

@@ -128,3 +128,11 @@ def test_malformed_messages_are_control_so_their_error_comes_early() -> None:
     for raw in ([1, 2], {"type": "submit", "job": "nope"}, {"type": "bogus"}):
         item = classify(A, raw, RULES)
         assert item.control
+
+
+def test_a_request_whose_type_is_a_map_or_a_list_is_not_reply_only() -> None:
+    """A hostile frame's ``type`` may be unhashable; asking about it must not raise (the
+    front would die with the question)."""
+    for kind in ({}, [], {"a": 1}, ["status"], None, 3):
+        assert not Pending(b"c", {"type": kind}, True, None).reply_only
+    assert Pending(b"c", {"type": "status"}, True, None).reply_only
