@@ -31,9 +31,12 @@ import threading
 import time
 import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+
+if TYPE_CHECKING:  # the options' type is in the engine's stubs only (imported lazily below)
+    from llguidance._lib import JsonCompileOptions
 
 __all__ = ["FORMAT_TYPES", "FormatError", "ConstraintError", "Constraint", "check_format",
            "grammar_for", "apply_bitmask", "token_bytes"]
@@ -41,8 +44,8 @@ __all__ = ["FORMAT_TYPES", "FormatError", "ConstraintError", "Constraint", "chec
 FORMAT_TYPES = ("json_object", "json_schema")
 # Compact JSON in json.dumps' default style (", " and ": "), no free whitespace: a small
 # model given room for whitespace can fill max_new_tokens with newlines.
-JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ",
-                                "key_separator": ": "}
+JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False, "item_separator": ", ",
+                                    "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
 
 

@@ -36,6 +36,7 @@ caller then resumes by recompute from the progress it still has.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import struct
@@ -292,10 +293,8 @@ class ParkedState:
     def discard_spill(self) -> None:
         """Delete the spill file, if any (call once the job has resumed or is done)."""
         if self.spill_path is not None:
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 self.spill_path.unlink()
-            except FileNotFoundError:
-                pass
             self.spill_path = None
             self._spilled_length = 0
 
@@ -345,12 +344,14 @@ def read_snapshot(path: Path) -> tuple[JobProgress, KVCache | None]:
             (header_len,) = struct.unpack("<I", head[len(_MAGIC):])
             header = json.loads(f.read(header_len))
             if header.get("version") != _VERSION:
-                raise SnapshotCorrupt(f"{path}: unsupported snapshot version {header.get('version')!r}")
+                raise SnapshotCorrupt(f"{path}: unsupported snapshot version "
+                                      f"{header.get('version')!r}")
             progress = JobProgress.from_record(header["progress"])
             meta = header.get("kv")
             if meta is None:
                 return progress, None
-            n, layers, heads, dim = (int(meta[k]) for k in ("length", "layers", "kv_heads", "head_dim"))
+            n, layers, heads, dim = (int(meta[k])
+                                     for k in ("length", "layers", "kv_heads", "head_dim"))
             each = heads * n * dim
             payload = bytearray(2 * layers * each * 4)
             if f.readinto(payload) != len(payload) or f.read(1):

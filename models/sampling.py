@@ -111,8 +111,9 @@ class SamplingParams:
         if mode == "model" and model_defaults:
             given = {**{k: v for k, v in model_defaults.items() if k in FIELDS}, **given}
         kinds = {f.name: f.type for f in fields(cls)}
-        return cls(**{k: (int(v) if kinds[k] in ("int", "int | None") else float(v))
-                      for k, v in given.items()})
+        typed: dict[str, Any] = {k: (int(v) if kinds[k] in ("int", "int | None") else float(v))
+                                 for k, v in given.items()}
+        return cls(**typed)
 
     def to_map(self) -> dict[str, Any]:
         return asdict(self)
@@ -136,7 +137,8 @@ class Sampler:
 
 def _uniform(seed: int, seq: int) -> float:
     """One uniform draw in [0, 1) that depends only on (seed, seq)."""
-    return float(np.random.Generator(np.random.Philox(key=seed & ((1 << 64) - 1), counter=seq)).random())
+    bits = np.random.Philox(key=seed & ((1 << 64) - 1), counter=seq)
+    return float(np.random.Generator(bits).random())
 
 
 def sample_token(logits: np.ndarray, params: SamplingParams, seed: int, seq: int) -> int:

@@ -9,7 +9,7 @@ Theory of operation — the runner process owns one of these::
     while not gen.finished:
         ev = session.advance(gen, 64)   # one bounded pass (None) or ONE token per call:
         if ev is None: continue         #   check control messages between calls
-        send(ev.seq, ev.text_delta)     # TokenEvent(seq, token_id, text_delta, finished, finish_reason)
+        send(ev.seq, ev.text_delta)     # TokenEvent(seq, token_id, text_delta, finished, ...)
         if preempted:
             parked = session.park(gen)  # ParkedState: progress + KV (zero-copy), .nbytes
             break
@@ -209,7 +209,8 @@ class DecoderSession(DecoderModel):
         fed = passes = 0
         p = gen.progress
         while (budget is None or fed < budget) and (max_passes is None or passes < max_passes):
-            replaying = p.total_tokens - len(p.prompt_ids) >= 1 and gen.kv_length < p.total_tokens - 1
+            replaying = (p.total_tokens - len(p.prompt_ids) >= 1
+                         and gen.kv_length < p.total_tokens - 1)
             plan = next_pass(kv_length=gen.kv_length, prompt_len=len(p.prompt_ids),
                              total=p.total_tokens, static_prefix=p.static_prefix,
                              cache_split=self._should_cache_prefix(gen),
@@ -292,7 +293,8 @@ class DecoderSession(DecoderModel):
 
     def recompute(self, record: Mapping[str, Any] | JobProgress) -> Generation:
         """Resume from progress alone (e.g. a record kept by a restarted runner)."""
-        progress = record if isinstance(record, JobProgress) else JobProgress.from_record(dict(record))
+        progress = (record if isinstance(record, JobProgress)
+                    else JobProgress.from_record(dict(record)))
         if not progress.model_id:
             progress.model_id = self.model_id
         return self.resume(ParkedState(progress))

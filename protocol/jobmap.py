@@ -1,4 +1,4 @@
-"""The job map of ``submit`` (PROTOCOL.md "The job map"), validated into a ``JobSpec``.
+"""The job map of ``submit`` (docs/protocol.md, "The job map"), validated into a ``JobSpec``.
 
 Validation happens once, at the edge, before any state changes: everything downstream
 (policy, journal, runner) can trust a ``JobSpec``. Every rejection names the field.
@@ -9,8 +9,9 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any
 
 from uniun.protocol.errors import InvalidField
 from uniun.protocol.jobmap_sampling import Sampling, parse_sampling

@@ -13,7 +13,8 @@ Theory of operation (h11-style: no I/O here, any socket layer drives it):
 
 from __future__ import annotations
 
-from typing import Any, Literal, Mapping, get_args
+from collections.abc import Mapping
+from typing import Any, Literal, get_args
 
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
@@ -81,7 +82,8 @@ def classify(msg: Mapping[str, Any]) -> Literal["reply", "event", "state"]:
     if msg["type"] == STATE:
         return "state"
     if msg["type"] in EVENT_TYPES and isinstance(msg.get("job_id"), str):
-        if msg["type"] == TOKEN and not (_is_int(msg.get("seq")) and isinstance(msg.get("text"), str)):
+        if msg["type"] == TOKEN and not (_is_int(msg.get("seq"))
+                                         and isinstance(msg.get("text"), str)):
             raise ProtocolError(ErrorCode.BAD_ENVELOPE, "token event without int seq and str text")
         return "event"
     raise ProtocolError(ErrorCode.BAD_ENVELOPE, "server message is neither a reply nor a job event")

@@ -5,23 +5,24 @@ Theory of operation (h11-style: no I/O here, any socket layer drives it):
 - A server (the scheduler's front actor, the embedding pool) turns a frame into a typed,
   valid request with :func:`parse_frame` (= :func:`uniun.protocol.codec.decode` +
   :func:`parse_request`). Anything wrong raises :class:`ProtocolError` carrying the
-  PROTOCOL.md code; the server answers it with ``reply_error(reply_to(msg), err)`` and
+  protocol code (docs/protocol.md); the server answers it with ``reply_error(reply_to(msg), err)`` and
   carries on. Nothing is changed before validation has passed.
 - Envelope checks come first, in this order: ``v`` (an int; ``1`` else
   ``unsupported_version``), ``type`` (a str; known else ``unknown_type``), ``id`` (a
   1-128 char str), then the body of that type. A missing or mistyped envelope key is
-  ``invalid_field`` naming it. Unknown *extra* keys are ignored, because PROTOCOL.md lets
+  ``invalid_field`` naming it. Unknown *extra* keys are ignored, because the protocol lets
   the project add optional fields; the job map is stricter (see ``jobmap.py``).
 
-Extension over PROTOCOL.md v1 (optional, so compatible): ``attach`` may carry
+Extension over protocol v1 (optional, so compatible): ``attach`` may carry
 ``after_seq`` (int >= -1, default -1): the client already holds tokens up to that
 ``seq``; a scheduler that still has later tokens may send them again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Collection, Container, Mapping
 from dataclasses import dataclass, field
-from typing import Any, Callable, Collection, Mapping, Union
+from typing import Any
 
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, decode
 from uniun.protocol.errors import ErrorCode, InvalidField, ProtocolError
@@ -98,8 +99,7 @@ class Embed:
     texts: tuple[str, ...]
 
 
-Request = Union[Submit, Cancel, Attach, Foreground, Lifecycle, StatusRequest, Ping, Embed,
-                Watch]
+Request = Submit | Cancel | Attach | Foreground | Lifecycle | StatusRequest | Ping | Embed | Watch
 
 
 @dataclass(frozen=True)
@@ -114,7 +114,7 @@ class JobRules:
     kinds: tuple[str, ...] = DEFAULT_KINDS
     max_new_tokens_cap: int = 4096
     max_prompt_chars: int = 200_000
-    known_models: Collection[str] | None = field(default=None)
+    known_models: Container[str] | None = field(default=None)  # only asked `in`
     # Raises ValueError (its message) for a ``format`` the grammar engine cannot compile;
     # the scheduler passes models.constrain.check_format. None: shape checks only.
     check_format: Callable[[dict[str, Any]], None] | None = field(default=None)

@@ -327,11 +327,11 @@ def decode(frame: bytes) -> Record:
         raise BadRecord(f"frame of {len(frame)} bytes is over the limit")
     try:
         body = msgpack.unpackb(frame, raw=False, strict_map_key=True)
-    except Exception as err:  # msgpack raises several unrelated types
+    except Exception as err:  # noqa: BLE001 - msgpack raises several unrelated types
         raise BadRecord(f"not msgpack: {err}") from None
     if not isinstance(body, dict):
         raise BadRecord("not a map")
-    cls = _REGISTRY.get(body.pop("t", None))  # type: ignore[arg-type]
+    cls = _REGISTRY.get(body.pop("t", None))
     if cls is None:
         raise BadRecord("unknown record type")
     try:

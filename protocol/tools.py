@@ -163,7 +163,7 @@ def parse_tool_calls(text: str, job_id: str) -> list[dict[str, Any]] | None:
     open_tag, close_tag = TOOL_OPEN.strip(), TOOL_CLOSE.strip()
     if not body.startswith(open_tag):
         return None
-    calls = []
+    calls: list[dict[str, Any]] = []
     decoder = json.JSONDecoder()
     while body.startswith(open_tag):
         # Decode the JSON value itself: a string argument may contain "</tool_call>".

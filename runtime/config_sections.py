@@ -30,7 +30,7 @@ def _doc(text: str) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class FrontConfig:
-    """The scheduler's front ROUTER socket (PROTOCOL.md "Transport")."""
+    """The scheduler's front ROUTER socket (docs/protocol.md, "Transport")."""
 
     # Default "" means ipc://$UNIUN_HOME/run/front.sock; filled in by load_config.
     endpoint: str = field(default="", metadata=_doc(
@@ -92,7 +92,7 @@ class JobsConfig:
 class LimitsConfig:
     """Hard limits that protect the scheduler from oversized or runaway input."""
 
-    # Bytes; default 1 MiB (PROTOCOL.md).
+    # Bytes; default 1 MiB (docs/protocol.md).
     max_frame_bytes: int = field(default=MIB, metadata=_doc(
         "largest accepted message frame, bytes (default 1048576 = 1 MiB)"))
     # Jobs; default 10000. Beyond it submit answers queue_full.

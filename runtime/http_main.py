@@ -33,8 +33,7 @@ from uniun.actors.gateway.gateway import Gateway, GatewaySettings
 from uniun.actors.gateway.serving import protocol_class
 from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
-from uniun.runtime.metrics_http import ENDPOINT_FILE as METRICS_ENDPOINT
-from uniun.runtime.metrics_http import metrics_route
+from uniun.runtime.metrics_http import ENDPOINT_FILE as METRICS_ENDPOINT, metrics_route
 from uniun.runtime.paths import models_dir
 from uniun.runtime.security import client_curve
 from uniun.runtime.state import HTTP_ENDPOINT_FILE

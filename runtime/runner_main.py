@@ -5,7 +5,7 @@ already set up logging, the supervisor heartbeat and SIGTERM handling. This func
 wires the one actor that does the work (:class:`~uniun.actors.runner.worker.RunnerWorker`,
 which owns the decoder session, the parked snapshots and the socket to the scheduler)
 and waits until it is told to stop or the actor dies. An actor's death is the process's
-death (STYLE.md, pykka): the supervisor restarts the process and the scheduler tells the
+death (docs/style.md §2): the supervisor restarts the process and the scheduler tells the
 new runner what was in flight.
 """
 
@@ -66,7 +66,7 @@ def _preload_model(config: RuntimeConfig, store: ModelStore) -> str | None:
     try:
         model = config.models.chat_model
         return model if store.has(model) else None
-    except Exception:  # a broken store must not stop the runner; loads will report it
+    except Exception:  # noqa: BLE001 - a broken store must not stop the runner; loads will report it
         return None
 
 

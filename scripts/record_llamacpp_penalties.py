@@ -8,7 +8,7 @@ the test that checks our penalties against it (tests/models/test_ggml_arith.py).
 
 The prompts are ``bench --peer``'s, chat-templated by our tokenizer; the peer runs
 ``runtime/bench/dialect_peer.py`` (the same script ``bench --dialect`` runs). The peer is
-built by ``../shared/peers/build-llamacpp.sh``; it is a development tool and never a
+built as docs/models.md describes (the ``peer`` extra); it is a development tool and never a
 runtime dependency.
 """
 

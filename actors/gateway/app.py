@@ -3,7 +3,8 @@
 Layers, outermost first: :class:`~uniun.actors.gateway.door.Door` (Host, Origin,
 Content-Type, declared length), :class:`BearerAuth`,
 :class:`~uniun.actors.gateway.door.BodyLimit` (the body read within its limit and
-timeout: only for a client with the key), then Starlette's routing. Every answer that is not a success is an OpenAI error object,
+timeout: only for a client with the key), then Starlette's routing. Every answer that is
+not a success is an OpenAI error object,
 a bug of ours included (500 ``internal``, its text in the log only).
 
 Why Starlette on uvicorn (docs/http.md): both are small, maintained and the usual base of

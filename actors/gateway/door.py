@@ -37,7 +37,7 @@ from __future__ import annotations
 import asyncio
 import ipaddress
 import json
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, MutableMapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -211,7 +211,7 @@ def error_bytes(error: ApiError) -> bytes:
 
 # ---- the ASGI adapter -----------------------------------------------------------------
 
-Scope = dict[str, Any]
+Scope = MutableMapping[str, Any]
 
 
 class Door:
@@ -292,7 +292,7 @@ class _Replay:
         if self._body is not None:
             body, self._body = self._body, None
             return {"type": "http.request", "body": body, "more_body": False}
-        return await self._receive()  # type: ignore[no-any-return]
+        return await self._receive()
 
 
 async def send_error(send: Any, error: ApiError, *, close: bool = False) -> None:

@@ -334,7 +334,8 @@ def _scheduling(ext: Mapping[str, Any], now: float) -> dict[str, Any]:
     return job
 
 
-def _common(body: Mapping[str, Any], *, default_max_tokens: int, now: float) -> tuple[dict[str, Any], str, bool, bool]:
+def _common(body: Mapping[str, Any], *, default_max_tokens: int, now: float
+            ) -> tuple[dict[str, Any], str, bool, bool]:
     _refuse_unsupported(body)
     model = _model(body)
     ext = body.get("uniun") or {}

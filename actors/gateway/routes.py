@@ -31,8 +31,7 @@ from loguru import logger
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 
-from uniun.actors.gateway import openai_map as om
-from uniun.actors.gateway import openai_responses as orsp
+from uniun.actors.gateway import openai_map as om, openai_responses as orsp
 from uniun.actors.gateway.body import carriable, parse_json
 from uniun.actors.gateway.choices import Choice
 from uniun.actors.gateway.errors import ApiError, from_protocol

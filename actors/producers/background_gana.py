@@ -30,6 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -136,13 +137,12 @@ class BackgroundGana:
         for gana in ganas.values():
             if self.stopping():
                 return
-            fire = claim_fire(self.store, gana.id, owner=OWNER_BACKGROUND,
-                              due=lambda last, g=gana: due_slot(last, g.every_s, time.time(),
-                                                                self.settings.lead_s),
-                              job_id_for=lambda slot, g=gana: fire_job_id(g.id, slot),
-                              lease_s=lease)
-            if fire is not None:
-                self.run(fire, ganas)
+            claimed = claim_fire(self.store, gana.id, owner=OWNER_BACKGROUND,
+                                 due=partial(due_slot, every_s=gana.every_s, now=time.time(),
+                                             lead_s=self.settings.lead_s),
+                                 job_id_for=partial(fire_job_id, gana.id), lease_s=lease)
+            if claimed is not None:
+                self.run(claimed, ganas)
 
     def run(self, fire: Fire, ganas: dict[str, GanaDef]) -> None:
         """Generate one fire with our own session and record it (or release it)."""
@@ -162,7 +162,7 @@ class BackgroundGana:
                        else {"messages": gana_messages(gana)})
             gen = session.start(**text_in, max_new_tokens=max_new, job_id=fire.job_id,
                                 tools=gana.tools, tool_choice=gana.tool_choice)
-        except Exception as err:  # unknown model, prompt too long: a recorded failure
+        except Exception as err:  # noqa: BLE001 - unknown model, prompt too long: a recorded failure
             log.error("cannot run Gana {} on {}: {}", gana.id, model_id, err)
             finish_fire(self.store, fire, None, failed=f"{type(err).__name__}: {err}")
             return

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import math
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,10 @@ from typing import Any
 from uniun.protocol.errors import InvalidField
 from uniun.protocol.tools import canonical, parse_tool_choice, parse_tools
 
-try:  # Python 3.11+
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # pragma: no cover - Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # pragma: no cover - Python 3.10
+    import tomli as tomllib
 
 GANA_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
 DEFAULT_MAX_NEW_TOKENS = 128
@@ -152,9 +153,9 @@ def due_slot(last_slot: float | None, every_s: float, now: float,
              lead_s: float = 0.0) -> float | None:
     """The slot to fire now, or None if none is due.
 
-    A slot ``s`` is due once ``now >= s - lead_s``. ``last_slot`` is the last slot fired (claimed) for this Gana, None if it never
-    fired. Missed slots collapse into the latest one: after a long downtime this returns
-    one slot, the most recent grid slot that is due.
+    A slot ``s`` is due once ``now >= s - lead_s``. ``last_slot`` is the last slot fired
+    (claimed) for this Gana, None if it never fired. Missed slots collapse into the latest
+    one: after a long downtime this returns one slot, the most recent grid slot that is due.
     """
     if every_s <= 0:
         raise ValueError("every_s must be > 0")
@@ -176,7 +177,7 @@ def next_slot(last_slot: float | None, every_s: float, now: float) -> float:
 
 def fire_job_id(gana_id: str, slot: float) -> str:
     """Stable job id of one fire: the same slot always gets the same id."""
-    return f"gana-{gana_id}-{int(round(slot * 1000))}"
+    return f"gana-{gana_id}-{round(slot * 1000)}"
 
 
 def gana_messages(gana: GanaDef) -> list[dict[str, str]]:

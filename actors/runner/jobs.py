@@ -30,7 +30,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from loguru import logger
 
@@ -114,16 +114,16 @@ class RunnerJobs:
 
     def _warm(self) -> None:
         """One short generation before the Hello: the first chat must not pay for ONNX
-        Runtime's first-run allocations (issue 9, point 3: ready means answering)."""
+        Runtime's first-run allocations (ready means a chat sent now is answered)."""
         t0 = time.perf_counter()
         try:
             # A chat, as a user sends one: the chat template is compiled and the system
             # prompt's prefix cache filled, which the first chat paid for otherwise.
-            gen = self.session.start(  # type: ignore[union-attr]
+            gen = self.session.start(
                 messages=[{"role": "user", "content": "Hello! How are you today?"}],
                 max_new_tokens=2, job_id="warm-up")
             while not gen.finished:
-                self.session.step(gen)  # type: ignore[union-attr]
+                self.session.step(gen)
         except Exception:  # a model that cannot warm up still serves (or fails) jobs
             logger.exception("warming the model up failed")
             return
@@ -213,7 +213,7 @@ class RunnerJobs:
                 if state is not None:
                     state.drop_kv()
                 gen = self._fresh(cmd)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any failure to start is the job's answer
             log.warning("cannot start: {}", err)
             self._report(rp.Failed(job_id=cmd.job_id, message=str(err)[:500]))
             return
@@ -261,7 +261,7 @@ class RunnerJobs:
             return
         try:
             gen = self.session.resume(state)
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - any failure to resume is the job's answer
             logger.bind(job=cmd.job_id).warning("cannot resume: {}", err)
             self._report(rp.Failed(job_id=cmd.job_id, message=str(err)[:500]))
             return
@@ -297,7 +297,7 @@ class RunnerJobs:
             return  # the scheduler believes it is parked; a Pause or Cancel will follow
         self._forget(cmd.job_id)
 
-    _HANDLERS: dict[type, Any] = {
+    _HANDLERS: ClassVar[dict[type, Any]] = {
         rp.Load: _on_load, rp.Start: _on_start, rp.Resume: _on_resume, rp.Pause: _on_pause,
         rp.Cancel: _on_cancel, rp.Drop: _on_drop,
     }
@@ -317,7 +317,7 @@ class RunnerJobs:
         except Interrupted:  # a pause/cancel is next in the inbox; retried if it was not ours
             self._step_again()
             return
-        except Exception as err:
+        except Exception as err:  # noqa: BLE001 - logged with its traceback; the job fails
             logger.bind(job=a.job_id).exception("generation failed")
             self.active = None
             self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500], seconds=a.lap()))

@@ -33,7 +33,7 @@ The rules it keeps:
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from loguru import logger
 
@@ -44,8 +44,7 @@ from uniun.actors.scheduler.core_state import cancelled_event
 from uniun.actors.scheduler.effects import Effects, JPaused, JStarted, JToken
 from uniun.actors.scheduler.jobs import JobRecord, done_event, start_command
 from uniun.actors.scheduler.journal import JournalEntry
-from uniun.protocol import messages as m
-from uniun.protocol import runner_records as rp
+from uniun.protocol import messages as m, runner_records as rp
 from uniun.protocol.errors import ErrorCode
 
 __all__ = ["SchedulerCore", "MAX_DECISIONS_PER_PUMP"]
@@ -83,7 +82,7 @@ class SchedulerCore(ClientRequests):
                 continue
             try:
                 record.tier = self.policy.submit(e.spec, arrival=now - (wall - e.accepted_at))
-            except Exception as err:  # one bad row must not crash-loop the scheduler
+            except Exception as err:  # noqa: BLE001 - one bad row must not crash-loop the scheduler
                 logger.bind(job=e.spec.job_id).exception("cannot replay this job")
                 self._end(fx, record, m.event_error(e.spec.job_id, ErrorCode.INTERNAL,
                                                     f"lost on restart: {err}"))
@@ -124,8 +123,8 @@ class SchedulerCore(ClientRequests):
         self.runner = None
         self.snapshots = (0, 0)
         self.policy.loaded_model = None  # the next runner says what it has
-        for record in self.jobs.live.values():
-            record.on_runner = record.in_sync = False
+        for held in self.jobs.live.values():
+            held.on_runner = held.in_sync = False
         job = self.policy.running
         record = self.jobs.live[job.job_id] if job is not None else None
         self.rec.runner_lost(fx, record, reason)
@@ -268,7 +267,7 @@ class SchedulerCore(ClientRequests):
         record.on_runner = record.in_sync = True  # the Start gives it the job's record again
         fx.commands.append(start_command(record, running.grant if running else None))
 
-    _REPORTS: dict[type, Callable[..., None]] = {
+    _REPORTS: ClassVar[dict[type, Callable[..., None]]] = {
         rp.Started: _started, rp.Token: _token, rp.Paused: _paused, rp.Finished: _finished,
         rp.Cancelled: _cancelled, rp.Failed: _failed, rp.Unknown: _unknown,
     }

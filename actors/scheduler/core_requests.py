@@ -9,7 +9,7 @@ different job under a known id is ``invalid_field job_id``.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, ClassVar
 
 from loguru import logger
 
@@ -19,9 +19,7 @@ from uniun.actors.scheduler.core_state import CoreState, cancelled_event
 from uniun.actors.scheduler.effects import Effects, JAccept, JCancelAsked, Send
 from uniun.actors.scheduler.jobs import JobRecord
 from uniun.actors.scheduler.status import redacted, status_body
-from uniun.protocol import messages as m
-from uniun.protocol import requests as rq
-from uniun.protocol import runner_records as rp
+from uniun.protocol import messages as m, requests as rq, runner_records as rp
 from uniun.protocol.errors import ErrorCode, ProtocolError
 
 __all__ = ["ClientRequests", "STATUS_REUSE_S", "PROCESSES_REUSE_S"]
@@ -138,7 +136,8 @@ class ClientRequests(CoreState):
     def _cancel(self, fx: Effects, conn: bytes, req: rq.Cancel, owner: str | None) -> None:
         record = self._owned(req.job_id, owner)
         if record is None or record.final is not None:
-            if record is not None and record.final.get("code") == ErrorCode.CANCELLED.value:
+            if record is not None and (record.final or {}).get("code") == \
+                    ErrorCode.CANCELLED.value:
                 fx.sends.append(Send(conn, m.reply_cancelled(req.id, req.job_id)))  # idempotent
                 return
             what = "has already ended" if record is not None else "is not known"
@@ -209,7 +208,7 @@ class ClientRequests(CoreState):
         self._status_cache = (now, self.changes, body)
         return body
 
-    _REQUESTS: dict[type, Callable[..., None]] = {
+    _REQUESTS: ClassVar[dict[type, Callable[..., None]]] = {
         rq.Submit: _submit, rq.Attach: _attach, rq.Cancel: _cancel,
         rq.Foreground: _foreground, rq.Lifecycle: _lifecycle, rq.StatusRequest: _status,
         rq.Watch: _watch,

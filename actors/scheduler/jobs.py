@@ -15,8 +15,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from uniun.protocol import messages as m
-from uniun.protocol import runner_records as rp
+from uniun.protocol import messages as m, runner_records as rp
 from uniun.protocol.jobmap import JobSpec
 from uniun.protocol.tools import parse_tool_calls
 

@@ -221,7 +221,7 @@ def decode_cost(session: Any, *, rounds: int = 6, steps: int = 48,
             work.append(time.perf_counter() - t)
             return token, lp
 
-        gen.choose = timed  # type: ignore[method-assign]
+        gen.choose = timed
         for _ in range(steps):
             t = time.perf_counter()
             session.step(gen)

@@ -20,13 +20,13 @@ from typing import Any
 
 Log = Callable[[str], None]
 
-WEATHER = {"type": "function", "function": {
+WEATHER: dict[str, Any] = {"type": "function", "function": {
     "name": "get_weather", "description": "Current weather for a city.",
     "parameters": {"type": "object", "properties": {
         "city": {"type": "string", "description": "The city, e.g. Paris"},
         "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
         "required": ["city"], "additionalProperties": False}}}
-CALENDAR = {"type": "function", "function": {
+CALENDAR: dict[str, Any] = {"type": "function", "function": {
     "name": "create_event", "description": "Put an event in the user's calendar.",
     "parameters": {"type": "object", "properties": {
         "title": {"type": "string"},
@@ -34,25 +34,26 @@ CALENDAR = {"type": "function", "function": {
         "duration_minutes": {"type": "integer", "minimum": 5, "maximum": 480},
         "attendees": {"type": "array", "items": {"type": "string"}, "maxItems": 5}},
         "required": ["title", "date"], "additionalProperties": False}}}
-SEARCH = {"type": "function", "function": {
+SEARCH: dict[str, Any] = {"type": "function", "function": {
     "name": "search_web", "description": "Search the web.",
     "parameters": {"type": "object", "properties": {
         "query": {"type": "string"}, "max_results": {"type": "integer", "minimum": 1,
                                                      "maximum": 10}},
         "required": ["query"]}}}
-CONVERT = {"type": "function", "function": {
+CONVERT: dict[str, Any] = {"type": "function", "function": {
     "name": "convert_units", "description": "Convert a quantity between units.",
     "parameters": {"type": "object", "properties": {
         "value": {"type": "number"}, "from_unit": {"type": "string"},
         "to_unit": {"type": "string"}},
         "required": ["value", "from_unit", "to_unit"], "additionalProperties": False}}}
-EMAIL = {"type": "function", "function": {
+EMAIL: dict[str, Any] = {"type": "function", "function": {
     "name": "send_email", "description": "Send an email.",
     "parameters": {"type": "object", "properties": {
         "to": {"type": "string", "format": "email"}, "subject": {"type": "string"},
         "body": {"type": "string"}, "urgent": {"type": "boolean"}},
         "required": ["to", "subject", "body"], "additionalProperties": False}}}
-TOOLSETS = ([WEATHER], [CALENDAR], [SEARCH, WEATHER], [CONVERT], [EMAIL, CALENDAR])
+TOOLSETS: tuple[list[dict[str, Any]], ...] = (
+    [WEATHER], [CALENDAR], [SEARCH, WEATHER], [CONVERT], [EMAIL, CALENDAR])
 ASKS = (
     "What's the weather like in Paris today?",
     "Is it going to be cold in Oslo? Use fahrenheit.",
@@ -94,7 +95,9 @@ def tool_calls(model: str, *, requests: int = 100, max_tokens: int = 256,
             tools = TOOLSETS[i % len(TOOLSETS)]
             ask = ASKS[i % len(ASKS)]
             t0 = time.perf_counter()
-            answer = client.chat.completions.create(
+            answer = client.chat.completions.create(  # type: ignore[call-overload]
+                # plain dicts, as an application writes them (the SDK's TypedDicts are
+                # structurally the same; mypy does not match a dict to them)
                 model=model, messages=[{"role": "user", "content": ask}], tools=tools,
                 tool_choice="required", seed=i, max_tokens=max_tokens)
             choice = answer.choices[0]

@@ -137,7 +137,7 @@ def run(args: argparse.Namespace) -> int:
                            restart_reps=args.restart_reps,
                            with_model_bench=not args.no_model_bench,
                            log=lambda msg: print(msg, file=sys.stderr))
-        if args.overhead_reps > 0:  # metrics + segment recording on vs off (issue 12)
+        if args.overhead_reps > 0:  # metrics + segment recording on vs off
             import tempfile
 
             from uniun.runtime.bench.overhead import run as run_overhead

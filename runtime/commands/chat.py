@@ -11,6 +11,7 @@ so and retried once, visibly, never silently.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 import time
 import uuid
@@ -48,10 +49,8 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 @client_command
 def run(args: argparse.Namespace) -> int:
-    try:
+    with contextlib.suppress(ImportError):  # not on every platform
         import readline  # noqa: F401  (line editing and history for input())
-    except ImportError:  # pragma: no cover - not on every platform
-        pass
     history: list[dict[str, str]] = []
     log = ChatLog()  # the chat producer's history, in the results database
     with connect(args) as client:
@@ -76,10 +75,10 @@ def run(args: argparse.Namespace) -> int:
                 log.new_conversation()
                 print("[conversation forgotten]", file=sys.stderr)
                 continue
-            turn = history + [{"role": "user", "content": text}]
+            turn = [*history, {"role": "user", "content": text}]
             answer = answer_turn(client, args, turn)
             if answer is not None:
-                history[:] = turn + [{"role": "assistant", "content": answer}]
+                history[:] = [*turn, {"role": "assistant", "content": answer}]
                 log.add(text, answer)
 
 
@@ -91,10 +90,8 @@ def answer_turn(client: Client, args: argparse.Namespace,
         try:
             return _stream(client, job, quiet=args.quiet)
         except KeyboardInterrupt:
-            try:
+            with contextlib.suppress(ClientError):  # it finished in the meantime
                 client.cancel(job["job_id"], timeout=args.timeout)
-            except ClientError:
-                pass  # it finished in the meantime
             print("\n[cancelled]", file=sys.stderr)
             return None
         except JobFailed as err:

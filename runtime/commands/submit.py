@@ -80,7 +80,7 @@ def build_job(args: argparse.Namespace) -> dict[str, Any]:
                            "kind": args.kind}
     if args.kind == "chat" or args.messages or args.system is not None:
         messages = [{"role": "system", "content": args.system}] if args.system else []
-        job["messages"] = messages + [{"role": "user", "content": args.text}]
+        job["messages"] = [*messages, {"role": "user", "content": args.text}]
     else:
         job["prompt"] = args.text
     if args.model:

@@ -153,8 +153,8 @@ def test_a_required_tool_call_validates_and_the_conversation_continues(
     assert deltas[0].id.startswith("call_") and deltas[0].function.name == "get_weather"
     assert "".join(d.function.arguments or "" for d in deltas) == call.function.arguments
     assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "tool_calls"
-    history = ask + [choice.message.model_dump(exclude_none=True),
-                     {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'}]
+    history = [*ask, choice.message.model_dump(exclude_none=True),
+               {"role": "tool", "tool_call_id": call.id, "content": '{"temp_c": 18}'}]
     answer = client.chat.completions.create(model="tiny-1", messages=history,
                                             tools=[WEATHER], tool_choice="none",
                                             max_tokens=20, temperature=0)

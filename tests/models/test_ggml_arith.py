@@ -330,7 +330,7 @@ def test_models_it_does_not_apply_to_are_refused_or_built_the_usual_way() -> Non
 
     config = tiny_config(300)
     weights = tiny_weights(config, seed=1)  # float matrices: ggml's graph takes Q4_1 / Q8_0
-    with pytest.raises(ValueError, match="does not apply: .* is float"):
+    with pytest.raises(ValueError, match=r"does not apply: .* is float"):
         build_decoder(config, weights, arith="ggml")
     graph = build_decoder(config, weights, arith="auto")
     assert not {n.op_type for n in graph.graph.node} & qmatmul.GGML_OPS

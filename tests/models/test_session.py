@@ -204,21 +204,21 @@ def test_models_run_and_bench_commands(tiny_model: str, tmp_path: Path) -> None:
     from uniun.models.bench import BENCH_KEYS
 
     cmd = [sys.executable, "-m", "uniun.runtime", "models"]
-    run = subprocess.run(cmd + ["run", tiny_model, "Hello!", "--max-new-tokens", "6",
-                                "--temperature", "0.8", "--seed", "1", "--repeat-penalty",
-                                "1.3"], capture_output=True, text=True, timeout=300)
+    run = subprocess.run([*cmd, "run", tiny_model, "Hello!", "--max-new-tokens", "6",
+                          "--temperature", "0.8", "--seed", "1", "--repeat-penalty", "1.3"],
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() and "6 generated" in run.stderr
     assert "'repetition_penalty': 1.3" in run.stderr and "seed 1" in run.stderr
     out = tmp_path / "bench.json"
-    bench = subprocess.run(cmd + ["bench", tiny_model, "--json", "--reps", "1", "--out", str(out)],
+    bench = subprocess.run([*cmd, "bench", tiny_model, "--json", "--reps", "1", "--out", str(out)],
                            capture_output=True, text=True, timeout=300)
     assert bench.returncode == 0, bench.stderr
     result = json.loads(bench.stdout)
     assert tuple(result) == BENCH_KEYS and json.loads(out.read_text()) == result
     assert all(isinstance(v, float) for v in result.values())
     assert result["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # 2 layers, 2 kv heads x 16
-    bad = subprocess.run(cmd + ["run", tiny_model, "hi", "--top-p", "2"],
+    bad = subprocess.run([*cmd, "run", tiny_model, "hi", "--top-p", "2"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "top_p" in bad.stderr
 

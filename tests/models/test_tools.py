@@ -94,7 +94,8 @@ def test_none_shows_no_tools_and_constrains_nothing(session: DecoderSession) -> 
 
 def test_a_conversation_with_a_call_and_its_result_renders_through_the_fallback(
         session: DecoderSession) -> None:
-    history = MESSAGES + [
+    history = [
+        *MESSAGES,
         {"role": "assistant", "content": "", "tool_calls": [
             {"id": "call_1", "name": "get_weather",
              "arguments": {"city": "Paris", "unit": "celsius"}}]},

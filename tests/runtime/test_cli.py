@@ -149,7 +149,7 @@ def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
         assert status.returncode == 0, status.stderr
         body = json.loads(status.stdout)
         assert body["policy"] == "uniun" and {"scheduler", "runner"} <= set(body["processes"])
-        # start --detach returned only once a chat sent now is answered (issue 9, point 3)
+        # start --detach returned only once a chat sent now is answered
         assert body["ready"] is True and body["loaded_model"] == "tiny-1"
         assert url.startswith("http://127.0.0.1:") and body["http"] == url
         table = cli("status", home=home)

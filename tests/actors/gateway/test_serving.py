@@ -7,6 +7,7 @@ behind it, which no test here reaches (every request is refused before a job).""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import socket
 import threading
@@ -212,10 +213,8 @@ def test_over_the_connection_cap_a_request_gets_429(serve) -> None:
 def test_what_h11_cannot_parse_is_a_json_400(serve, raw: bytes) -> None:
     served = serve()
     with served.connect() as conn:
-        try:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
             conn.sendall(raw)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
         status, body = read_answer(conn)
     assert 400 <= status < 500 and set(body["error"]) == {"message", "type", "param", "code"}
 
