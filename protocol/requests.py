@@ -5,8 +5,9 @@ Theory of operation (h11-style: no I/O here, any socket layer drives it):
 - A server (the scheduler's front actor, the embedding pool) turns a frame into a typed,
   valid request with :func:`parse_frame` (= :func:`uniun.protocol.codec.decode` +
   :func:`parse_request`). Anything wrong raises :class:`ProtocolError` carrying the
-  protocol code (docs/protocol.md); the server answers it with ``reply_error(reply_to(msg), err)`` and
-  carries on. Nothing is changed before validation has passed.
+  protocol code (docs/protocol.md); the server answers it with
+  ``reply_error(reply_to(msg), err)`` and carries on. Nothing is changed before
+  validation has passed.
 - Envelope checks come first, in this order: ``v`` (an int; ``1`` else
   ``unsupported_version``), ``type`` (a str; known else ``unknown_type``), ``id`` (a
   1-128 char str), then the body of that type. A missing or mistyped envelope key is

@@ -5,9 +5,9 @@
 any free port), writes the base URL to ``$UNIUN_HOME/run/http.endpoint`` once it serves,
 and runs uvicorn until the supervisor's SIGTERM. uvicorn runs with the gateway's own h11
 protocol (``actors/gateway/serving.py``: a header-read timeout, a connection cap answered
-429, JSON refusals of malformed requests) under the door of ``actors/gateway/door.py``. On SIGTERM new requests get 503
-``shutting_down`` and uvicorn drains the open ones for ``DRAIN_S``; a stream still open
-then is closed, which cancels its job.
+429, JSON refusals of malformed requests) under the door of ``actors/gateway/door.py``.
+On SIGTERM new requests get 503 ``shutting_down`` and uvicorn drains the open ones for
+``DRAIN_S``; a stream still open then is closed, which cancels its job.
 
 **Extra routes**: :func:`extra_routes` mounts ``GET /metrics`` (the Prometheus exposition
 of ``runtime/metrics_http.py``) beside the OpenAI API, behind the same API-key check;

@@ -263,8 +263,9 @@ def table(result: dict[str, Any]) -> Table:
     overhead = result.get("observability_overhead") or {}
     if overhead.get("ttft_ratio") and overhead.get("decode_ratio"):
         for label, key in (("chat TTFT", "ttft"), ("decode tok/s", "decode")):
+            noise = _ratio(overhead.get(key + "_noise"))
             out.add_row(f"observability on/off: {label}",
-                        f"{_ratio(overhead.get(key))} (noise {_ratio(overhead.get(key + '_noise'))})")
+                        f"{_ratio(overhead.get(key))} (noise {noise})")
     model = result.get("model_bench") or {}
     for key in ("decode_ms_per_token", "prefill_tokens_per_s", "load_s"):
         if key in model:
