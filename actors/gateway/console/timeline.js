@@ -105,10 +105,10 @@ export class Timeline {
       const color = kindColor(s.kind);
       const k = add({ type: "segment", s });
       if (s.lane === "run") {
-        out.push(`<rect class="seg-run" data-k="${k}" x="${x(s.start)}" y="${RUN_Y}" width="${w(s.start, s.end)}" height="${RUN_H}" fill="${color}"/>`);
+        out.push(`<rect class="seg-run" data-k="${k}" data-job="${esc(s.job_id)}" x="${x(s.start)}" y="${RUN_Y}" width="${w(s.start, s.end)}" height="${RUN_H}" fill="${color}"/>`);
       } else {
         const y = WAIT_Y + Math.min(4, Math.max(0, s.tier)) * (WAIT_H + WAIT_GAP);
-        out.push(`<rect class="seg-wait" data-k="${k}" x="${x(s.start)}" y="${y}" width="${w(s.start, s.end)}" height="${WAIT_H}" fill="${color}" fill-opacity="0.45"/>`);
+        out.push(`<rect class="seg-wait" data-k="${k}" data-job="${esc(s.job_id)}" x="${x(s.start)}" y="${y}" width="${w(s.start, s.end)}" height="${WAIT_H}" fill="${color}" fill-opacity="0.45"/>`);
       }
     }
     // what is open now: the running job, the waiting ones (from the status)
@@ -118,7 +118,7 @@ export class Timeline {
       const start = this._openStart(r.job_id, "run");
       kinds.add(r.kind);
       const k = add({ type: "open-run", r, start });
-      out.push(`<rect class="seg-run open" data-k="${k}" x="${x(start)}" y="${RUN_Y}" width="${w(start, now)}" height="${RUN_H}" fill="${kindColor(r.kind)}"/>`);
+      out.push(`<rect class="seg-run open" data-k="${k}" data-job="${esc(r.job_id)}" x="${x(start)}" y="${RUN_Y}" width="${w(start, now)}" height="${RUN_H}" fill="${kindColor(r.kind)}"/>`);
     }
     if (status && status.queues) {
       Object.entries(status.queues).forEach(([tierName, ids]) => {
@@ -128,7 +128,7 @@ export class Timeline {
           const kind = this._kindOf(id);
           const y = WAIT_Y + Math.min(4, tier) * (WAIT_H + WAIT_GAP);
           const k = add({ type: "open-wait", id, tier, start, kind });
-          out.push(`<rect class="seg-wait open" data-k="${k}" x="${x(start)}" y="${y}" width="${w(start, now)}" height="${WAIT_H}" fill="${kindColor(kind)}" fill-opacity="0.45"/>`);
+          out.push(`<rect class="seg-wait open" data-k="${k}" data-job="${esc(id)}" x="${x(start)}" y="${y}" width="${w(start, now)}" height="${WAIT_H}" fill="${kindColor(kind)}" fill-opacity="0.45"/>`);
         }
       });
     }
@@ -190,7 +190,8 @@ export class Timeline {
       case "scheduler_start": shape = `<rect x="${mx - 4}" y="${top + 1}" width="9" height="9"/>`; break;
       default: shape = `<circle cx="${mx}" cy="${top + 6}" r="4.5"/>`;
     }
-    return `<g class="mark mark-${esc(m.what)}" data-k="${k}" fill="${color}">` +
+    const job = m.job_id ? ` data-job="${esc(m.job_id)}"` : "";
+    return `<g class="mark mark-${esc(m.what)}" data-k="${k}"${job} fill="${color}">` +
       `<line x1="${mx}" x2="${mx}" y1="${top + 11}" y2="${bottom}" stroke="${color}" stroke-width="1.2" stroke-dasharray="3 2"/>` +
       `${shape}<rect x="${mx - 5}" y="${top}" width="10" height="${bottom - top}" fill="transparent"/></g>`;
   }
