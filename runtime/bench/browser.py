@@ -40,6 +40,9 @@ def why_no_browser() -> str | None:
     except ImportError:
         return ("Playwright for Python is not installed (it is in the test extras: "
                 "bin/setup, or pip install playwright)")
+    given = os.environ.get(CHROMIUM_ENV)
+    if given and chromium_path() is None:
+        return f"{CHROMIUM_ENV}={given} is not a file"
     if chromium_path() is None:
         return ("no Chromium: bin/test installs Debian's chromium package with apt when it "
                 f"runs as root; else apt-get install chromium, or set {CHROMIUM_ENV}")
