@@ -1,17 +1,22 @@
 // The device panels, from the status the scheduler pushes: the running job, the queue of
 // each tier, parked snapshots with the T2 budget and the fair pool's vruntimes, and the
-// runtime's processes. Redrawn when a status arrives (at most 4 times a second).
+// runtime's processes. A card is rebuilt only when what it shows changed (a status
+// arrives at most 4 times a second), the processes' CPU and memory at most every 2 s: the
+// page shares the machine with the runtime it shows.
 
 import { postJSON } from "./api.js";
 import { el, fmtBytes, kindColor, TIER_NAMES } from "./util.js";
 
 const SHOWN_IDS = 4; // job ids listed per tier
+const PROCESS_EVERY_MS = 2000; // the processes' CPU and RSS are redrawn at most this often
 
 export class Device {
   constructor(live, nodes, onError) {
     this.live = live;
     this.nodes = nodes; // {running, queues, parking, processes, counts}
     this.onError = onError;
+    this.shown = {}; // card -> what it shows now (its signature)
+    this.processesAt = 0;
     live.addEventListener("status", () => this.render());
     live.addEventListener("reset", () => this.render());
   }
@@ -29,15 +34,34 @@ export class Device {
                           "aria-label": `cancel ${jobId}`, onclick: () => this.cancel(jobId) }, "\u00d7");
   }
 
+  _card(name, signature, build) {
+    if (this.shown[name] === signature) return;
+    this.shown[name] = signature;
+    this.nodes[name].replaceChildren(...build());
+  }
+
   render() {
     const s = this.live.status;
     if (!s) return;
     const n = this.nodes;
-    n.counts.textContent = `${s.jobs} jobs live, ${s.preemptions} preemptions, ${s.swaps} swaps`;
-    n.running.replaceChildren(...this._running(s));
-    n.queues.replaceChildren(...this._queues(s));
-    n.parking.replaceChildren(...this._parking(s));
-    n.processes.replaceChildren(...this._processes(s));
+    const counts = `${s.jobs} jobs live, ${s.preemptions} preemptions, ${s.swaps} swaps`;
+    if (n.counts.textContent !== counts) n.counts.textContent = counts;
+    const rate = this.live.rate === null ? null : this.live.rate.toFixed(1);
+    this._card("running", JSON.stringify([s.running, rate, s.runner && s.runner.up, s.loaded_model]),
+               () => this._running(s));
+    this._card("queues", JSON.stringify([s.queues, s.held, s.foreground, s.lifecycle]),
+               () => this._queues(s));
+    this._card("parking", JSON.stringify([s.snapshots, s.parking, s.t2_share, s.t2_share_max,
+                                          s.t2_blocked, s.vruntime, s.min_vruntime]),
+               () => this._parking(s));
+    const procs = Object.entries(s.process_info || {}).map(([k, p]) => [k, p.pid, p.restarts]);
+    const now = performance.now();
+    const moved = JSON.stringify(procs) !== this.shownProcs;
+    if (moved || now - this.processesAt >= PROCESS_EVERY_MS) {
+      this.shownProcs = JSON.stringify(procs);
+      this.processesAt = now;
+      this._card("processes", JSON.stringify(s.process_info), () => this._processes(s));
+    }
   }
 
   _running(s) {

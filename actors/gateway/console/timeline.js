@@ -10,9 +10,12 @@
 // tier, and why it started and why it stopped.
 //
 // Drawing is cheap and bounded: a string of SVG built at most once per animation frame,
-// when something arrived, or as often as the window's time moves by a pixel (>= 250 ms).
+// at once when a segment or a mark arrived (the preemption must show within 0.5 s), else
+// as often as the window's time moves by a pixel but at most 4 times a second, and not at
+// all while the timeline is scrolled out of view or the tab is hidden. The page shares
+// the machine with the runtime: every frame it does not draw is CPU the runner keeps.
 
-import { clock, esc, fmtS, kindColor, nowS } from "./util.js";
+import { clock, cssVar, esc, fmtS, kindColor, nowS } from "./util.js";
 
 const LABEL_W = 46;
 const MARK_Y = 1;
@@ -35,10 +38,6 @@ const STOPS = {
 };
 const KEEP_DRAWN = 500;
 
-function cssVar(name) {
-  return getComputedStyle(document.documentElement).getPropertyValue(name).trim();
-}
-
 export class Timeline {
   constructor(root, tip, legend, live) {
     this.root = root;
@@ -50,13 +49,18 @@ export class Timeline {
     this.pending = false;
     this.legendKey = "";
     this.drawn = []; // marks as drawn: {what, job_id, at, drawn_at} (the console's latency)
+    this.width = root.clientWidth || 600;
+    this.visible = true;
+    new ResizeObserver(() => { this.width = root.clientWidth || this.width; this.request(); })
+      .observe(root);
+    new IntersectionObserver((entries) => {
+      this.visible = entries.some((e) => e.isIntersecting);
+      if (this.visible) this.request();
+    }).observe(root);
     root.addEventListener("pointermove", (e) => this._hover(e));
     root.addEventListener("pointerdown", (e) => this._hover(e));
     root.addEventListener("pointerleave", () => { this.tip.hidden = true; });
-    for (const name of ["timeline", "status", "reset"]) {
-      live.addEventListener(name, () => this.request());
-    }
-    window.addEventListener("resize", () => this.request());
+    for (const name of ["timeline", "reset"]) live.addEventListener(name, () => this.request());
     this._tick();
   }
 
@@ -72,14 +76,17 @@ export class Timeline {
   }
 
   _tick() {
-    const plotW = Math.max(100, this.root.clientWidth - LABEL_W - 4);
+    const plotW = Math.max(100, this.width - LABEL_W - 4);
     const every = Math.max(250, (1000 * this.win) / plotW);
-    setTimeout(() => { if (!document.hidden) this.request(); this._tick(); }, every);
+    setTimeout(() => {
+      if (!document.hidden && this.visible) this.request();
+      this._tick();
+    }, every);
   }
 
   draw() {
     const live = this.live;
-    const width = Math.max(200, this.root.clientWidth || 600);
+    const width = Math.max(200, this.width);
     const plotW = width - LABEL_W - 4;
     const now = live.now();
     const t0 = now - this.win;

@@ -45,12 +45,21 @@ export function clock(unix) {
 
 const KNOWN = ["chat", "extract", "nataraj", "gana"];
 const OTHER = ["#64748b", "#0ea5e9", "#84cc16", "#f43f5e", "#a16207"];
+const vars = new Map();
+matchMedia("(prefers-color-scheme: dark)").addEventListener("change", () => vars.clear());
+
+/** A CSS custom property of the page, read once (reading computed style can force the
+ *  browser to recompute the page's style; the timeline asks for colours per element). */
+export function cssVar(name) {
+  if (!vars.has(name)) {
+    vars.set(name, getComputedStyle(document.documentElement).getPropertyValue(name).trim());
+  }
+  return vars.get(name);
+}
 
 /** The colour of a job kind on the timeline and in badges (CSS variables for the known). */
 export function kindColor(kind) {
-  if (KNOWN.includes(kind)) {
-    return getComputedStyle(document.documentElement).getPropertyValue(`--k-${kind}`).trim();
-  }
+  if (KNOWN.includes(kind)) return cssVar(`--k-${kind}`);
   let h = 0;
   for (const c of String(kind)) h = (h * 31 + c.charCodeAt(0)) >>> 0;
   return OTHER[h % OTHER.length];
