@@ -200,6 +200,20 @@ def test_controls_reach_the_scheduler_and_come_back_on_the_feed(
         page.locator("#control-out.bad", has_text="no-such-job").wait_for()
         page.click("#result-tabs button[data-kind='card']")
         page.locator("#result-list", has_text="No cards yet").wait_for()
+        # Stop: the answer ends where it was, and its job is cancelled in the runtime.
+        page.click("#chat details.settings summary")
+        page.fill("#max-tokens", str(BG_TOKENS))
+        page.fill("#prompt", "Tell me a long story.")
+        page.press("#prompt", "Enter")
+        wait_for("the first tokens", lambda: _js(
+            page, "(window.uniunConsole.chat.log.at(-1) || {}).tokens >= 2"))
+        page.click("#stop")
+        page.locator(".msg.assistant", has_text="(stopped)").wait_for()
+        record = _js(page, "window.uniunConsole.chat.log.at(-1)")
+        assert record["stopped"] and record["tokens"] < BG_TOKENS
+        wait_for("the stopped chat's run to end cancelled", lambda: _js(
+            page, f"window.uniunConsole.live.segments.some(s => s.job_id === "
+                  f"{record['job_id']!r} && s.lane === 'run' && s.reason === 'cancelled')"))
     finally:
         ctx.close()
 
