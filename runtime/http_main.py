@@ -22,8 +22,9 @@ import contextlib
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 from starlette.routing import BaseRoute
@@ -32,6 +33,8 @@ from uniun.actors.gateway.app import OPEN_PATHS, build_app
 from uniun.actors.gateway.console_routes import Console, ConsoleSettings
 from uniun.actors.gateway.gateway import Gateway, GatewaySettings
 from uniun.actors.gateway.serving import protocol_class
+from uniun.actors.producers.results_reader import ResultsReader
+from uniun.actors.scheduler.journal import read_timeline
 from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.metrics_http import ENDPOINT_FILE as METRICS_ENDPOINT
@@ -49,6 +52,17 @@ def extra_routes(config: RuntimeConfig, console: Console | None = None) -> list[
     console's (docs/console.md)."""
     routes: list[BaseRoute] = [metrics_route(config.run_dir)] if config.metrics.enabled else []
     return routes + (console.routes() if console is not None else [])
+
+
+def journal_timeline(path: Path) -> Callable[[float], tuple[list[Any], list[Any]]]:
+    """The console's backfill: the journal's timeline since a time (read-only; none
+    before the scheduler made the journal)."""
+    def read(since: float) -> tuple[list[Any], list[Any]]:
+        if not path.exists():
+            return [], []
+        segments, marks = read_timeline(path, since=since)
+        return list(segments), list(marks)
+    return read
 
 
 def console_settings(config: RuntimeConfig) -> ConsoleSettings:
@@ -111,7 +125,9 @@ def main(config: RuntimeConfig) -> int:
             yield
 
     gateway = Gateway(settings_from_config(config))
-    console = Console(gateway, console_settings(config)) if config.http.console else None
+    console = (Console(gateway, console_settings(config), results=ResultsReader(
+        config.results_path), timeline=journal_timeline(config.home / "journal.db"))
+        if config.http.console else None)
     open_paths = OPEN_PATHS | (console.open_paths() if console is not None else set())
     app = build_app(gateway, extra_routes=extra_routes(config, console), open_paths=open_paths)
     sock = bind(config.http.host, config.http.port)

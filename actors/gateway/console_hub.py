@@ -29,17 +29,29 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from loguru import logger
 
 from uniun.actors.gateway.console_feed import TimelineWindow, sse_frame
-from uniun.actors.gateway.console_results import ResultsReader
 from uniun.protocol.client import Client, SchedulerUnavailable, Timeout
 from uniun.protocol.curve import ClientCurve
 
-__all__ = ["IDLE_CLOSE_S", "QUEUE_MAX", "Hub", "Subscriber"]
+__all__ = ["IDLE_CLOSE_S", "QUEUE_MAX", "Hub", "ResultsSource", "Subscriber", "TimelineSource"]
+
+# The journal's timeline since a time (unix s): (segments, marks), records with the
+# fields of actors/timeline.py; runtime/http_main.py passes the scheduler's read_timeline.
+TimelineSource = Callable[[float], tuple[list[Any], list[Any]]]
+
+
+class ResultsSource(Protocol):
+    """The results store, read-only (actors/producers/results_reader.py)."""
+
+    def counts(self) -> dict[str, int]: ...
+
+    def results(self, kind: str, limit: int) -> list[dict[str, Any]]: ...
+
+    def search(self, vector: Any, k: int) -> tuple[list[dict[str, Any]], str | None]: ...
 
 QUEUE_MAX = 512  # frames waiting for one page before it is resynced with a snapshot
 IDLE_CLOSE_S = 10.0  # the watch is closed this long after the last page left, s
@@ -63,8 +75,8 @@ class Hub:
     """See the module docstring. ``extra``: more fields for every snapshot (the console's
     settings, the chaos round's state), read when a snapshot is made."""
 
-    def __init__(self, front: str, *, curve: ClientCurve | None, journal: Path | None,
-                 results: ResultsReader | None, window_s: float,
+    def __init__(self, front: str, *, curve: ClientCurve | None,
+                 journal: TimelineSource | None, results: ResultsSource | None, window_s: float,
                  extra: Callable[[], dict[str, Any]] = dict) -> None:
         self.front = front
         self.curve = curve
@@ -212,14 +224,12 @@ class Hub:
 
     def _backfill(self, since: float, resync: bool = False) -> None:
         """The journal's timeline since ``since`` (follower thread; read-only)."""
-        if self.journal is None or not self.journal.exists():
+        if self.journal is None:
             return
-        from uniun.actors.scheduler.journal import read_timeline
-
         try:
-            segments, marks = read_timeline(self.journal, since=since)
+            segments, marks = self.journal(since)
         except Exception as err:  # noqa: BLE001 - a journal we cannot read: live data only
-            logger.warning("console: cannot read the timeline of {}: {}", self.journal, err)
+            logger.warning("console: cannot read the journal's timeline: {}", err)
             return
         self._to_loop(self._add_backfill, segments, marks, resync)
 

@@ -36,8 +36,7 @@ from starlette.routing import BaseRoute, Route
 from uniun.actors.gateway import console_control as cc
 from uniun.actors.gateway.body import parse_json
 from uniun.actors.gateway.console_chaos import MIN_RESTARTS, ChaosRound
-from uniun.actors.gateway.console_hub import END, RESYNC, Hub
-from uniun.actors.gateway.console_results import ResultsReader, rank
+from uniun.actors.gateway.console_hub import END, RESYNC, Hub, ResultsSource, TimelineSource
 from uniun.actors.gateway.errors import ApiError, bad_request, from_protocol
 from uniun.actors.gateway.gateway import Gateway
 from uniun.protocol.client import Client, ClientError, SchedulerUnavailable, Timeout
@@ -91,16 +90,22 @@ def static_files(folder: Path = STATIC_DIR) -> dict[str, tuple[bytes, str, str]]
 
 
 class Console:
-    """The console's state in the gateway process: the hub, the results, the chaos round."""
+    """The console's state in the gateway process: the hub, the results, the chaos round.
 
-    def __init__(self, gateway: Gateway, settings: ConsoleSettings) -> None:
+    ``results`` and ``timeline`` read the producers' results store and the scheduler's
+    journal, read-only; the runtime passes them in (they belong to other rooms), a test
+    may pass None (no results, no backfill)."""
+
+    def __init__(self, gateway: Gateway, settings: ConsoleSettings, *,
+                 results: ResultsSource | None = None,
+                 timeline: TimelineSource | None = None) -> None:
         self.gateway = gateway
         self.settings = settings
         self.files = static_files()
-        self.results = ResultsReader(settings.home / "results.db")
+        self.results = results
         self.hub = Hub(gateway.settings.front, curve=gateway.settings.front_curve,
-                       journal=settings.home / "journal.db", results=self.results,
-                       window_s=settings.window_s, extra=self._extra)
+                       journal=timeline, results=results, window_s=settings.window_s,
+                       extra=self._extra)
         chaos_ok = settings.chaos and settings.max_restarts >= MIN_RESTARTS
         why = ("[http] console_chaos = false" if not settings.chaos else
                f"[supervisor] max_restarts is below {MIN_RESTARTS}" if not chaos_ok else "")
@@ -214,7 +219,8 @@ class Console:
             raise bad_request("limit must be an integer", "limit") from None
         if not 1 <= limit <= RESULTS_MAX:
             raise bad_request(f"limit must be from 1 to {RESULTS_MAX}", "limit")
-        items = await asyncio.to_thread(self.results.results, kind, limit)
+        results = self.results
+        items = await asyncio.to_thread(results.results, kind, limit) if results else []
         return JSONResponse({"kind": kind, "items": items})
 
     async def search(self, request: Request) -> Response:
@@ -226,20 +232,12 @@ class Console:
         k = body.get("k", 8)
         if isinstance(k, bool) or not isinstance(k, int) or not 1 <= k <= SEARCH_MAX:
             raise bad_request(f"k must be an integer from 1 to {SEARCH_MAX}", "k")
-        paths, matrix = await asyncio.to_thread(self.results.note_embeddings)
-        if not paths:
-            return JSONResponse({"hits": [], "reason": "no note embeddings yet: the extract "
-                                 "producer embeds the notes when the embedding pool runs"})
+        results = self.results
+        if results is None:
+            return JSONResponse({"hits": [], "reason": "this runtime has no results store"})
         vector = (await self._embed(query))[0]
-        try:
-            hits = rank(vector, matrix, k)
-        except ValueError as err:
-            return JSONResponse({"hits": [], "reason": str(err)})
-        chosen = [paths[i] for i, _ in hits]
-        knowledge = await asyncio.to_thread(self.results.knowledge_of, chosen)
-        return JSONResponse({"hits": [{"note_path": paths[i], "score": round(score, 4),
-                                       "knowledge": knowledge.get(paths[i])}
-                                      for i, score in hits]})
+        hits, reason = await asyncio.to_thread(results.search, vector, k)
+        return JSONResponse({"hits": hits, "reason": reason})
 
     async def _embed(self, query: str) -> Any:
         """The query's vector from the embedding pool (its refusals as HTTP errors)."""

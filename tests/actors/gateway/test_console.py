@@ -21,11 +21,11 @@ from uniun.actors.gateway.app import OPEN_PATHS, build_app
 from uniun.actors.gateway.console_chaos import ChaosRound
 from uniun.actors.gateway.console_feed import TimelineWindow
 from uniun.actors.gateway.console_hub import QUEUE_MAX, RESYNC, Hub
-from uniun.actors.gateway.console_results import ResultsReader
 from uniun.actors.gateway.console_routes import Console, ConsoleSettings, static_files
 from uniun.actors.gateway.errors import ApiError
 from uniun.actors.gateway.gateway import Gateway, GatewaySettings
 from uniun.actors.producers.results import ResultsStore
+from uniun.actors.producers.results_reader import ResultsReader
 from uniun.actors.timeline import Mark, Segment
 
 BASE = "http://127.0.0.1:8765"
@@ -213,7 +213,8 @@ def _app(tmp_path: Path, api_key: str = "", chaos: bool = True) -> tuple[TestCli
     gateway = Gateway(GatewaySettings(front=f"ipc://{tmp_path}/nobody.sock", embed=None,
                                       embed_model="e", models_root=tmp_path / "models",
                                       api_key=api_key))
-    console = Console(gateway, ConsoleSettings(home=tmp_path, chaos=chaos))
+    console = Console(gateway, ConsoleSettings(home=tmp_path, chaos=chaos),
+                      results=ResultsReader(tmp_path / "results.db"))
     app = build_app(gateway, extra_routes=console.routes(),
                     open_paths=OPEN_PATHS | console.open_paths())
     return TestClient(app, base_url=BASE), gateway
@@ -294,3 +295,20 @@ def test_the_chaos_round_can_be_turned_off(tmp_path: Path) -> None:
         reply = http.post("/console/api/chaos", json={})
         assert reply.status_code == 403 and reply.json()["error"]["code"] == "chaos_disabled"
     gateway.close()
+
+
+def test_search_ranks_the_notes_and_shows_their_knowledge(tmp_path: Path) -> None:
+    import numpy as np
+
+    reader = ResultsReader(tmp_path / "results.db")
+    assert reader.search(np.ones(3, dtype=np.float32), 2)[0] == []  # no store: no hits
+    with ResultsStore(tmp_path / "results.db") as store:
+        for path, vector in (("sea.md", [1.0, 0.0, 0.0]), ("moon.md", [0.0, 1.0, 0.0])):
+            store.put_note_embedding(path, "s", np.array(vector, dtype=np.float32))
+        store.add_knowledge(job_id="ex-1", note_path="moon.md", note_sha="s", model_id="m",
+                            raw="{}", parsed={"entities": [{"name": "Moon"}], "relations": []},
+                            parse_error=None)
+    hits, reason = reader.search(np.array([0.1, 0.9, 0.0], dtype=np.float32), 2)
+    assert reason is None and [h["note_path"] for h in hits] == ["moon.md", "sea.md"]
+    assert hits[0]["knowledge"]["entities"] == [{"name": "Moon"}] and hits[1]["knowledge"] is None
+    assert reader.search(np.ones(4, dtype=np.float32), 2)[1]  # another model's size: why

@@ -1,7 +1,8 @@
-"""What the background work made, read for the console: the results store, read-only.
+"""The results store read-only, for a reader that must not write: the console.
 
 The producers own ``$UNIUN_HOME/results.db`` (``actors/producers/results.py``); the
-console only reads it, on a read-only connection opened per call (WAL lets readers in
+console (``actors/gateway/console_routes.py``, given a reader by ``runtime/http_main.py``)
+only reads it, on a read-only connection opened per call (WAL lets readers in
 while producers write; a connection per call holds no lock and no file open between
 calls, and the calls run in a worker thread, never on the event loop). A store that does
 not exist yet (producers off, nothing made) reads as empty, not as an error.
@@ -21,7 +22,7 @@ import numpy as np
 
 from uniun.actors.producers.results import RESULT_KINDS, list_results, note_embeddings, rank
 
-__all__ = ["COUNTED", "ResultsReader", "rank"]  # rank: the search command's ranking
+__all__ = ["COUNTED", "ResultsReader"]
 
 COUNTED = {"knowledge": "knowledge", "card": "deck_cards", "gana": "gana_runs",
            "embedding": "note_embeddings"}  # result kind -> its table
@@ -69,6 +70,21 @@ class ResultsReader:
 
     def note_embeddings(self) -> tuple[list[str], np.ndarray]:
         return note_embeddings(self._query)
+
+    def search(self, vector: np.ndarray, k: int) -> tuple[list[dict[str, Any]], str | None]:
+        """The ``k`` notes most like ``vector`` (the query's embedding), best first, each
+        with its knowledge; or no hits and why."""
+        paths, matrix = self.note_embeddings()
+        if not paths:
+            return [], ("no note embeddings yet: the extract producer embeds the notes "
+                        "when the embedding pool runs")
+        try:
+            hits = rank(vector, matrix, k)
+        except ValueError as err:
+            return [], str(err)
+        knowledge = self.knowledge_of([paths[i] for i, _ in hits])
+        return [{"note_path": paths[i], "score": round(score, 4),
+                 "knowledge": knowledge.get(paths[i])} for i, score in hits], None
 
     def knowledge_of(self, paths: list[str]) -> dict[str, Any]:
         """The latest parsed knowledge of each note in ``paths`` (None where none parsed)."""
