@@ -218,6 +218,39 @@ def test_controls_reach_the_scheduler_and_come_back_on_the_feed(
         ctx.close()
 
 
+def test_new_results_appear_in_the_page_as_they_land(
+        chromium: Any, tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> None:
+    """The Nataraj producer keeps a deck of cards; taking cards (as ``deck --take`` does)
+    makes it write new ones, and the open page shows them without being reloaded."""
+    from uniun.actors.producers.results import ResultsStore
+
+    config = CONFIG.replace("nataraj = false", "nataraj = true\nsamples = false")
+    runtime = Runtime(tmp_path_factory.mktemp("rt-console-results"), config)
+    runtime.env["UNIUN_CHILDREN"] = "scheduler,runner,http,nataraj"
+    runtime.start()
+    try:
+        path = runtime.home / "run" / "http.endpoint"
+        url = wait_for("the gateway", lambda: path.exists() and path.read_text().strip())
+        ctx, page, seen = _open(chromium, url.strip(), viewport={"width": 1280, "height": 900})
+        try:
+            page.click("#result-tabs button[data-kind='card']")
+            page.locator("#result-list .result").first.wait_for()
+            before = page.locator("#result-list .result").count()
+            with ResultsStore(runtime.home / "results.db") as store:
+                taken = store.take_cards(100)
+            assert taken
+            wait_for("new cards in the page", lambda: page.locator(
+                "#result-list .result").count() > before)
+            page.locator("#result-list .result", has_text="taken").first.wait_for()
+            assert seen["errors"] == []
+        finally:
+            ctx.close()
+    finally:
+        code = runtime.stop()
+        print(runtime.logs(("supervisor", "http", "nataraj")))
+        assert code == 0
+
+
 def test_a_chaos_round_from_the_console_kills_the_runner_once_and_passes(
         rt: Runtime, base_url: str) -> None:
     headers = {"Content-Type": "application/json"}
