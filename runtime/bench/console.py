@@ -88,12 +88,12 @@ def _ready(front: str, deadline: float) -> None:
 
 
 def run(model: str, reps: int, log: Log, shots: Path | None = None,
-        blocks: int = 2) -> dict[str, Any]:
+        blocks: int = 4) -> dict[str, Any]:
     """Measure every goal; see the module docstring."""
     why = why_no_browser()
     if why is not None:
         raise RuntimeError(f"the console bench needs a browser: {why}")
-    result: dict[str, Any] = {"model": model, "reps": reps, "goals": {}}
+    result: dict[str, Any] = {"model": model, "reps": reps, "blocks": blocks, "goals": {}}
     with own_runtime(model, log) as (url, front), browser() as chromium:
         result["browser"] = chromium.version
         result["page_weight"] = cm.page_weight(chromium, url)

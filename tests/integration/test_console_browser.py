@@ -135,18 +135,28 @@ def test_a_chat_typed_in_the_page_preempts_the_job_submitted_from_it(
         wait_for("the resume on the page", lambda: _marks(page, "resume", bg))
         timings = page.locator(".timings").last.text_content()
         assert "paused 1 background job" in timings, timings
-        assert page.locator(f"#timeline g.mark-preempt[data-job='{bg}']").count() >= 1
-        assert page.locator(f"#timeline g.mark-resume[data-job='{bg}']").count() >= 1
+        # ... and drawn on the canvas (what the last frame drew, for hovering).
+        drawn = _js(page, "window.uniunConsole.timeline.items.filter(i => i.type === 'mark'"
+                          f" && i.m.job_id === {bg!r}).map(i => i.m.what)")
+        assert "preempt" in drawn and "resume" in drawn, drawn
         runs = _js(page, f"window.uniunConsole.live.segments.filter(s => s.job_id === {bg!r} "
                          "&& s.lane === 'run')")
         assert runs and runs[0]["reason"] == "preempted" and runs[0]["kind"] == "nataraj"
         chats = _js(page, f"window.uniunConsole.live.segments.filter(s => s.job_id === "
                           f"{chat!r} && s.lane === 'run')")
         assert chats and chats[0]["tier"] == 0 and chats[0]["reason"] == "done"
-        # Hovering the mark says which job stopped, and for whom.
-        page.hover(f"#timeline g.mark-preempt[data-job='{bg}']")
+        # Hovering the mark says which job stopped, and for whom (a 2-minute window: the
+        # mark moves less than its glyph's width between finding it and pointing at it).
+        page.click("#window-buttons button[data-window='120']")
+        page.wait_for_timeout(300)
+        spot = _js(page, "(() => { const i = window.uniunConsole.timeline.items.find(i => "
+                         f"i.type === 'mark' && i.m.what === 'preempt' && i.m.job_id === {bg!r});"
+                         " return {x: (i.x0 + i.x1) / 2, y: i.y0 + 5}; })()")
+        box = page.locator("#timeline canvas").bounding_box()
+        page.mouse.move(box["x"] + spot["x"], box["y"] + spot["y"])
         tip = page.locator("#tip")
-        assert tip.is_visible() and bg in tip.text_content() and chat in tip.text_content()
+        tip.wait_for()
+        assert bg in tip.text_content() and chat in tip.text_content()
 
         # Cancelled from the device panel while it runs again.
         page.locator("#running code", has_text=bg).wait_for()

@@ -1,4 +1,4 @@
-// The timeline of the last minutes, drawn as SVG: what `uniun-runtime trace export`
+// The timeline of the last minutes, drawn on a canvas: what `uniun-runtime trace export`
 // writes, live.
 //
 // Rows, top to bottom: the marks (preempt, resume, swap, runner lost / up, scheduler
@@ -9,7 +9,8 @@
 // up to now from the status. Hovering (or tapping) a bar or a mark says which job, its
 // tier, and why it started and why it stopped.
 //
-// Drawing is cheap and bounded: a string of SVG built at most once per animation frame,
+// Drawing is cheap and bounded: one canvas (no elements to build, lay out and paint one
+// by one; hovering is a hit test over what was drawn), at most once per animation frame,
 // at once when a segment or a mark arrived (the preemption must show within 0.5 s), else
 // as often as the window's time moves by a pixel but at most 4 times a second, and not at
 // all while the timeline is scrolled out of view or the tab is hidden. The page shares
@@ -26,6 +27,7 @@ const WAIT_H = 9;
 const WAIT_GAP = 3;
 const AXIS_Y = WAIT_Y + 5 * (WAIT_H + WAIT_GAP) + 4;
 const HEIGHT = AXIS_Y + 16;
+const waitY = (tier) => WAIT_Y + Math.min(4, Math.max(0, tier)) * (WAIT_H + WAIT_GAP);
 const STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600];
 const MARK_COLORS = {
   preempt: "--mark-preempt", resume: "--mark-resume", swap: "--mark-swap",
@@ -49,6 +51,10 @@ export class Timeline {
     this.pending = false;
     this.legendKey = "";
     this.drawn = []; // marks as drawn: {what, job_id, at, drawn_at} (the console's latency)
+    this.canvas = document.createElement("canvas");
+    this.canvas.setAttribute("role", "img");
+    this.canvas.setAttribute("aria-label", "runner timeline: what ran, what waited, preemptions");
+    root.append(this.canvas);
     this.width = root.clientWidth || 600;
     this.visible = true;
     new ResizeObserver(() => { this.width = root.clientWidth || this.width; this.request(); })
@@ -92,30 +98,33 @@ export class Timeline {
     const t0 = now - this.win;
     const x = (t) => LABEL_W + ((Math.max(t, t0) - t0) / this.win) * plotW;
     const w = (a, b) => Math.max(1.5, x(Math.min(b, now)) - x(a));
+    const g = this._context(width);
     const items = [];
-    const out = [];
     const kinds = new Set();
-    out.push(`<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 ${width} ${HEIGHT}" height="${HEIGHT}" role="img" aria-label="runner timeline">`);
-    // track backgrounds and labels
-    out.push(`<rect x="${LABEL_W}" y="${RUN_Y}" width="${plotW}" height="${RUN_H}" fill="${cssVar("--bg")}"/>`);
-    out.push(`<text class="lbl" x="2" y="${RUN_Y + 17}">runner</text>`);
-    for (let t = 0; t < 5; t += 1) {
-      const y = WAIT_Y + t * (WAIT_H + WAIT_GAP);
-      out.push(`<rect x="${LABEL_W}" y="${y}" width="${plotW}" height="${WAIT_H}" fill="${cssVar("--bg")}"/>`);
-      out.push(`<text class="lbl" x="2" y="${y + 8}">T${t} wait</text>`);
-    }
-    const add = (item) => { items.push(item); return items.length - 1; };
+    const bg = cssVar("--bg");
+    const muted = cssVar("--muted");
+    g.font = "10px system-ui, sans-serif";
+    g.fillStyle = bg;
+    g.fillRect(LABEL_W, RUN_Y, plotW, RUN_H);
+    for (let t = 0; t < 5; t += 1) g.fillRect(LABEL_W, waitY(t), plotW, WAIT_H);
+    g.fillStyle = muted;
+    g.fillText("runner", 2, RUN_Y + 17);
+    for (let t = 0; t < 5; t += 1) g.fillText(`T${t} wait`, 2, waitY(t) + 8);
+    const bar = (item, x0, width_, y, h, color, alpha) => {
+      g.globalAlpha = alpha;
+      g.fillStyle = color;
+      g.fillRect(x0, y, width_, h);
+      g.globalAlpha = 1;
+      items.push({ ...item, x0, x1: x0 + width_, y0: y, y1: y + h });
+    };
     // finished stretches
     for (const s of live.segments) {
       if (s.end < t0) continue;
       kinds.add(s.kind);
-      const color = kindColor(s.kind);
-      const k = add({ type: "segment", s });
       if (s.lane === "run") {
-        out.push(`<rect class="seg-run" data-k="${k}" data-job="${esc(s.job_id)}" x="${x(s.start)}" y="${RUN_Y}" width="${w(s.start, s.end)}" height="${RUN_H}" fill="${color}"/>`);
+        bar({ type: "segment", s }, x(s.start), w(s.start, s.end), RUN_Y, RUN_H, kindColor(s.kind), 1);
       } else {
-        const y = WAIT_Y + Math.min(4, Math.max(0, s.tier)) * (WAIT_H + WAIT_GAP);
-        out.push(`<rect class="seg-wait" data-k="${k}" data-job="${esc(s.job_id)}" x="${x(s.start)}" y="${y}" width="${w(s.start, s.end)}" height="${WAIT_H}" fill="${color}" fill-opacity="0.45"/>`);
+        bar({ type: "segment", s }, x(s.start), w(s.start, s.end), waitY(s.tier), WAIT_H, kindColor(s.kind), 0.45);
       }
     }
     // what is open now: the running job, the waiting ones (from the status)
@@ -124,44 +133,62 @@ export class Timeline {
       const r = status.running;
       const start = this._openStart(r.job_id, "run");
       kinds.add(r.kind);
-      const k = add({ type: "open-run", r, start });
-      out.push(`<rect class="seg-run open" data-k="${k}" data-job="${esc(r.job_id)}" x="${x(start)}" y="${RUN_Y}" width="${w(start, now)}" height="${RUN_H}" fill="${kindColor(r.kind)}"/>`);
+      bar({ type: "open-run", r, start }, x(start), w(start, now), RUN_Y, RUN_H, kindColor(r.kind), 0.8);
     }
-    if (status && status.queues) {
-      Object.entries(status.queues).forEach(([tierName, ids]) => {
-        const tier = Number(String(tierName).slice(1)) || 0;
-        for (const id of ids.slice(0, 50)) {
-          const start = this._openStart(id, "wait");
-          const kind = this._kindOf(id);
-          const y = WAIT_Y + Math.min(4, tier) * (WAIT_H + WAIT_GAP);
-          const k = add({ type: "open-wait", id, tier, start, kind });
-          out.push(`<rect class="seg-wait open" data-k="${k}" data-job="${esc(id)}" x="${x(start)}" y="${y}" width="${w(start, now)}" height="${WAIT_H}" fill="${kindColor(kind)}" fill-opacity="0.45"/>`);
-        }
-      });
+    for (const [tierName, ids] of Object.entries((status && status.queues) || {})) {
+      const tier = Number(String(tierName).slice(1)) || 0;
+      for (const id of ids.slice(0, 50)) {
+        const start = this._openStart(id, "wait");
+        const kind = this._kindOf(id);
+        bar({ type: "open-wait", id, tier, start, kind }, x(start), w(start, now), waitY(tier), WAIT_H, kindColor(kind), 0.35);
+      }
     }
-    // marks
+    // marks, over the bars
     const shown = [];
     for (const m of live.marks) {
       if (m.at < t0) continue;
       shown.push(m);
-      const k = add({ type: "mark", m });
-      out.push(this._glyph(m, x(m.at), k));
+      const mx = x(m.at);
+      const bottom = this._glyph(g, m, mx);
+      items.push({ type: "mark", m, x0: mx - 5, x1: mx + 5, y0: MARK_Y, y1: bottom });
     }
     // axis: seconds before now
     const step = STEPS.find((s) => this.win / s <= Math.max(2, Math.floor(plotW / 60))) || 600;
-    out.push(`<line class="axis" x1="${LABEL_W}" x2="${LABEL_W + plotW}" y1="${AXIS_Y}" y2="${AXIS_Y}"/>`);
+    g.strokeStyle = cssVar("--line");
+    g.lineWidth = 1;
+    g.beginPath();
+    g.moveTo(LABEL_W, AXIS_Y + 0.5);
+    g.lineTo(LABEL_W + plotW, AXIS_Y + 0.5);
+    g.fillStyle = muted;
     for (let ago = 0; ago <= this.win + 1e-9; ago += step) {
-      const tx = LABEL_W + plotW - (ago / this.win) * plotW;
-      const label = ago === 0 ? "now" : ago >= 60 ? `-${ago / 60} min` : `-${ago} s`;
-      const anchor = ago === 0 ? "end" : tx - LABEL_W < 20 ? "start" : "middle";
-      out.push(`<line class="axis" x1="${tx}" x2="${tx}" y1="${AXIS_Y}" y2="${AXIS_Y + 4}"/>`);
-      out.push(`<text class="lbl" x="${tx}" y="${AXIS_Y + 14}" text-anchor="${anchor}">${label}</text>`);
+      const tx = Math.round(LABEL_W + plotW - (ago / this.win) * plotW) + 0.5;
+      g.moveTo(tx, AXIS_Y);
+      g.lineTo(tx, AXIS_Y + 4);
+      g.textAlign = ago === 0 ? "right" : tx - LABEL_W < 20 ? "left" : "center";
+      g.fillText(ago === 0 ? "now" : ago >= 60 ? `-${ago / 60} min` : `-${ago} s`, tx, AXIS_Y + 14);
     }
-    out.push("</svg>");
-    this.root.innerHTML = out.join("");
+    g.stroke();
+    g.textAlign = "left";
     this.items = items;
     this._recordDrawn(shown);
     this._legend(kinds);
+  }
+
+  /** The canvas's 2D context, sized to ``width`` CSS pixels at the screen's density and
+   *  cleared. */
+  _context(width) {
+    const canvas = this.canvas;
+    const dpr = window.devicePixelRatio || 1;
+    if (canvas.width !== Math.round(width * dpr) || canvas.height !== Math.round(HEIGHT * dpr)) {
+      canvas.width = Math.round(width * dpr);
+      canvas.height = Math.round(HEIGHT * dpr);
+      canvas.style.width = `${width}px`;
+      canvas.style.height = `${HEIGHT}px`;
+    }
+    const g = canvas.getContext("2d");
+    g.setTransform(dpr, 0, 0, dpr, 0, 0);
+    g.clearRect(0, 0, width, HEIGHT);
+    return g;
   }
 
   /** When an open stretch began: the end of the job's last segment (a dispatch ends its
@@ -184,23 +211,35 @@ export class Timeline {
     return m ? m[1] : "other";
   }
 
-  _glyph(m, mx, k) {
+  /** A mark: its glyph in the top row and a dashed line down through the tracks it
+   *  concerns; returns where the line ends. */
+  _glyph(g, m, mx) {
     const color = cssVar(MARK_COLORS[m.what] || "--mark-proc");
     const top = MARK_Y;
     const bottom = RUN_Y + RUN_H + (m.what === "preempt" || m.what === "resume" ? 0 : 5 * (WAIT_H + WAIT_GAP) + 8);
-    let shape;
+    g.strokeStyle = color;
+    g.fillStyle = color;
+    g.lineWidth = 1.2;
+    g.setLineDash([3, 2]);
+    g.beginPath();
+    g.moveTo(mx, top + 11);
+    g.lineTo(mx, bottom);
+    g.stroke();
+    g.setLineDash([]);
+    g.beginPath();
     switch (m.what) {
-      case "preempt": shape = `<path d="M${mx - 5} ${top} L${mx + 5} ${top} L${mx} ${top + 11} Z"/>`; break;
-      case "resume": shape = `<path d="M${mx - 5} ${top + 11} L${mx + 5} ${top + 11} L${mx} ${top} Z"/>`; break;
-      case "swap": shape = `<path d="M${mx} ${top} L${mx + 5} ${top + 6} L${mx} ${top + 12} L${mx - 5} ${top + 6} Z"/>`; break;
-      case "runner_lost": shape = `<path d="M${mx - 4} ${top + 1} L${mx + 4} ${top + 10} M${mx + 4} ${top + 1} L${mx - 4} ${top + 10}" stroke="${color}" stroke-width="2.5"/>`; break;
-      case "scheduler_start": shape = `<rect x="${mx - 4}" y="${top + 1}" width="9" height="9"/>`; break;
-      default: shape = `<circle cx="${mx}" cy="${top + 6}" r="4.5"/>`;
+      case "preempt": g.moveTo(mx - 5, top); g.lineTo(mx + 5, top); g.lineTo(mx, top + 11); g.fill(); break;
+      case "resume": g.moveTo(mx - 5, top + 11); g.lineTo(mx + 5, top + 11); g.lineTo(mx, top); g.fill(); break;
+      case "swap": g.moveTo(mx, top); g.lineTo(mx + 5, top + 6); g.lineTo(mx, top + 12); g.lineTo(mx - 5, top + 6); g.fill(); break;
+      case "runner_lost":
+        g.lineWidth = 2.5;
+        g.moveTo(mx - 4, top + 1); g.lineTo(mx + 4, top + 10); g.moveTo(mx + 4, top + 1); g.lineTo(mx - 4, top + 10);
+        g.stroke();
+        break;
+      case "scheduler_start": g.fillRect(mx - 4, top + 1, 9, 9); break;
+      default: g.arc(mx, top + 6, 4.5, 0, 2 * Math.PI); g.fill();
     }
-    const job = m.job_id ? ` data-job="${esc(m.job_id)}"` : "";
-    return `<g class="mark mark-${esc(m.what)}" data-k="${k}"${job} fill="${color}">` +
-      `<line x1="${mx}" x2="${mx}" y1="${top + 11}" y2="${bottom}" stroke="${color}" stroke-width="1.2" stroke-dasharray="3 2"/>` +
-      `${shape}<rect x="${mx - 5}" y="${top}" width="10" height="${bottom - top}" fill="transparent"/></g>`;
+    return bottom;
   }
 
   _recordDrawn(marks) {
@@ -229,16 +268,30 @@ export class Timeline {
     }
   }
 
+  /** The item drawn at this point of the canvas (CSS pixels): the nearest mark there,
+   *  else the bar. */
+  itemAt(px, py) {
+    let mark = null;
+    let bar = null;
+    for (const item of this.items) {
+      if (px < item.x0 || px > item.x1 || py < item.y0 || py > item.y1) continue;
+      if (item.type !== "mark") bar = bar || item;
+      else if (!mark || Math.abs(px - (item.x0 + item.x1) / 2)
+               < Math.abs(px - (mark.x0 + mark.x1) / 2)) mark = item;
+    }
+    return mark || bar;
+  }
+
   _hover(event) {
-    const target = event.target.closest ? event.target.closest("[data-k]") : null;
-    const item = target ? this.items[Number(target.dataset.k)] : null;
+    const box = this.canvas.getBoundingClientRect();
+    const item = this.itemAt(event.clientX - box.left, event.clientY - box.top);
     if (!item) { this.tip.hidden = true; return; }
     this.tip.textContent = this.describe(item);
     this.tip.hidden = false;
-    const box = this.tip.getBoundingClientRect();
-    const left = Math.min(event.clientX + 12, window.innerWidth - box.width - 6);
-    const top = event.clientY + 14 + box.height > window.innerHeight
-      ? event.clientY - box.height - 10 : event.clientY + 14;
+    const tip = this.tip.getBoundingClientRect();
+    const left = Math.min(event.clientX + 12, window.innerWidth - tip.width - 6);
+    const top = event.clientY + 14 + tip.height > window.innerHeight
+      ? event.clientY - tip.height - 10 : event.clientY + 14;
     this.tip.style.left = `${Math.max(4, left)}px`;
     this.tip.style.top = `${Math.max(4, top)}px`;
   }
