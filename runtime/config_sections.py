@@ -235,6 +235,17 @@ class HttpConfig:
         "seconds a client has to send a request's headers (from connecting or from the "
         "previous answer), and again its body; else the connection is closed or "
         "answered 408 (default 10)"))
+    # Bool; default true. The console's static files need no API key; its data does.
+    console: bool = field(default=True, metadata=_doc(
+        "serve the console (a web page: chat beside a live view of the device) at / "
+        "(default true; docs/console.md)"))
+    # Seconds; default 600. Read from the journal once per watch, bounded in size.
+    console_window_s: float = field(default=600.0, metadata=_doc(
+        "seconds of timeline a console page gets when it opens (default 600)"))
+    # Bool; default true. A round SIGKILLs the runner once (the supervisor restarts it).
+    console_chaos: bool = field(default=True, metadata=_doc(
+        "the console may run a short chaos round against this runtime: one kill of the "
+        "runner under load, then the verdict (default true)"))
 
 
 @dataclass(frozen=True)

@@ -22,15 +22,19 @@ import contextlib
 import socket
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from loguru import logger
 from starlette.routing import BaseRoute
 
 from uniun.actors.gateway.app import OPEN_PATHS, build_app
+from uniun.actors.gateway.console_routes import Console, ConsoleSettings
 from uniun.actors.gateway.gateway import Gateway, GatewaySettings
 from uniun.actors.gateway.serving import protocol_class
+from uniun.actors.producers.results_reader import ResultsReader
+from uniun.actors.scheduler.journal import read_timeline
 from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
 from uniun.runtime.metrics_http import ENDPOINT_FILE as METRICS_ENDPOINT, metrics_route
@@ -42,11 +46,32 @@ DRAIN_S = 3.0  # seconds open requests get after SIGTERM
 HUNG_AFTER_S = 10.0  # an event loop that has not ticked for this long is hung
 
 
-def extra_routes(config: RuntimeConfig) -> list[BaseRoute]:
-    """Routes mounted beside the OpenAI API: ``/metrics`` (docs/observability.md)."""
-    if not config.metrics.enabled:
-        return []
-    return [metrics_route(config.run_dir)]
+def extra_routes(config: RuntimeConfig, console: Console | None = None) -> list[BaseRoute]:
+    """Routes mounted beside the OpenAI API: ``/metrics`` (docs/observability.md) and the
+    console's (docs/console.md)."""
+    routes: list[BaseRoute] = [metrics_route(config.run_dir)] if config.metrics.enabled else []
+    return routes + (console.routes() if console is not None else [])
+
+
+def journal_timeline(path: Path) -> Callable[[float], tuple[list[Any], list[Any]]]:
+    """The console's backfill: the journal's timeline since a time (read-only; none
+    before the scheduler made the journal)."""
+    def read(since: float) -> tuple[list[Any], list[Any]]:
+        if not path.exists():
+            return [], []
+        segments, marks = read_timeline(path, since=since)
+        return list(segments), list(marks)
+    return read
+
+
+def console_settings(config: RuntimeConfig) -> ConsoleSettings:
+    return ConsoleSettings(
+        home=config.home, kinds=tuple(config.jobs.kinds),
+        chat_kind=config.policy.policy_config().chat_kind,
+        max_tokens_cap=config.limits.max_new_tokens_cap,
+        window_s=config.http.console_window_s, chaos=config.http.console_chaos,
+        max_restarts=config.supervisor.max_restarts,
+        restart_window_s=config.supervisor.restart_window_s)
 
 
 def settings_from_config(config: RuntimeConfig) -> GatewaySettings:
@@ -99,7 +124,11 @@ def main(config: RuntimeConfig) -> int:
             yield
 
     gateway = Gateway(settings_from_config(config))
-    app = build_app(gateway, extra_routes=extra_routes(config), open_paths=OPEN_PATHS)
+    console = (Console(gateway, console_settings(config), results=ResultsReader(
+        config.results_path), timeline=journal_timeline(config.home / "journal.db"))
+        if config.http.console else None)
+    open_paths = OPEN_PATHS | (console.open_paths() if console is not None else set())
+    app = build_app(gateway, extra_routes=extra_routes(config, console), open_paths=open_paths)
     sock = bind(config.http.host, config.http.port)
     url = base_url(config.http.host, sock.getsockname()[1])
     settings = gateway.settings
@@ -111,6 +140,8 @@ def main(config: RuntimeConfig) -> int:
     def stop() -> None:
         gateway.stopping = True
         server.should_exit = True
+        if console is not None:  # open feeds end now instead of at the drain's end
+            console.stop()
 
     process.on_stop(stop)
     process.set_health_check(lambda: time.monotonic() - gateway.last_tick < HUNG_AFTER_S)
@@ -125,12 +156,15 @@ def main(config: RuntimeConfig) -> int:
             path.write_text(url + "\n")
             if config.metrics.enabled:  # the supervisor leaves /metrics to us
                 metrics.write_text(url + "/metrics\n")
-            logger.info("serving the OpenAI-compatible API at {}", url)
+            logger.info("serving the OpenAI-compatible API at {}{}", url,
+                        f" and the console at {url}/" if console is not None else "")
         await task
 
     try:
         asyncio.run(serve())
     finally:
+        if console is not None:
+            console.close()
         gateway.close()
         for written, text in ((path, url), (metrics, url + "/metrics")):
             with contextlib.suppress(OSError):

@@ -153,14 +153,7 @@ class ResultsStore:
 
     def note_embeddings(self) -> tuple[list[str], np.ndarray]:
         """All notes' latest embeddings: (paths, matrix of shape [n, dim])."""
-        rows = self.query("SELECT note_path, dim, vector FROM note_embeddings ORDER BY note_path")
-        if not rows:
-            return [], np.zeros((0, 0), dtype=np.float32)
-        dims = {r["dim"] for r in rows}
-        if len(dims) != 1:
-            raise ValueError(f"note embeddings of different sizes {sorted(dims)}; re-embed")
-        matrix = np.stack([np.frombuffer(r["vector"], dtype="<f4") for r in rows])
-        return [r["note_path"] for r in rows], matrix
+        return note_embeddings(self.query)
 
     # -- deck -------------------------------------------------------------------------
 
@@ -307,33 +300,71 @@ class ResultsStore:
 
     def list_results(self, kind: str | None = None, limit: int = 50) -> list[dict[str, Any]]:
         """Newest results first, each a flat dict with a ``kind`` key."""
-        if kind is not None and kind not in RESULT_KINDS:
-            raise ValueError(f"unknown result kind {kind!r}; one of {', '.join(RESULT_KINDS)}")
-        queries = {
-            "knowledge": "SELECT 'knowledge' AS kind, created AS at, job_id, note_path, model_id,"
-                         " parsed, parse_error, raw, finish_reason, total_s FROM knowledge",
-            "embedding": "SELECT 'embedding' AS kind, created AS at, note_path, note_sha,"
-                         " model_id, dim FROM note_embeddings",
-            "card": "SELECT 'card' AS kind, created AS at, job_id, topic, text, consumed_at"
-                    " FROM deck_cards",
-            "gana": "SELECT 'gana' AS kind, finished_at AS at, job_id, gana_id, slot, runner,"
-                    " model_id, text, finish_reason, completion_tokens, queued_s, ttft_s,"
-                    " total_s, preemptions FROM gana_runs",
-            "chat": "SELECT 'chat' AS kind, created AS at, conversation, role, content, job_id,"
-                    " timings FROM chat_messages",
-        }
-        out: list[dict[str, Any]] = []
-        for name in (kind,) if kind else RESULT_KINDS:
-            rows = self.query(f"{queries[name]} ORDER BY at DESC LIMIT ?", (limit,))
-            for row in rows:
-                item = dict(row)
-                for key in ("parsed", "timings"):
-                    if item.get(key) is not None:
-                        item[key] = _loads_or_raw(item[key])
-                out.append(item)
-        out.sort(key=lambda r: r["at"], reverse=True)
-        return out[:limit]
+        return list_results(self.query, kind, limit)
 
+
+# -- reading, shared with read-only readers (the console: actors/gateway/console_results.py)
+
+Query = Callable[[str, tuple[Any, ...]], list[sqlite3.Row]]
+LIST_SQL = {
+    "knowledge": "SELECT 'knowledge' AS kind, created AS at, job_id, note_path, model_id,"
+                 " parsed, parse_error, raw, finish_reason, total_s FROM knowledge",
+    "embedding": "SELECT 'embedding' AS kind, created AS at, note_path, note_sha,"
+                 " model_id, dim FROM note_embeddings",
+    "card": "SELECT 'card' AS kind, created AS at, job_id, topic, text, consumed_at"
+            " FROM deck_cards",
+    "gana": "SELECT 'gana' AS kind, finished_at AS at, job_id, gana_id, slot, runner,"
+            " model_id, text, finish_reason, completion_tokens, queued_s, ttft_s,"
+            " total_s, preemptions FROM gana_runs",
+    "chat": "SELECT 'chat' AS kind, created AS at, conversation, role, content, job_id,"
+            " timings FROM chat_messages",
+}
+
+
+def list_results(query: Query, kind: str | None = None, limit: int = 50
+                 ) -> list[dict[str, Any]]:
+    """Newest results first (of ``kind``, or of every kind), each a flat dict with a
+    ``kind`` key; ``query`` runs SQL on a results database (read-only is enough)."""
+    if kind is not None and kind not in RESULT_KINDS:
+        raise ValueError(f"unknown result kind {kind!r}; one of {', '.join(RESULT_KINDS)}")
+    out: list[dict[str, Any]] = []
+    for name in (kind,) if kind else RESULT_KINDS:
+        rows = query(f"{LIST_SQL[name]} ORDER BY at DESC LIMIT ?", (limit,))
+        for row in rows:
+            item = dict(row)
+            for key in ("parsed", "timings"):
+                if item.get(key) is not None:
+                    item[key] = _loads_or_raw(item[key])
+            out.append(item)
+    out.sort(key=lambda r: r["at"], reverse=True)
+    return out[:limit]
+
+
+def note_embeddings(query: Query) -> tuple[list[str], np.ndarray]:
+    """All notes' latest embeddings: (paths, matrix of shape [n, dim])."""
+    rows = query("SELECT note_path, dim, vector FROM note_embeddings ORDER BY note_path", ())
+    if not rows:
+        return [], np.zeros((0, 0), dtype=np.float32)
+    dims = {r["dim"] for r in rows}
+    if len(dims) != 1:
+        raise ValueError(f"note embeddings of different sizes {sorted(dims)}; re-embed")
+    matrix = np.stack([np.frombuffer(r["vector"], dtype="<f4") for r in rows])
+    return [r["note_path"] for r in rows], matrix
+
+
+
+def rank(query: np.ndarray, matrix: np.ndarray, k: int) -> list[tuple[int, float]]:
+    """Indices and cosine scores of the ``k`` rows of ``matrix`` most similar to ``query``,
+    best first (rows and query L2-normalised: cosine is a dot product). ValueError when
+    the sizes differ: the notes were embedded by another model."""
+    if matrix.shape[0] == 0:
+        return []
+    if matrix.shape[1] != query.shape[-1]:
+        raise ValueError(f"query has {query.shape[-1]} dims, the notes {matrix.shape[1]}: "
+                         "they were embedded by a different model")
+    scores = matrix @ query.reshape(-1)
+    order = np.argsort(-scores, kind="stable")[:k]
+    return [(int(i), float(scores[i])) for i in order]
 
 _GANA_RUN_FIELDS = ("job_id", "gana_id", "slot", "runner", "model_id", "prompt", "text",
                     "finish_reason", "completion_tokens", "queued_s", "ttft_s", "total_s",

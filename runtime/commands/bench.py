@@ -27,6 +27,7 @@ ABLATIONS = {  # one mechanism of docs/device.md off at a time
             "thread_budget = false\n",
 }
 DEFAULT_PEER_OUT = "bench/results/peer-llamacpp-MODEL.json"  # MODEL: --model
+DEFAULT_CONSOLE_OUT = Path("bench/results") / "console-goals.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -79,6 +80,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--out", type=Path, default=None,
                         help=f"result file (default {DEFAULT_OUT}, or {DEFAULT_PEER_OUT} "
                              "with --peer)")
+    console = parser.add_argument_group("the console's goals (--console)")
+    console.add_argument("--console", action="store_true",
+                         help="instead of the end-to-end bench: the console's goals with a "
+                              "real page in headless Chromium (preemption on the page's "
+                              "timeline, chat TTFT typed in the page vs the API, the runtime's "
+                              "chat TTFT with the console open vs closed, page weight, 390 px); "
+                              "results to --out (default bench/results/console-goals.json)")
+    console.add_argument("--shots", type=Path, default=None, metavar="DIR",
+                         help="with --console: also save screenshots of the console in the "
+                              "middle of a preemption (desktop and phone width) to DIR")
     peer = parser.add_argument_group("side by side with another engine (--peer)")
     peer.add_argument("--peer", choices=["llama.cpp"], default=None,
                       help="instead of the end-to-end bench: our engine and the peer on the "
@@ -113,6 +124,8 @@ def run(args: argparse.Namespace) -> int:
         from uniun.runtime.commands.bench_dialect import run_dialect
 
         return run_dialect(args)
+    if args.console:
+        return run_console(args)
     if args.peer:
         from uniun.runtime.commands.bench_peer import run_peer
 
@@ -178,6 +191,30 @@ def run(args: argparse.Namespace) -> int:
     Console().print(table(result))
     print(f"(written to {args.out})", file=sys.stderr)
     return 0
+
+
+def run_console(args: argparse.Namespace) -> int:
+    """``bench --console``: runtime/bench/console.py."""
+    from uniun.runtime.bench.console import run as run_console_bench
+
+    out = args.out or DEFAULT_CONSOLE_OUT
+    try:
+        result = run_console_bench(args.model, max(1, args.reps),
+                                   lambda msg: print(msg, file=sys.stderr), shots=args.shots)
+    except RuntimeError as err:
+        print(f"uniun-runtime: bench --console failed: {err}", file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    grid = Table(title=f"UNIUN console goals: {result['model']}, {result['reps']} reps")
+    for column in ("measure", "measured", "goal", "met"):
+        grid.add_column(column)
+    for name, goal in result["goals"].items():
+        grid.add_row(name, str(goal["measured"]), str(goal["goal"]),
+                     "yes" if goal["met"] else "NO")
+    Console().print(grid)
+    print(f"(written to {out})", file=sys.stderr)
+    return 0 if all(g["met"] for g in result["goals"].values()) else 1
 
 
 def table(result: dict[str, Any]) -> Table:

@@ -12,8 +12,7 @@ import argparse
 import json
 import sys
 
-import numpy as np
-
+from uniun.actors.producers.results import rank
 from uniun.protocol.client import ClientError, Timeout
 from uniun.runtime.commands.common import CommandError, client_command
 from uniun.runtime.commands.producer_common import add_json_flag, open_store, runtime_config
@@ -34,18 +33,6 @@ def register(sub: argparse._SubParsersAction) -> None:
                         help="seconds to wait for the query's embedding (default 60)")
     add_json_flag(parser)
     parser.set_defaults(func=run)
-
-
-def rank(query: np.ndarray, matrix: np.ndarray, k: int) -> list[tuple[int, float]]:
-    """Indices and cosine scores of the ``k`` rows most similar to ``query``, best first."""
-    if matrix.shape[0] == 0:
-        return []
-    if matrix.shape[1] != query.shape[-1]:
-        raise ValueError(f"query has {query.shape[-1]} dims, the notes {matrix.shape[1]}: "
-                         "they were embedded by a different model")
-    scores = matrix @ query.reshape(-1)
-    order = np.argsort(-scores, kind="stable")[:k]
-    return [(int(i), float(scores[i])) for i in order]
 
 
 @client_command

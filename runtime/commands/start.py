@@ -186,6 +186,8 @@ def serve(config: RuntimeConfig, children: list[str], *, daemon: bool = False) -
             print(f"uniun: runtime starting in {config.home} (policy {config.policy.name}, "
                   f"front {config.front.endpoint}); logs in {config.logs_dir}; "
                   "Ctrl-C stops it", file=sys.stderr)
+            if "http" in children and config.http.console:
+                print(f"uniun: {console_line(config)}", file=sys.stderr)
         return supervisor.run()
     except (OSError, ValueError, zmq.ZMQError) as err:  # e.g. a socket path we cannot bind
         logger.exception("the supervisor could not run")
@@ -195,6 +197,15 @@ def serve(config: RuntimeConfig, children: list[str], *, daemon: bool = False) -
         clear_state(run_dir)
         remove_endpoint(only_if=config.front.endpoint)
         lock.release()
+
+
+def console_line(config: RuntimeConfig) -> str:
+    """Where the console will be, said before the gateway serves (docs/console.md)."""
+    if config.http.port == 0:
+        return "console: its URL is printed by `uniun-runtime console` once the gateway serves"
+    from uniun.runtime.http_main import base_url
+
+    return f"console {base_url(config.http.host, config.http.port)}/ (or: uniun-runtime console)"
 
 
 def _quarantine_results(config: RuntimeConfig, run_dir: Path) -> None:
@@ -246,6 +257,8 @@ def _detach(args: argparse.Namespace, config: RuntimeConfig, children: list[str]
             if (url is not None and ("scheduler" not in children
                                      or _ready(config.front.endpoint, "runner" in children))):
                 http = f", OpenAI API {url}" if url else ""
+                if url and config.http.console:
+                    http += f", console {url}/"
                 print(f"uniun: runtime running (supervisor pid {daemon.pid}, policy "
                       f"{config.policy.name}, front {config.front.endpoint}{http}); logs in "
                       f"{config.logs_dir}; stop it with: uniun-runtime stop")

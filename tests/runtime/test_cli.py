@@ -13,7 +13,7 @@ import pytest
 from uniun.runtime.cli import build_parser
 
 COMMANDS = ["start", "stop", "status", "submit", "cancel", "chat", "foreground",
-            "lifecycle", "config", "bench"]
+            "lifecycle", "config", "bench", "console"]
 
 
 def cli(*args: str, home: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
@@ -45,7 +45,7 @@ def run_inline(args: list[str], home: Path, monkeypatch: pytest.MonkeyPatch,
 @pytest.mark.parametrize("args", [["status"], ["status", "--json"], ["cancel", "j1"],
                                   ["submit", "--kind", "chat", "hello"],
                                   ["foreground", "none"], ["lifecycle", "background"],
-                                  ["chat"], ["stop"]])
+                                  ["chat"], ["stop"], ["console", "--print"]])
 def test_without_a_runtime_commands_say_so(args: list[str], tmp_path: Path,
                                            monkeypatch: pytest.MonkeyPatch,
                                            capsys: pytest.CaptureFixture[str]) -> None:
@@ -143,6 +143,9 @@ def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
         # ... and once the gateway serves: the URL is printed and in run/http.endpoint
         url = (home / "run" / "http.endpoint").read_text().strip()
         assert f"OpenAI API {url}" in started.stdout
+        assert f"console {url}/" in started.stdout
+        console = cli("console", "--print", home=home)
+        assert console.returncode == 0 and console.stdout == f"{url}/\n", console.stderr
         assert stat_mode(home / "run") == 0o700
 
         status = cli("status", "--json", home=home)
