@@ -159,7 +159,7 @@ class ChaosRound:
         while line := await proc.stderr.readline():
             text = line.decode("utf-8", "replace").rstrip()
             if text:
-                self.lines = (self.lines + [text[:300]])[-LINES_KEPT:]
+                self.lines = [*self.lines, text[:300]][-LINES_KEPT:]
                 self._push(text[:300])
 
     def _finish(self, verdict: dict[str, Any] | None, error: str | None) -> None:

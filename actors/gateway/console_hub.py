@@ -216,7 +216,7 @@ class Hub:
                 logger.info("console: the scheduler is not reachable: {}", err)
                 self._to_loop(self._set_link, False, "the scheduler is not reachable")
                 stop.wait(RETRY_S)
-            except Exception:  # noqa: BLE001 - our bug: logged; it starts over after a pause
+            except Exception:  # our bug: logged; it starts over after a pause
                 logger.exception("console: the follower failed")
                 stop.wait(RETRY_S)
             finally:

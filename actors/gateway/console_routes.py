@@ -280,7 +280,7 @@ class Console:
             # events would pile up in a pooled client); the timeline shows it.
             with Client(settings.front, timeout=CONTROL_TIMEOUT_S,
                         curve=settings.front_curve) as client:
-                return dict(client.submit(job).accepted)
+                return dict(client.submit(job).accepted or {})
 
         try:
             accepted = await asyncio.to_thread(send)

@@ -9,10 +9,12 @@ well under a millisecond. See :mod:`uniun.runtime.bench.console` for the goals.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import statistics
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +58,18 @@ def open_page(browser: Any, url: str, **context: Any) -> tuple[Any, Any, dict[st
     page.goto(url + "/")
     page.locator("#link.up").wait_for()
     return ctx, page, seen
+
+
+def _drawn_preemptions(page: Any, job_id: str) -> list[dict[str, Any]]:
+    """The preemption marks of ``job_id`` the page's timeline has drawn so far."""
+    return [d for d in page.evaluate("window.uniunConsole.timeline.drawn")
+            if d["what"] == "preempt" and d["job_id"] == job_id]
+
+
+def _paused_segments(page: Any, job_id: str) -> list[dict[str, Any]]:
+    """The runner segments of ``job_id`` the page holds that ended in a preemption."""
+    return [s for s in page.evaluate("window.uniunConsole.live.segments")
+            if s["job_id"] == job_id and s["lane"] == "run" and s["reason"] == "preempted"]
 
 
 def _until(what: str, check: Callable[[], Any], timeout: float = WAIT_S) -> Any:
@@ -147,10 +161,8 @@ def _start_background(client: Client, job_id: str, tokens: int) -> None:
 
 def _cancel(client: Client, job_id: str) -> None:
     """Cancel a background job of the bench (it may have ended by itself already)."""
-    try:
+    with contextlib.suppress(ClientError):
         client.cancel(job_id)
-    except ClientError:
-        pass
 
 
 def _chat_ttft(client: Client, job_id: str) -> tuple[float, dict[str, Any]]:
@@ -185,13 +197,8 @@ def preempt_latency(browser: Any, url: str, front: str, reps: int, log: Log,
                 bg = f"bench-console-bg-{rep}-{int(time.time())}"
                 _start_background(client, bg, bg_tokens)
                 _chat_ttft(client, f"bench-console-chat-{rep}-{int(time.time())}")
-                drawn = _until("the preemption drawn", lambda bg=bg: [
-                    d for d in page.evaluate("window.uniunConsole.timeline.drawn")
-                    if d["what"] == "preempt" and d["job_id"] == bg])[0]
-                stop = _until("the paused segment", lambda bg=bg: [
-                    s for s in page.evaluate("window.uniunConsole.live.segments")
-                    if s["job_id"] == bg and s["lane"] == "run"
-                    and s["reason"] == "preempted"])[0]
+                drawn = _until("the preemption drawn", partial(_drawn_preemptions, page, bg))[0]
+                stop = _until("the paused segment", partial(_paused_segments, page, bg))[0]
                 from_mark.append(drawn["drawn_at"] - drawn["at"])
                 from_stop.append(drawn["drawn_at"] - stop["end"])
                 _cancel(client, bg)
@@ -308,9 +315,10 @@ def screenshots(browser: Any, url: str, front: str, folder: Path, log: Log) -> d
     """The console while a chat typed in it has paused a background job: at a laptop's
     width (the viewport) and at a phone's (the whole page)."""
     folder.mkdir(parents=True, exist_ok=True)
-    shots = {"desktop": ({"viewport": {"width": 1440, "height": 900}}, False),
-             "phone": ({"viewport": {"width": 390, "height": 844}, "is_mobile": True,
-                        "has_touch": True, "device_scale_factor": 1}, True)}
+    shots: dict[str, tuple[dict[str, Any], bool]] = {
+        "desktop": ({"viewport": {"width": 1440, "height": 900}}, False),
+        "phone": ({"viewport": {"width": 390, "height": 844}, "is_mobile": True,
+                   "has_touch": True, "device_scale_factor": 1}, True)}
     out: dict[str, str] = {}
     with Client(front, timeout=30) as client:
         for name, (context, full) in shots.items():
@@ -325,10 +333,11 @@ def screenshots(browser: Any, url: str, front: str, folder: Path, log: Log) -> d
                 page.click("#chat details.settings summary")
                 page.fill("#prompt", "What is a good name for a cat? Tell me why.")
                 page.press("#prompt", "Enter")
-                _until("the answer streaming while the job is paused", lambda page=page: page.evaluate(
-                    "(() => { const s = window.uniunConsole.live.status; const log = "
-                    "window.uniunConsole.chat.log; const r = log[log.length - 1]; return s && "
-                    "s.running && s.running.kind === 'chat' && r && r.text.length >= 25; })()"))
+                _until("the answer streaming while the job is paused", partial(
+                    page.evaluate, "(() => { const s = window.uniunConsole.live.status; "
+                    "const log = window.uniunConsole.chat.log; const r = log[log.length - 1]; "
+                    "return s && s.running && s.running.kind === 'chat' && r && "
+                    "r.text.length >= 25; })()"))
                 path = folder / f"console-{name}.png"
                 page.evaluate("window.scrollTo(0, 0)")
                 page.screenshot(path=str(path), full_page=full)
