@@ -279,14 +279,19 @@ class PolicyBase(ABC):
         What the scheduler publishes to the processes that compute outside the runner
         (docs/device.md): while it is true they start no new batch.
         """
-        kinds, chat, fg = self._kinds, self.config.chat_kind, self.foreground
-        if kinds.get((chat, False)) or kinds.get((chat, True)):
+        kinds, fg = self._kinds, self.foreground
+        if self.live_chats():
             return True
         if fg is None:
             return False
         if fg == self.config.extract_kind:  # extract is T1 only with the hint
             return bool(kinds.get((fg, True)))
         return bool(kinds.get((fg, False)) or kinds.get((fg, True)))
+
+    def live_chats(self) -> int:
+        """Chats (T0) queued, running or paused now."""
+        chat = self.config.chat_kind
+        return self._kinds.get((chat, False), 0) + self._kinds.get((chat, True), 0)
 
     def live_count(self) -> int:
         return len(self._jobs)

@@ -179,7 +179,18 @@ class ClientRequests(CoreState):
 
     def watch_sends(self, writes: Iterable[object]) -> list[Send]:
         """What to push to watchers for one applied input (``watchers.py``)."""
-        return self.watchers.sends(writes, self.changes, self._status_for, self._owner_of)
+        return self.watchers.sends(writes, self.changes, self._status_for, self._owner_of,
+                                   hold=self._chat_awaits_first_token())
+
+    def _chat_awaits_first_token(self) -> bool:
+        """A chat is queued, or runs without its first token yet: the moment its time to
+        first token is made, which watchers' pushes (and what they make a page draw on
+        the same cores) should not share."""
+        running = self.policy.running
+        if running is not None and running.spec.kind == self.policy.config.chat_kind:
+            record = self.jobs.get(running.spec.job_id)
+            return record is not None and record.first_token_at is None
+        return self.policy.live_chats() > 0
 
     def _owner_of(self, job_id: str) -> str | None:
         record = self.jobs.get(job_id)

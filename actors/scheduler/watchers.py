@@ -10,6 +10,11 @@ the scheduler pushes to it:
 - the **status** snapshot, when something changed, at most every ``every_s``; a change
   inside the interval is pushed when it ends (the core asks the host to be woken then).
 
+While a chat waits for its first token, pushes are held back (for at most ``HOLD_MAX_S``)
+and go out together once it has it: what a watcher does with a push (a gateway fanning
+it out, a page drawing it) runs on the cores the chat's prefill needs, and the moment a
+chat preempts background work is exactly when there is most to push.
+
 A watcher with a CURVE key sees other keys' jobs as ``status`` shows them to it (ids
 hidden). Watchers are connections: one that goes away is forgotten.
 """
@@ -25,9 +30,10 @@ from uniun.actors.scheduler.status import HIDDEN
 from uniun.actors.timeline import Mark, Segment
 from uniun.protocol import messages as m
 
-__all__ = ["Watchers", "WATCH_STATUS_S"]
+__all__ = ["HOLD_MAX_S", "WATCH_STATUS_S", "Watchers"]
 
 WATCH_STATUS_S = 0.25  # shortest interval between two status pushes to watchers, s
+HOLD_MAX_S = 0.3  # longest a chat's first token holds pushes back, s
 
 
 class Watchers:
@@ -39,7 +45,9 @@ class Watchers:
         self._owners: dict[bytes, str | None] = {}  # connection -> its CURVE key
         self._pushed_at = float("-inf")
         self._pushed_changes = -1
-        self.due: float | None = None  # when a held-back status push is due
+        self.due: float | None = None  # when a held-back push is due
+        self._held: list[Segment | Mark] = []  # records held back for a chat's first token
+        self._hold_since: float | None = None
 
     def __bool__(self) -> bool:
         return bool(self._owners)
@@ -53,14 +61,24 @@ class Watchers:
 
     def sends(self, writes: Iterable[object], changes: int,
               status: Callable[[str | None], dict[str, Any]],
-              job_owner: Callable[[str], str | None]) -> list[Send]:
+              job_owner: Callable[[str], str | None], *, hold: bool = False) -> list[Send]:
         """What to push for one applied input: its timeline records, and the status
         (``status(owner)``) if it changed and the interval allows. ``job_owner``: the key
-        a job belongs to (a keyed watcher sees other keys' job ids as ``HIDDEN``)."""
+        a job belongs to (a keyed watcher sees other keys' job ids as ``HIDDEN``).
+        ``hold``: a chat waits for its first token (held back up to ``HOLD_MAX_S``)."""
         if not self._owners:
-            self.due = None
+            self.due, self._held, self._hold_since = None, [], None
             return []
-        records = [w for w in writes if isinstance(w, (Segment, Mark))]
+        records = [*self._held, *(w for w in writes if isinstance(w, (Segment, Mark)))]
+        now = self._clock()
+        if not hold:
+            self._hold_since = None
+        elif self._hold_since is None:
+            self._hold_since = now
+        if self._hold_since is not None and now < self._hold_since + HOLD_MAX_S:
+            self._held, self.due = records, self._hold_since + HOLD_MAX_S  # woken then
+            return []
+        self._held = []
         events: dict[str | None, dict[str, Any]] = {}
         if records:
             for owner in set(self._owners.values()):
@@ -72,7 +90,6 @@ class Watchers:
         if changes == self._pushed_changes:
             self.due = None
             return out
-        now = self._clock()
         if now - self._pushed_at < self._every_s:
             self.due = self._pushed_at + self._every_s
             return out

@@ -17,7 +17,7 @@ export function el(tag, attrs = {}, ...children) {
   return node;
 }
 
-/** Text made safe for SVG markup built as a string. */
+/** Text made safe for HTML markup built as a string (the legend). */
 export function esc(text) {
   return String(text).replace(/[&<>"']/g, (c) => ({
     "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;" }[c]));

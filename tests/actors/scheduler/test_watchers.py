@@ -1,11 +1,12 @@
 """Pushes to watching clients (pure, on a fake clock): the timeline at once, the status
-when it changed and at most every interval, other keys' job ids hidden."""
+when it changed and at most every interval, held while a chat waits for its first token,
+other keys' job ids hidden."""
 
 from __future__ import annotations
 
 from tests.actors.policy.harness import FakeClock
 from uniun.actors.scheduler.status import HIDDEN
-from uniun.actors.scheduler.watchers import Watchers
+from uniun.actors.scheduler.watchers import HOLD_MAX_S, Watchers
 from uniun.actors.timeline import Mark, Segment
 
 W, V = b"watcher-w", b"watcher-v"
@@ -37,6 +38,35 @@ def test_the_timeline_goes_out_at_once_and_the_status_at_most_every_interval() -
     assert [s.msg["status"] for s in watchers.sends([], 2, status, owners)] == [{"owner": None}]
     assert watchers.due is None
     assert watchers.sends([], 2, status, owners) == []  # nothing changed: nothing to push
+
+
+def test_pushes_wait_for_a_chats_first_token_and_then_go_out_together() -> None:
+    clock = FakeClock()
+    watchers = Watchers(clock, every_s=0.25)
+    watchers.add(W, None)
+    watchers.sends([], 1, status, owners)
+    clock.advance(1.0)
+    # The chat arrives and preempts: nothing goes out while it has no first token...
+    assert watchers.sends([MARK], 2, status, owners, hold=True) == []
+    assert watchers.due == clock() + HOLD_MAX_S
+    clock.advance(0.05)
+    assert watchers.sends([SEGMENT], 3, status, owners, hold=True) == []
+    # ...then its first token: the held records in order, and the status.
+    out = watchers.sends([], 4, status, owners)
+    assert [m["job_id"] for m in out[0].msg["marks"]] == ["bg-1"]
+    assert [sg["job_id"] for sg in out[0].msg["segments"]] == ["chat-7"]
+    assert out[1].msg["status"] == {"owner": None} and watchers.due is None
+
+
+def test_a_long_prefill_holds_pushes_back_no_longer_than_the_cap() -> None:
+    clock = FakeClock()
+    watchers = Watchers(clock, every_s=0.25)
+    watchers.add(W, None)
+    assert watchers.sends([MARK], 1, status, owners, hold=True) == []
+    clock.advance(HOLD_MAX_S)  # the host is woken at ``due``: still no first token
+    out = watchers.sends([], 1, status, owners, hold=True)
+    assert out[0].msg["marks"][0]["job_id"] == "bg-1" and out[1].msg["status"]
+    assert len(watchers.sends([SEGMENT], 2, status, owners, hold=True)) == 1  # at once
 
 
 def test_a_keyed_watcher_sees_other_keys_jobs_without_their_ids() -> None:
