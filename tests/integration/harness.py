@@ -13,6 +13,7 @@ so a fast machine cannot finish it before the test has preempted, cancelled or k
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -20,7 +21,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +160,25 @@ def assert_gap_free(events: list[dict[str, Any]]) -> None:
     assert seqs == list(range(len(seqs))), f"token seqs not 0..n-1: {seqs[:20]}..."
 
 
+@contextlib.contextmanager
+def serving(home: Path, config: str, children: str,
+            env: Mapping[str, str] | None = None) -> Iterator[Runtime]:
+    """A runtime of the processes ``children`` (``UNIUN_CHILDREN``) over ``home``, serving
+    until the block ends; then stopped, its logs printed (pytest shows them with a
+    failure) and its clean exit asserted."""
+    runtime = Runtime(home, config)
+    runtime.env["UNIUN_CHILDREN"] = children
+    runtime.env.update(env or {})
+    runtime.LOGGED = ("supervisor", *children.split(","))
+    runtime.start()
+    try:
+        yield runtime
+    finally:
+        code = runtime.stop()
+        print(runtime.logs())
+        assert code == 0
+
+
 class Runtime:
     """``python -m uniun.runtime start`` over ``home`` with ``config`` (TOML text)."""
 
@@ -193,6 +213,12 @@ class Runtime:
             st = self.status(timeout=2.0)
             return st if st and st.get("runner", {}).get("up") else None
         return wait_for("the runtime to serve with a runner", up)
+
+    def gateway_url(self) -> str:
+        """The HTTP gateway's base URL, once it serves (it writes run/http.endpoint)."""
+        path = self.home / "run" / "http.endpoint"
+        return str(wait_for("the gateway's endpoint file",
+                            lambda: path.exists() and path.read_text().strip())).strip()
 
     def wire(self) -> Wire:
         w = Wire(self.endpoint, self.curve)

@@ -23,7 +23,7 @@ from tests.wait import WAIT_S, wait_for
 from uniun.runtime.bench.browser import browser, why_no_browser
 from uniun.runtime.runner_main import TOKEN_PACE_ENV
 
-from .harness import BASE_CONFIG, Runtime
+from .harness import BASE_CONFIG, Runtime, serving
 
 pytestmark = pytest.mark.integration
 
@@ -46,24 +46,14 @@ def chromium() -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator[Runtime]:
-    runtime = Runtime(tmp_path_factory.mktemp("rt-console"), CONFIG)
-    runtime.env["UNIUN_CHILDREN"] = "scheduler,runner,http"
-    runtime.env[TOKEN_PACE_ENV] = str(PACE_S)
-    runtime.LOGGED = ("supervisor", "scheduler", "runner", "http")
-    runtime.start()
-    try:
+    with serving(tmp_path_factory.mktemp("rt-console"),
+                 CONFIG, "scheduler,runner,http", {TOKEN_PACE_ENV: str(PACE_S)}) as runtime:
         yield runtime
-    finally:
-        code = runtime.stop()
-        print(runtime.logs())
-        assert code == 0
 
 
 @pytest.fixture(scope="module")
 def base_url(rt: Runtime) -> str:
-    path = rt.home / "run" / "http.endpoint"
-    return wait_for("the gateway's endpoint file", lambda: path.exists()
-                    and path.read_text().strip()).strip()
+    return rt.gateway_url()
 
 
 def _open(chromium: Any, base_url: str, **context: Any) -> tuple[Any, Any, dict[str, list]]:
@@ -235,13 +225,10 @@ def test_new_results_appear_in_the_page_as_they_land(
     from uniun.actors.producers.results import ResultsStore
 
     config = CONFIG.replace("nataraj = false", "nataraj = true\nsamples = false")
-    runtime = Runtime(tmp_path_factory.mktemp("rt-console-results"), config)
-    runtime.env["UNIUN_CHILDREN"] = "scheduler,runner,http,nataraj"
-    runtime.start()
-    try:
-        path = runtime.home / "run" / "http.endpoint"
-        url = wait_for("the gateway", lambda: path.exists() and path.read_text().strip())
-        ctx, page, seen = _open(chromium, url.strip(), viewport={"width": 1280, "height": 900})
+    with serving(tmp_path_factory.mktemp("rt-console-results"), config,
+                 "scheduler,runner,http,nataraj") as runtime:
+        ctx, page, seen = _open(chromium, runtime.gateway_url(),
+                                viewport={"width": 1280, "height": 900})
         try:
             page.click("#result-tabs button[data-kind='card']")
             page.locator("#result-list .result").first.wait_for()
@@ -255,10 +242,6 @@ def test_new_results_appear_in_the_page_as_they_land(
             assert seen["errors"] == []
         finally:
             ctx.close()
-    finally:
-        code = runtime.stop()
-        print(runtime.logs(("supervisor", "http", "nataraj")))
-        assert code == 0
 
 
 def test_a_chaos_round_from_the_console_kills_the_runner_once_and_passes(

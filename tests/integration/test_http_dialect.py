@@ -19,7 +19,7 @@ import pytest
 
 from tests.wait import WAIT_S, wait_for
 
-from .harness import BASE_CONFIG, Runtime
+from .harness import BASE_CONFIG, Runtime, serving
 
 pytestmark = pytest.mark.integration
 
@@ -35,22 +35,14 @@ WEATHER = {"type": "function", "function": {
 
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory: pytest.TempPathFactory, tiny_model: str) -> Iterator[Runtime]:
-    runtime = Runtime(tmp_path_factory.mktemp("rt-http-dialect"), CONFIG)
-    runtime.env["UNIUN_CHILDREN"] = "scheduler,runner,http"
-    runtime.start()
-    try:
+    with serving(tmp_path_factory.mktemp("rt-http-dialect"),
+                 CONFIG, "scheduler,runner,http") as runtime:
         yield runtime
-    finally:
-        code = runtime.stop()
-        print(runtime.logs(("supervisor", "scheduler", "runner", "http")))
-        assert code == 0
 
 
 @pytest.fixture(scope="module")
 def base_url(rt: Runtime) -> str:
-    path = rt.home / "run" / "http.endpoint"
-    url = wait_for("the gateway's endpoint file",
-                   lambda: path.exists() and path.read_text().strip()).strip()
+    url = rt.gateway_url()
     import httpx
 
     def healthy() -> bool:

@@ -28,7 +28,7 @@ from uniun.runtime.chaos.http_drafts import Target
 from uniun.runtime.chaos.http_fuzz import run_http_fuzz
 from uniun.runtime.chaos.http_probes import run_probes
 
-from .harness import BASE_CONFIG, Runtime
+from .harness import BASE_CONFIG, Runtime, serving
 
 pytestmark = pytest.mark.integration
 
@@ -41,22 +41,14 @@ CHAT = [{"role": "user", "content": "Hi"}]
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory: pytest.TempPathFactory, tiny_model: str, minilm_dir: Path
        ) -> Iterator[Runtime]:
-    runtime = Runtime(tmp_path_factory.mktemp("rt-door"), CONFIG)
-    runtime.env["UNIUN_CHILDREN"] = "scheduler,runner,embed,http"
-    runtime.start()
-    try:
+    with serving(tmp_path_factory.mktemp("rt-door"),
+                 CONFIG, "scheduler,runner,embed,http") as runtime:
         yield runtime
-    finally:
-        code = runtime.stop()
-        print(runtime.logs(("supervisor", "scheduler", "runner", "http")))
-        assert code == 0
 
 
 @pytest.fixture(scope="module")
 def port(rt: Runtime) -> int:
-    path = rt.home / "run" / "http.endpoint"
-    url = wait_for("the gateway's endpoint file",
-                   lambda: path.exists() and path.read_text().strip())
+    url = rt.gateway_url()
     number = int(url.rsplit(":", 1)[1])
     wait_for("the gateway to be ready", lambda: raw("GET", "/health", number)[0] == 200)
     return number

@@ -19,7 +19,7 @@ import pytest
 
 from tests.wait import WAIT_S, wait_for
 
-from .harness import BASE_CONFIG, Runtime, long_job
+from .harness import BASE_CONFIG, Runtime, long_job, serving
 
 pytestmark = pytest.mark.integration
 
@@ -37,22 +37,14 @@ SCHEMA = {"type": "object", "properties": {
 @pytest.fixture(scope="module")
 def rt(tmp_path_factory: pytest.TempPathFactory, tiny_model: str, minilm_dir: Path
        ) -> Iterator[Runtime]:
-    runtime = Runtime(tmp_path_factory.mktemp("rt-http"), CONFIG)
-    runtime.env["UNIUN_CHILDREN"] = "scheduler,runner,embed,http"
-    runtime.start()
-    try:
+    with serving(tmp_path_factory.mktemp("rt-http"),
+                 CONFIG, "scheduler,runner,embed,http") as runtime:
         yield runtime
-    finally:
-        code = runtime.stop()
-        print(runtime.logs(("supervisor", "scheduler", "runner", "http")))
-        assert code == 0
 
 
 @pytest.fixture(scope="module")
 def base_url(rt: Runtime) -> str:
-    path = rt.home / "run" / "http.endpoint"
-    return wait_for("the gateway's endpoint file", lambda: path.exists()
-                    and path.read_text().strip()).strip()
+    return rt.gateway_url()
 
 
 @pytest.fixture(scope="module")
