@@ -15,19 +15,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 import uuid
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 import msgpack
 import zmq
+
+from uniun.runtime.bench.launch import launched
 
 CONFIG = ('[models]\nchat_model = "{model}"\n[limits]\nqueue_cap = {cap}\n'
           "[producers]\nextract = false\nnataraj = false\ngana = false\n"
@@ -100,16 +101,9 @@ def _ttft(client: RawClient, chat: dict[str, Any], bulk_ids: set[str] | None = N
 def run(model: str, submits: int, reps: int, log: Callable[[str], None]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="uniun-bench-burst-", dir="/tmp") as tmp:
         home = Path(tmp)
-        (home / "uniun.toml").write_text(CONFIG.format(model=model,
-                                                       cap=submits * (reps + 1) + 100))
-        env = {**os.environ, "UNIUN_HOME": str(home)}
-        env.pop("UNIUN_CONFIG", None)
-        with open(home / "start.out", "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",
-                                     "--config", str(home / "uniun.toml")], env=env,
-                                    stdout=out, stderr=subprocess.STDOUT)
-        client = RawClient(f"ipc://{home / 'run' / 'front.sock'}")
-        try:
+        config = CONFIG.format(model=model, cap=submits * (reps + 1) + 100)
+        with launched(home, config) as proc, closing(RawClient(
+                f"ipc://{home / 'run' / 'front.sock'}")) as client:
             deadline = time.monotonic() + WAIT_S
             while True:
                 client.send("status")
@@ -142,13 +136,6 @@ def run(model: str, submits: int, reps: int, log: Callable[[str], None]) -> dict
                     "burst_ttft_max_s": max(ttfts),
                     "burst_ttft_all_s": [round(t, 4) for t in ttfts],
                     "burst_acked_s": [round(t, 3) for t in acks]}
-        finally:
-            client.close()
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -19,9 +19,6 @@ held; ``--shots DIR`` also saves screenshots of the console in the middle of a p
 from __future__ import annotations
 
 import contextlib
-import os
-import subprocess
-import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
@@ -30,6 +27,7 @@ from typing import Any
 
 from uniun.runtime.bench import console_measures as cm
 from uniun.runtime.bench.browser import browser, why_no_browser
+from uniun.runtime.bench.launch import launched
 
 __all__ = ["GOALS", "run"]
 
@@ -48,15 +46,7 @@ def own_runtime(model: str, log: Log) -> Iterator[tuple[str, str]]:
     """A runtime of the bench's own; yields (gateway base URL, front endpoint)."""
     with tempfile.TemporaryDirectory(prefix="uniun-bench-console-", dir="/tmp") as tmp:
         home = Path(tmp)
-        (home / "uniun.toml").write_text(CONFIG.format(model=model))
-        env = {**os.environ, "UNIUN_HOME": str(home)}
-        for name in ("UNIUN_CONFIG", "UNIUN_CHILDREN", "UNIUN_TEST_TOKEN_PACE_S"):
-            env.pop(name, None)
-        with open(home / "start.out", "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",
-                                     "--config", str(home / "uniun.toml")], env=env,
-                                    stdout=out, stderr=subprocess.STDOUT)
-        try:
+        with launched(home, CONFIG.format(model=model)) as proc:
             endpoint = home / "run" / "http.endpoint"
             front = f"ipc://{home / 'run' / 'front.sock'}"
             deadline = time.monotonic() + START_WAIT_S
@@ -69,12 +59,6 @@ def own_runtime(model: str, log: Log) -> Iterator[tuple[str, str]]:
             _ready(front, deadline)
             log(f"console bench: runtime up, console at {url}/ (model {model})")
             yield url, front
-        finally:
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def _ready(front: str, deadline: float) -> None:

@@ -34,10 +34,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from uniun.runtime.bench.burst import RawClient, _chat, _ttft
+from uniun.runtime.bench.launch import launched
 
 CONFIG = ('[models]\nchat_model = "{model}"\n'
           "[producers]\nextract = false\nnataraj = false\ngana = false\n"
@@ -135,69 +137,64 @@ def batch_pick_bench(pending: tuple[int, ...] = (10_000, 100_000), rounds: int =
 def run(model: str, requests: int, chats: int, log: Callable[[str], None]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="uniun-bench-flood-", dir="/tmp") as tmp:
         home = Path(tmp)
-        (home / "uniun.toml").write_text(CONFIG.format(model=model))
-        env = {**os.environ, "UNIUN_HOME": str(home)}
-        env.pop("UNIUN_CONFIG", None)
         endpoint = f"ipc://{home / 'run' / 'front.sock'}"
-        with open(home / "start.out", "wb") as out:
-            proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start",
-                                     "--config", str(home / "uniun.toml")], env=env,
-                                    stdout=out, stderr=subprocess.STDOUT)
-        client = RawClient(endpoint)
-        flooder: subprocess.Popen[str] | None = None
-        try:
-            scheduler = _ready(client, proc)["processes"]["scheduler"]
-            idle = [_ttft(client, _chat(model))[0] for _ in range(chats)]
-            log(f"flood: idle chat TTFT p50 {statistics.median(idle):.3f}s")
-            rss_before = _rss(scheduler)
-            rss = _RssPeak(scheduler)
-            rss.start()
-            flooder = subprocess.Popen([sys.executable, "-c", FLOODER, endpoint,
-                                        str(requests)], stdin=subprocess.PIPE,
-                                       stdout=subprocess.PIPE, text=True)
-            time.sleep(1.0)  # the flood is under way
-            flooded = [_ttft(client, _chat(model))[0] for _ in range(chats)]
-            log(f"flood: chat TTFT during the flood p50 {statistics.median(flooded):.3f}s "
-                f"(max {max(flooded):.3f}s)")
-            assert flooder.stdin is not None and flooder.stdout is not None
-            flooder.stdin.write("stop\n")  # a line, not EOF: it stays connected
-            flooder.stdin.flush()
-            sent = int(flooder.stdout.readline().strip() or 0)
-            peak = rss.stop()
-            flooder.send_signal(signal.SIGKILL)
+        with launched(home, CONFIG.format(model=model)) as proc, \
+                closing(RawClient(endpoint)) as client:
+            return _measure(client, proc, endpoint, model, requests, chats, log)
+
+
+def _measure(client: RawClient, proc: subprocess.Popen[bytes], endpoint: str, model: str,
+             requests: int, chats: int, log: Callable[[str], None]) -> dict[str, Any]:
+    """The flood against a runtime that is starting: idle chats, flooded chats, RSS, the
+    newcomer, and the batch pick alone."""
+    flooder: subprocess.Popen[str] | None = None
+    try:
+        scheduler = _ready(client, proc)["processes"]["scheduler"]
+        idle = [_ttft(client, _chat(model))[0] for _ in range(chats)]
+        log(f"flood: idle chat TTFT p50 {statistics.median(idle):.3f}s")
+        rss_before = _rss(scheduler)
+        rss = _RssPeak(scheduler)
+        rss.start()
+        flooder = subprocess.Popen([sys.executable, "-c", FLOODER, endpoint,
+                                    str(requests)], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        time.sleep(1.0)  # the flood is under way
+        flooded = [_ttft(client, _chat(model))[0] for _ in range(chats)]
+        log(f"flood: chat TTFT during the flood p50 {statistics.median(flooded):.3f}s "
+            f"(max {max(flooded):.3f}s)")
+        assert flooder.stdin is not None and flooder.stdout is not None
+        flooder.stdin.write("stop\n")  # a line, not EOF: it stays connected
+        flooder.stdin.flush()
+        sent = int(flooder.stdout.readline().strip() or 0)
+        peak = rss.stop()
+        flooder.send_signal(signal.SIGKILL)
+        flooder.wait()
+        gone_at = time.monotonic()
+        fresh = RawClient(endpoint)
+        answered = _status(fresh, 60.0)
+        served_s = time.monotonic() - gone_at if answered else None
+        fresh.close()
+        log(f"flood: scheduler RSS {rss_before / 2**20:.0f} -> peak {peak / 2**20:.0f} "
+            f"MiB; a new client served {served_s}s after the flooder was killed")
+        picks = batch_pick_bench()
+        log(f"flood: next batch chosen in {picks} ms (by requests pending)")
+        return {"requests": requests, "chats": chats, "model": model,
+                "batch_pick_ms_by_pending": picks,
+                "flood_requests_sent": sent,
+                "idle_ttft_s": [round(t, 4) for t in idle],
+                "flood_ttft_s": [round(t, 4) for t in flooded],
+                "idle_ttft_p50_s": statistics.median(idle),
+                "flood_ttft_p50_s": statistics.median(flooded),
+                "flood_ttft_max_s": max(flooded),
+                "flood_vs_idle_p50": statistics.median(flooded) / statistics.median(idle),
+                "scheduler_rss_before_bytes": rss_before,
+                "scheduler_rss_peak_bytes": peak,
+                "scheduler_rss_growth_bytes": peak - rss_before,
+                "served_after_disconnect_s": served_s}
+    finally:
+        if flooder is not None and flooder.poll() is None:
+            flooder.kill()
             flooder.wait()
-            gone_at = time.monotonic()
-            fresh = RawClient(endpoint)
-            answered = _status(fresh, 60.0)
-            served_s = time.monotonic() - gone_at if answered else None
-            fresh.close()
-            log(f"flood: scheduler RSS {rss_before / 2**20:.0f} -> peak {peak / 2**20:.0f} "
-                f"MiB; a new client served {served_s}s after the flooder was killed")
-            picks = batch_pick_bench()
-            log(f"flood: next batch chosen in {picks} ms (by requests pending)")
-            return {"requests": requests, "chats": chats, "model": model,
-                    "batch_pick_ms_by_pending": picks,
-                    "flood_requests_sent": sent,
-                    "idle_ttft_s": [round(t, 4) for t in idle],
-                    "flood_ttft_s": [round(t, 4) for t in flooded],
-                    "idle_ttft_p50_s": statistics.median(idle),
-                    "flood_ttft_p50_s": statistics.median(flooded),
-                    "flood_ttft_max_s": max(flooded),
-                    "flood_vs_idle_p50": statistics.median(flooded) / statistics.median(idle),
-                    "scheduler_rss_before_bytes": rss_before,
-                    "scheduler_rss_peak_bytes": peak,
-                    "scheduler_rss_growth_bytes": peak - rss_before,
-                    "served_after_disconnect_s": served_s}
-        finally:
-            if flooder is not None and flooder.poll() is None:
-                flooder.kill()
-                flooder.wait()
-            client.close()
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def main(argv: list[str] | None = None) -> int:

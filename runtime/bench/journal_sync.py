@@ -22,17 +22,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import closing
 from pathlib import Path
 from typing import Any
 
 from uniun.runtime.bench.burst import RawClient
+from uniun.runtime.bench.launch import launched
 from uniun.runtime.config import DEFAULT_CHAT_MODEL
 
 MODES = ("normal", "full")
@@ -82,16 +82,9 @@ def _until_accepted(client: RawClient, ids: set[str]) -> int:
 def _measure(home: Path, mode: str, model: str, submits: int, singles: int,
              tag: str) -> dict[str, Any]:
     """One runtime in ``home`` with ``[journal] synchronous = mode``: burst, then singles."""
-    (home / "uniun.toml").write_text(CONFIG.format(model=model, mode=mode,
-                                                   cap=submits + singles + 100))
-    env = {**os.environ, "UNIUN_HOME": str(home), "UNIUN_CHILDREN": "scheduler"}
-    env.pop("UNIUN_CONFIG", None)
-    with open(home / "start.out", "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start", "--config",
-                                 str(home / "uniun.toml")], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
-    client = RawClient(f"ipc://{home / 'run' / 'front.sock'}")
-    try:
+    config = CONFIG.format(model=model, mode=mode, cap=submits + singles + 100)
+    with launched(home, config, {"UNIUN_CHILDREN": "scheduler"}) as proc, \
+            closing(RawClient(f"ipc://{home / 'run' / 'front.sock'}")) as client:
         deadline = time.monotonic() + WAIT_S
         while True:  # the front answers: the journal is open and replayed
             client.send("status")
@@ -117,14 +110,6 @@ def _measure(home: Path, mode: str, model: str, submits: int, singles: int,
                 "single_submits_per_s": singles / sum(latencies) if singles else None,
                 "single_p50_ms": statistics.median(latencies) * 1e3 if singles else None,
                 "refused": refused}
-    finally:
-        client.close()
-        proc.terminate()
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def commit_costs(folder: Path, mode: str, n: int = 200) -> dict[str, float]:

@@ -53,7 +53,6 @@ import argparse
 import json
 import multiprocessing
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -64,6 +63,7 @@ from typing import Any
 
 from uniun.actors.producers.results import ResultsStore
 from uniun.protocol.client import Client
+from uniun.runtime.bench.launch import launched
 
 CHAT = [{"role": "user", "content": "What is the capital of France? Answer in one word."}]
 WAIT_S = 300.0
@@ -73,16 +73,6 @@ LOADED = "[embed]\nenabled = true\n[producers]\ndeck_low = 6\ndeck_high = 12\n[h
 SETTLE_S = 10.0  # after ready, before the loaded modes' first chat: steady state, not start-up
 FLOOD_FLOWING = 64  # flood requests answered before the first chat (its process has started)
 EMBED_ONLY = QUIET.replace("[embed]\nenabled = false", "[embed]\nenabled = true\nqueue_bound = 64")
-
-
-def _start(home: Path, config: str) -> subprocess.Popen[bytes]:
-    (home / "uniun.toml").write_text(config)
-    env = {**__import__("os").environ, "UNIUN_HOME": str(home)}
-    env.pop("UNIUN_CONFIG", None)
-    with open(home / "start.out", "wb") as out:  # the child keeps its own copy of the fd
-        return subprocess.Popen([sys.executable, "-m", "uniun.runtime", "start", "--config",
-                                 str(home / "uniun.toml")], env=env, stdout=out,
-                                stderr=subprocess.STDOUT)
 
 
 def _wait(what: str, check: Any, timeout: float = WAIT_S) -> Any:
@@ -267,71 +257,66 @@ def run_mode(mode: str, model: str, chats: int, log: Any, device: str = "", *,
             for i in range(40):
                 (notes / f"n{i:02d}.md").write_text(
                     f"# Note {i}\nPerson {i} met a friend in city {i} to talk about books.\n")
-        proc = _start(home, config)
-        flood: _FloodProcess | None = None
-        try:
-            client = Client(f"ipc://{home / 'run' / 'front.sock'}", timeout=60)
-            _wait("the runtime", lambda: client.status(timeout=5).get("ready"))
-            ready_at = time.monotonic()
-            embed_ep = f"ipc://{home / 'run' / 'embed.sock'}"
-            if mode == "embed":
-                _wait("the embedding pool", lambda: (home / "run" / "embed.sock").exists())
-                result = _embed_throughput(embed_ep)
-                log(f"embed: {result['texts_per_s']:.1f} texts/s, no chat in flight")
+        with launched(home, config):
+            flood: _FloodProcess | None = None
+            try:
+                client = Client(f"ipc://{home / 'run' / 'front.sock'}", timeout=60)
+                _wait("the runtime", lambda: client.status(timeout=5).get("ready"))
+                ready_at = time.monotonic()
+                embed_ep = f"ipc://{home / 'run' / 'embed.sock'}"
+                if mode == "embed":
+                    _wait("the embedding pool", lambda: (home / "run" / "embed.sock").exists())
+                    result = _embed_throughput(embed_ep)
+                    log(f"embed: {result['texts_per_s']:.1f} texts/s, no chat in flight")
+                    client.close()
+                    return result
+                if mode in ("flood", "pool_flood", "flood_paired"):
+                    flood = _FloodProcess(embed_ep, flood_texts, flood_in_flight)
+                    _wait("the embedding pool", lambda: (home / "run" / "embed.sock").exists())
+                    flood.start()
+                    _wait("the flood flowing", lambda: flood.counts()["ok"] >= FLOOD_FLOWING)
+                if mode != "idle":  # the producers' own start (imports, first files) is over
+                    time.sleep(max(0.0, SETTLE_S - (time.monotonic() - ready_at)))
+                ttfts = []
+                paired: dict[str, Any] = {}
+
+                def producer_work() -> None:
+                    _wait("producer work running", lambda: (client.status(timeout=5)
+                                                            .get("running") or {}).get("kind")
+                          not in (None, "chat"))
+
+                if mode in ("pool_flood", "flood_paired"):
+                    assert flood is not None
+                    paired = _paired_chats(client, model, flood, embed_ep, chats, log, mode=mode,
+                                           ready=producer_work if mode == "flood_paired"
+                                           else lambda: None)
+                    ttfts = paired["ttft_all_s"]
+                for n in range(chats if mode not in ("pool_flood", "flood_paired") else 0):
+                    if mode in ("producers", "flood"):
+                        producer_work()
+                    ttfts.append(_chat_ttft(client, model))
+                    log(f"{mode}: chat {n + 1}/{chats} first token after {ttfts[-1]:.3f}s")
+                    time.sleep(1.0)
+                result = {
+                    "ttft_p50_s": statistics.median(ttfts),
+                    "ttft_p90_s": sorted(ttfts)[max(0, round(0.9 * len(ttfts)) - 1)],
+                    "ttft_all_s": [round(t, 4) for t in ttfts], **paired}
+                if mode != "idle":
+                    counts = flood.counts() if flood is not None else {"ok": 0, "refused": 0}
+                    with ResultsStore(home / "results.db") as store:
+                        result["meanwhile"] = {
+                            "notes_extracted": len(store.list_results("knowledge", limit=10_000)),
+                            "notes_embedded": len(store.note_embeddings()[0]),
+                            "cards": len(store.list_results("card", limit=10_000)),
+                            "gana_runs": len(store.gana_runs()),
+                            "embed_flood_answered": counts["ok"],
+                            "embed_flood_refused": counts["refused"]}
+                    result["embed_waits"] = _pool_waits(embed_ep)
                 client.close()
                 return result
-            if mode in ("flood", "pool_flood", "flood_paired"):
-                flood = _FloodProcess(embed_ep, flood_texts, flood_in_flight)
-                _wait("the embedding pool", lambda: (home / "run" / "embed.sock").exists())
-                flood.start()
-                _wait("the flood flowing", lambda: flood.counts()["ok"] >= FLOOD_FLOWING)
-            if mode != "idle":  # the producers' own start (imports, first files) is over
-                time.sleep(max(0.0, SETTLE_S - (time.monotonic() - ready_at)))
-            ttfts = []
-            paired: dict[str, Any] = {}
-
-            def producer_work() -> None:
-                _wait("producer work running", lambda: (client.status(timeout=5)
-                                                        .get("running") or {}).get("kind")
-                      not in (None, "chat"))
-
-            if mode in ("pool_flood", "flood_paired"):
-                assert flood is not None
-                paired = _paired_chats(client, model, flood, embed_ep, chats, log, mode=mode,
-                                       ready=producer_work if mode == "flood_paired"
-                                       else lambda: None)
-                ttfts = paired["ttft_all_s"]
-            for n in range(chats if mode not in ("pool_flood", "flood_paired") else 0):
-                if mode in ("producers", "flood"):
-                    producer_work()
-                ttfts.append(_chat_ttft(client, model))
-                log(f"{mode}: chat {n + 1}/{chats} first token after {ttfts[-1]:.3f}s")
-                time.sleep(1.0)
-            result = {
-                "ttft_p50_s": statistics.median(ttfts),
-                "ttft_p90_s": sorted(ttfts)[max(0, round(0.9 * len(ttfts)) - 1)],
-                "ttft_all_s": [round(t, 4) for t in ttfts], **paired}
-            if mode != "idle":
-                counts = flood.counts() if flood is not None else {"ok": 0, "refused": 0}
-                with ResultsStore(home / "results.db") as store:
-                    result["meanwhile"] = {
-                        "notes_extracted": len(store.list_results("knowledge", limit=10_000)),
-                        "notes_embedded": len(store.note_embeddings()[0]),
-                        "cards": len(store.list_results("card", limit=10_000)),
-                        "gana_runs": len(store.gana_runs()),
-                        "embed_flood_answered": counts["ok"],
-                        "embed_flood_refused": counts["refused"]}
-                result["embed_waits"] = _pool_waits(embed_ep)
-            client.close()
-            return result
-        finally:
-            if flood is not None:
-                flood.close()
-            proc.terminate()
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            finally:
+                if flood is not None:
+                    flood.close()
 
 
 def run(model: str, chats: int, log: Callable[[str], None], *, device: str = "",
