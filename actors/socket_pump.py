@@ -30,6 +30,14 @@ of in unbounded Python queues; and since a ROUTER fair-queues its connections, t
 reads that resume serve every connection in turn, not the flooding one first. Reading
 resumes once the held count is down to ``max_held // 2``.
 
+Frames the consumer read in vain (from a client its replies cannot reach) are released
+**slowly** (:meth:`SocketPump.release_slowly`): up to ``SLOW_CAP`` of them stay held and
+come free at ``SLOW_RATE`` a second, and while any are held the pump holds at most
+``SLOW_CAP`` frames in all, so it reads a frame as one comes free. A client that floods
+without reading then costs the consumer ``SLOW_RATE`` frames a second, not as many as
+the pump can receive (receiving is the dearest part of a dropped frame); the others
+wait a few milliseconds at most, since the ROUTER takes the connections in turn.
+
 With ``user_id`` on, each message is received without copying so that its ZeroMQ
 metadata can be read, and ``on_frames`` gets the ``User-Id`` property (the client's
 CURVE public key, set by the ZAP handler) as a second argument, None where there is none.
@@ -49,6 +57,8 @@ from loguru import logger
 Frames = list[bytes]
 READ_BURST = 256  # frames read in a row before the outbox gets a turn
 HELD_POLL_S = 0.005  # how often a pump that holds max_held frames looks again, s
+SLOW_RATE = 1000.0  # frames read in vain released per second (see the docstring)
+SLOW_CAP = 32  # frames read in vain held at once (and all frames held while any are)
 
 _ids = itertools.count()
 
@@ -92,6 +102,8 @@ class SocketPump:
         self._max_held = max_held
         self._user_id = user_id
         self._held = 0  # frames handed on and not yet released (only with max_held)
+        self._slow = 0  # of those, frames read in vain, released at SLOW_RATE
+        self._slow_since = 0.0  # when the last slow release was counted
         self._held_lock = threading.Lock()
         self._address = f"inproc://pump-{name}-{next(_ids)}"
         self._stop = threading.Event()
@@ -123,8 +135,35 @@ class SocketPump:
         with self._held_lock:
             self._held = max(0, self._held - count)
 
+    def release_slowly(self, count: int = 1) -> None:
+        """The consumer read ``count`` frames in vain: release them at ``SLOW_RATE``
+        (beyond ``SLOW_CAP`` held that way, at once)."""
+        if self._max_held is None or count <= 0:
+            return
+        with self._held_lock:
+            if not self._slow:
+                self._slow_since = time.monotonic()
+            kept = min(count, SLOW_CAP - self._slow)
+            self._slow += kept
+            self._held = max(0, self._held - (count - kept))
+
+    def _release_slow(self, now: float) -> None:
+        """Pump thread: release the frames read in vain that are due."""
+        if not self._slow:
+            return
+        due = int((now - self._slow_since) * SLOW_RATE)
+        if due <= 0:
+            return
+        with self._held_lock:
+            freed = min(due, self._slow)
+            self._slow -= freed
+            self._held = max(0, self._held - freed)
+            self._slow_since = now
+
     def _may_read(self) -> bool:
-        return self._max_held is None or self._held < self._max_held
+        if self._max_held is None:
+            return True
+        return self._held < (SLOW_CAP if self._slow else self._max_held)
 
     def stop(self, timeout: float = 3.0) -> None:
         self._stop.set()
@@ -179,15 +218,19 @@ class SocketPump:
                         break
                     self._send(sock, frames)
             now = time.monotonic()
+            self._release_slow(now)
             if self._on_tick is not None and now >= next_tick:
                 next_tick = now + self._tick_s
                 for frames in self._call(self._on_tick, now) or ():
                     self._send(sock, frames)
 
     def _may_read_now(self, reading: bool) -> bool:
-        """Hysteresis: stop at ``max_held``, start again at half of it."""
+        """Hysteresis: stop at ``max_held``, start again at half of it; while frames
+        read in vain are held, read whenever fewer than ``SLOW_CAP`` are held."""
         if self._max_held is None:
             return True
+        if self._slow:
+            return self._held < SLOW_CAP
         return self._held < (self._max_held if reading else max(1, self._max_held // 2))
 
     def _read(self, sock: zmq.Socket) -> None:

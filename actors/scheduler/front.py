@@ -76,7 +76,6 @@ from uniun.protocol.errors import ErrorCode, ProtocolError
 
 __all__ = ["CONN_PENDING_CAP", "PENDING_CAP", "FrontActor"]
 
-SNDHWM = 50_000  # messages queued per client before further ones are dropped (not blocked)
 BATCH_CONTROL = 64  # control requests per batch (connections take turns)
 BATCH_BULK = 128  # bulk submits per batch: the longest a chat waits behind bulk in the host
 HOLD_S = 0.1  # longest bulk-only batches wait, per burst, for frames still arriving
@@ -88,6 +87,10 @@ PENDING_CAP = 65_536  # requests pending, all connections; then reading stops
 # Frames read and not yet decoded. Decoding is where fairness starts (per connection), so
 # this queue is short: a chat's frame waits behind at most this many of a flood's.
 RAW_CAP = 512
+# Replies queued per client before further ones are dropped (never blocked): room for a
+# burst as large as the default per-connection cap, read late; a client that lets more
+# pile up does not read, and is muted (peers.py). Each reply it cost is memory here.
+SNDHWM = 16_384
 RETRY_AFTER_S = 0.5  # the hint sent with a per-connection queue_full, s
 
 
@@ -117,7 +120,8 @@ class FrontActor(pykka.ThreadingActor):
                  interactive: Interactive | None = None,
                  socket_setup: Callable[[zmq.Socket], None] | None = None,
                  conn_pending_cap: int = CONN_PENDING_CAP,
-                 pending_cap: int = PENDING_CAP, raw_cap: int = RAW_CAP) -> None:
+                 pending_cap: int = PENDING_CAP, raw_cap: int = RAW_CAP,
+                 sndhwm: int = SNDHWM) -> None:
         super().__init__()
         self._socket_setup = socket_setup  # e.g. CURVE for a tcp front (runtime/security.py)
         self._endpoint = endpoint
@@ -137,6 +141,8 @@ class FrontActor(pykka.ThreadingActor):
         self._inbox = FairInbox(conn_pending_cap)
         self._pending_cap = pending_cap
         self._raw_cap = raw_cap
+        self._sndhwm = sndhwm
+        self._in_vain = 0  # frames read from clients their replies could not reach
         self._muted = MutedPeers(time.monotonic)  # clients replies cannot reach
         self._in_host = False  # a batch is with the host
         self._held_at: float | None = None  # bulk held back since (monotonic s)
@@ -151,7 +157,7 @@ class FrontActor(pykka.ThreadingActor):
         # Hard cap: frames up to 4x the protocol limit are read and answered
         # bad_envelope; bigger ones make ZeroMQ drop the peer without reading them.
         sock.setsockopt(zmq.MAXMSGSIZE, self._limits.frame_bytes * 4 + 4096)
-        sock.setsockopt(zmq.SNDHWM, SNDHWM)
+        sock.setsockopt(zmq.SNDHWM, self._sndhwm)
         if self._socket_setup is not None:
             self._socket_setup(sock)
         sock.bind(self._endpoint)
@@ -209,7 +215,7 @@ class FrontActor(pykka.ThreadingActor):
             self._stopping = True
         elif isinstance(message, FrontDepth):
             return {"read": len(self._raw), "pending": len(self._inbox),
-                    "muted": len(self._muted)}
+                    "muted": len(self._muted), "in_vain": self._in_vain}
         else:
             logger.warning("front: unexpected message {!r}", type(message).__name__)
         return None
@@ -225,9 +231,10 @@ class FrontActor(pykka.ThreadingActor):
             if not raw_queue or len(self._inbox) >= self._pending_cap:
                 return
             frames, owner = raw_queue.popleft()
+            in_vain = self._take_frame(frames, owner)
+            self._in_vain += in_vain
             if self._pump is not None:
-                self._pump.release()
-            self._take_frame(frames, owner)
+                (self._pump.release_slowly if in_vain else self._pump.release)()
         self._kick()
 
     def _kick(self) -> None:
@@ -240,31 +247,36 @@ class FrontActor(pykka.ThreadingActor):
             self._kicked = True
         self.actor_ref.tell(_Kick())
 
-    def _take_frame(self, frames: Frames, owner: str | None) -> None:
-        """Queue one frame's request in the inbox, or answer it here."""
+    def _take_frame(self, frames: Frames, owner: str | None) -> bool:
+        """Queue one frame's request in the inbox, or answer it here. True: it was read
+        in vain, its answer could not reach its client (the pump then reads that much
+        slower; socket_pump.py)."""
         conn = frames[0]
         self._muted.heard_from(conn)
         if len(frames) != 2:
             self._send(conn, m.reply_error(None, ProtocolError(
                 ErrorCode.BAD_ENVELOPE, "one message must be exactly one frame")))
-            return
+            return False
         try:
             raw = decode(frames[1], self._limits)
         except ProtocolError as err:
             self._send(conn, m.reply_error(None, err))
-            return
+            return False
         if isinstance(raw, dict) and raw.get("type") == "ping":
             self._validate(conn, raw, owner)  # answered here and now, whatever the host does
-            return
+            return False
         pending = classify(conn, raw, self._interactive, owner)
         if pending.reply_only and self._muted.muted(conn):
-            return  # its answer could not reach it (see peers.py)
-        if self._inbox.push(pending) or self._muted.muted(conn):
-            return
+            return True  # its answer could not reach it (see peers.py)
+        if self._inbox.push(pending):
+            return False
+        if self._muted.muted(conn):
+            return True
         self._send(conn, m.reply_error(rq.reply_to(raw), ProtocolError(
             ErrorCode.QUEUE_FULL, f"this connection has {self._inbox.per_conn} requests "
             f"waiting in the scheduler, its cap; retry after {RETRY_AFTER_S} s",
             retry_after_s=RETRY_AFTER_S)))
+        return False
 
     def _flush(self) -> None:
         """Give the host the next batch, unless it still has one or should wait."""

@@ -61,4 +61,5 @@ class Outgoing:
 @dataclass(frozen=True)
 class FrontDepth:
     """``ask``: how much waits in the front (``read``: frames read and not decoded;
-    ``pending``: requests queued; ``muted``: clients replies cannot reach)."""
+    ``pending``: requests queued; ``muted``: clients replies cannot reach; ``in_vain``:
+    frames read so far that were dropped because their client was muted)."""

@@ -10,7 +10,8 @@ Why: a reply is worth building only if it can reach its client. Two kinds cannot
   so they are not built; after that one is tried again.
 
 A flooding client that never reads therefore costs the front a decode per request, not
-a reply. At most ``remember`` clients are remembered, the oldest forgotten first.
+a reply, and such requests are read at a bounded rate (``SocketPump.release_slowly``).
+At most ``remember`` clients are remembered, the oldest forgotten first.
 """
 
 from __future__ import annotations

@@ -9,10 +9,13 @@ work's). Then, as a buggy or hostile local program would:
 1. a chat client (a raw DEALER speaking protocol v1 maps) measures its time to first
    token with the runtime idle;
 2. a **flooder** in a process of its own connects one DEALER and sends ``status``
-   requests as fast as ZeroMQ takes them (at least ``N``, and on until the chats are
-   timed), and never reads a reply;
-3. while it floods, the chat client measures its time to first token again, and the
-   scheduler's RSS is sampled;
+   requests as fast as ZeroMQ takes them (up to ``N``, and until the chats are timed),
+   and never reads a reply; the result says how many it sent;
+3. while it floods, the chat client measures its time to first token again, from one
+   second in (while the flooder's unread replies fill its queue, the front's
+   ``SNDHWM``: it builds a reply for each request it reads) and again from
+   ``STEADY_AFTER_S`` in (its replies can no longer reach it: the front reads it at a bounded rate,
+   docs/security.md); the scheduler's RSS is sampled throughout;
 4. the flooder is killed (its connection drops), and a new client's ``status`` is timed
    from that moment until it is answered.
 
@@ -45,18 +48,28 @@ CONFIG = ('[models]\nchat_model = "{model}"\n'
           "[producers]\nextract = false\nnataraj = false\ngana = false\n"
           "background_gana = false\n[http]\nport = 0\n")
 WAIT_S = 300.0
-# Sends status requests as fast as ZeroMQ takes them, never reads a reply: at least
-# argv[2] of them, and on until its stdin closes (so every chat is timed during the
-# flood); prints how many it sent, then stays connected until killed.
+SETTLE_S = 10.0  # after ready, before the idle chats: steady state, not start-up
+STEADY_AFTER_S = 8.0  # from the flood's start: its queue of unread replies is full by then
+# Sends status requests as fast as ZeroMQ takes them and never reads a reply, until
+# argv[2] are sent or a line on its stdin says stop (a front that reads it slowly takes
+# far fewer than that while the chats are timed); prints how many it sent, then stays
+# connected until killed.
 FLOODER = """
 import select, sys, msgpack, zmq
 ctx = zmq.Context()
 sock = ctx.socket(zmq.DEALER)
 sock.connect(sys.argv[1])
-i, least = 0, int(sys.argv[2])
-while i < least or not select.select([sys.stdin], [], [], 0)[0]:
+i, most = 0, int(sys.argv[2])
+def told_to_stop(wait_s):
+    return bool(select.select([sys.stdin], [], [], wait_s)[0])
+while i < most and not told_to_stop(0):
     for _ in range(1000):
-        sock.send(msgpack.packb({"v": 1, "type": "status", "id": f"f{i}"}))
+        try:
+            sock.send(msgpack.packb({"v": 1, "type": "status", "id": f"f{i}"}), zmq.NOBLOCK)
+        except zmq.Again:  # its queues are full: the front is not reading it now
+            if told_to_stop(0.001):
+                break
+            continue
         i += 1
 print(i, flush=True)
 sys.stdin.read()
@@ -150,6 +163,7 @@ def _measure(client: RawClient, proc: subprocess.Popen[bytes], endpoint: str, mo
     flooder: subprocess.Popen[str] | None = None
     try:
         scheduler = _ready(client, proc)["processes"]["scheduler"]
+        time.sleep(SETTLE_S)  # the other processes' start (the embedding pool) is over
         idle = [_ttft(client, _chat(model))[0] for _ in range(chats)]
         log(f"flood: idle chat TTFT p50 {statistics.median(idle):.3f}s")
         rss_before = _rss(scheduler)
@@ -158,10 +172,15 @@ def _measure(client: RawClient, proc: subprocess.Popen[bytes], endpoint: str, mo
         flooder = subprocess.Popen([sys.executable, "-c", FLOODER, endpoint,
                                     str(requests)], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
+        flood_at = time.monotonic()
         time.sleep(1.0)  # the flood is under way
         flooded = [_ttft(client, _chat(model))[0] for _ in range(chats)]
         log(f"flood: chat TTFT during the flood p50 {statistics.median(flooded):.3f}s "
             f"(max {max(flooded):.3f}s)")
+        time.sleep(max(0.0, STEADY_AFTER_S - (time.monotonic() - flood_at)))
+        steady = [_ttft(client, _chat(model))[0] for _ in range(chats)]
+        log(f"flood: chat TTFT once the flooder's replies are dropped p50 "
+            f"{statistics.median(steady):.3f}s (max {max(steady):.3f}s)")
         assert flooder.stdin is not None and flooder.stdout is not None
         flooder.stdin.write("stop\n")  # a line, not EOF: it stays connected
         flooder.stdin.flush()
@@ -187,6 +206,8 @@ def _measure(client: RawClient, proc: subprocess.Popen[bytes], endpoint: str, mo
                 "flood_ttft_p50_s": statistics.median(flooded),
                 "flood_ttft_max_s": max(flooded),
                 "flood_vs_idle_p50": statistics.median(flooded) / statistics.median(idle),
+                "steady_ttft_s": [round(t, 4) for t in steady],
+                "steady_vs_idle_p50": statistics.median(steady) / statistics.median(idle),
                 "scheduler_rss_before_bytes": rss_before,
                 "scheduler_rss_peak_bytes": peak,
                 "scheduler_rss_growth_bytes": peak - rss_before,

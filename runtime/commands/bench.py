@@ -280,6 +280,9 @@ def table(result: dict[str, Any]) -> Table:
         out.add_row(f"chat TTFT while one connection floods {flood['requests']} unread",
                     f"p50 {flood['flood_ttft_p50_s']:.3f} s ({flood['flood_vs_idle_p50']:.2f}x"
                     f" idle), max {flood['flood_ttft_max_s']:.3f} s")
+        if "steady_vs_idle_p50" in flood:
+            out.add_row("the same once the flooder's replies are dropped",
+                        f"{flood['steady_vs_idle_p50']:.2f}x idle")
         out.add_row("scheduler RSS growth during the flood",
                     f"{flood['scheduler_rss_growth_bytes'] / 2**20:.0f} MiB")
         out.add_row("new client served after the flooder is gone",

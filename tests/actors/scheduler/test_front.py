@@ -9,6 +9,7 @@ test wants it, and what the front does with it is observable without any timing.
 from __future__ import annotations
 
 import queue
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,7 +20,7 @@ import pytest
 import zmq
 
 from tests.wait import wait_for
-from uniun.actors.scheduler.front import FrontActor
+from uniun.actors.scheduler.front import RAW_CAP, FrontActor
 from uniun.actors.scheduler.front_messages import (
     BatchDone,
     ClientBatch,
@@ -28,6 +29,7 @@ from uniun.actors.scheduler.front_messages import (
     OpenFront,
     Outgoing,
 )
+from uniun.actors.socket_pump import SLOW_CAP, SLOW_RATE
 from uniun.protocol import messages as m
 from uniun.protocol.codec import Limits
 from uniun.protocol.requests import JobRules
@@ -185,3 +187,40 @@ def test_a_client_that_went_away_has_its_status_requests_dropped(front_factory: 
     assert front.depth()["pending"] == 0
     front.done()
     assert front.batches.empty()
+
+
+def test_a_client_that_does_not_read_is_read_slowly_and_others_keep_their_turn(
+        front_factory: Any) -> None:
+    """Once a client's replies cannot reach it (its queue is full: it does not read),
+    its requests are read in vain: dropped, and at a bounded rate (an upper bound on
+    the front's work, whatever the machine's speed), while another client's request
+    still comes in its turn."""
+    front = front_factory(sndhwm=4)
+    a = front.client()
+    a.setsockopt(zmq.RCVHWM, 1)
+    b = front.client()
+    send_status(a, [0], "a")
+    conn = front.next_batch()[0][0]
+    front.done()
+
+    def congested() -> bool:  # replies to it pile up until a send finds its queue full
+        for _ in range(64):
+            front.ref.tell(Outgoing(conn, m.reply_pong("x")))
+        return front.depth()["muted"] == 1
+
+    wait_for("the front to find a's replies cannot reach it", congested)
+    flood = 20_000  # seconds of reading at the bounded rate
+    started = time.monotonic()
+    send_status(a, range(1, flood + 1), "a")
+    wait_for("a's flood being read in vain", lambda: front.depth()["in_vain"] > 0)
+    send_status(b, [0], "b")
+    for _ in range(20):
+        batch = [rid for _, rid in front.next_batch()]
+        front.done()
+        if "b-0" in batch:
+            break
+    else:
+        pytest.fail("b's request did not come within 20 batches")
+    read_in_vain = front.depth()["in_vain"]
+    bound = RAW_CAP + SLOW_CAP + SLOW_RATE * (time.monotonic() - started)
+    assert read_in_vain <= bound, f"{read_in_vain} frames read in vain, at most {bound:.0f}"
