@@ -191,10 +191,10 @@ class EmbedConfig:
     client_queue_bound: int = field(default=16, metadata=_doc(
         "embed requests one connection may have waiting; more get error queue_full with "
         "retry_after_s (default 16; 0 = no per-connection cap)"))
-    # Texts; default 4. The yield check runs before each micro-batch.
-    micro_batch: int = field(default=4, metadata=_doc(
+    # Texts; default 2. The yield check runs before each micro-batch.
+    micro_batch: int = field(default=2, metadata=_doc(
         "texts per ONNX run of one embed request; interactive work waits for at most one "
-        "(default 4)"))
+        "(default 2)"))
     # Default "" means ipc://$UNIUN_HOME/run/embed.sock.
     endpoint: str = field(default="", metadata=_doc(
         "embedding pool endpoint (default ipc://$UNIUN_HOME/run/embed.sock)"))
