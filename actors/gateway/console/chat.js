@@ -7,6 +7,8 @@
 import { postStream, sseEvents } from "./api.js";
 import { el, fmtS, nowS } from "./util.js";
 
+const SHOWN_KEPT = 8; // answers whose timings still follow the timeline
+
 export class Chat {
   constructor(live, nodes) {
     this.live = live;
@@ -23,6 +25,13 @@ export class Chat {
     this.picked = false; // the user chose a model: the loaded one is no longer preferred
     this.n.model.addEventListener("change", () => { this.picked = true; });
     live.addEventListener("status", () => this._preferLoaded());
+    // The preempt marks of a chat reach the page once it has its first token (the
+    // scheduler holds its pushes until then), possibly after a short answer ended: the
+    // recent answers' timings are redrawn as marks arrive.
+    this.shown = []; // [record, timings node] of the last answers
+    const redraw = () => { for (const [r, node] of this.shown) this._timings(r, node); };
+    live.addEventListener("timeline", redraw);
+    live.addEventListener("reset", redraw);
   }
 
   _preferLoaded() {
@@ -42,6 +51,7 @@ export class Chat {
   reset() {
     this.stop();
     this.history = [];
+    this.shown = [];
     this.n.messages.replaceChildren();
   }
 
@@ -111,9 +121,7 @@ export class Chat {
     if (record.error) bubble.append(el("span", { class: "err" }, `${record.text ? "\n" : ""}${record.error}`));
     if (record.stopped) bubble.append(el("span", { class: "muted" }, " (stopped)"));
     this._timings(record, timing);
-    // A preempt mark reaches the page with the pause it caused, before the chat's first
-    // token; one more look a moment later costs nothing.
-    setTimeout(() => this._timings(record, timing), 1000);
+    this.shown = [...this.shown.slice(-(SHOWN_KEPT - 1)), [record, timing]];
   }
 
   /** Background jobs this chat paused: preempt marks whose detail names its job. */

@@ -28,6 +28,7 @@ const WAIT_GAP = 3;
 const AXIS_Y = WAIT_Y + 5 * (WAIT_H + WAIT_GAP) + 4;
 const HEIGHT = AXIS_Y + 16;
 const waitY = (tier) => WAIT_Y + Math.min(4, Math.max(0, tier)) * (WAIT_H + WAIT_GAP);
+const TIP_MARKS = 4; // marks one tip names at most (those under the pointer, nearest first)
 const STEPS = [1, 2, 5, 10, 15, 30, 60, 120, 300, 600];
 const MARK_COLORS = {
   preempt: "--mark-preempt", resume: "--mark-resume", swap: "--mark-swap",
@@ -270,23 +271,26 @@ export class Timeline {
 
   /** The item drawn at this point of the canvas (CSS pixels): the nearest mark there,
    *  else the bar. */
-  itemAt(px, py) {
-    let mark = null;
+  /** What lies under the pointer: every mark there, the nearest first (marks a few
+   *  milliseconds apart, a preemption and its resume, share a pixel), else the bar. */
+  itemsAt(px, py) {
+    const marks = [];
     let bar = null;
     for (const item of this.items) {
       if (px < item.x0 || px > item.x1 || py < item.y0 || py > item.y1) continue;
-      if (item.type !== "mark") bar = bar || item;
-      else if (!mark || Math.abs(px - (item.x0 + item.x1) / 2)
-               < Math.abs(px - (mark.x0 + mark.x1) / 2)) mark = item;
+      if (item.type === "mark") marks.push(item);
+      else bar = bar || item;
     }
-    return mark || bar;
+    const off = (item) => Math.abs(px - (item.x0 + item.x1) / 2);
+    marks.sort((a, b) => off(a) - off(b));
+    return marks.length ? marks.slice(0, TIP_MARKS) : bar ? [bar] : [];
   }
 
   _hover(event) {
     const box = this.canvas.getBoundingClientRect();
-    const item = this.itemAt(event.clientX - box.left, event.clientY - box.top);
-    if (!item) { this.tip.hidden = true; return; }
-    this.tip.textContent = this.describe(item);
+    const items = this.itemsAt(event.clientX - box.left, event.clientY - box.top);
+    if (!items.length) { this.tip.hidden = true; return; }
+    this.tip.textContent = items.map((item) => this.describe(item)).join("\n\n");
     this.tip.hidden = false;
     const tip = this.tip.getBoundingClientRect();
     const left = Math.min(event.clientX + 12, window.innerWidth - tip.width - 6);
