@@ -85,7 +85,31 @@ def device_endpoint() -> str:
     return f"ipc://{run_dir() / 'device.sock'}"
 
 
-class YieldGate:
+class _GateState:
+    """What both gates know: the last state heard, when, and how long callers waited."""
+
+    def __init__(self, endpoint: str | None, stale_s: float) -> None:
+        self.endpoint = endpoint
+        self.stale_s = stale_s
+        self._interactive = False
+        self._heard_at = 0.0
+        self.last_seq = -1
+        self.waits = 0  # calls of wait_turn that had to wait
+        self.waited_s = 0.0  # their total wait, s
+
+    def _closed(self, now: float) -> bool:
+        return self._interactive and now - self._heard_at < self.stale_s
+
+    def _waited(self, started: float) -> float:
+        """Count a wait_turn call that began at ``started``; its wait in seconds."""
+        waited = time.monotonic() - started
+        if waited > 0.001:
+            self.waits += 1
+            self.waited_s += waited
+        return waited
+
+
+class YieldGate(_GateState):
     """A listener of the device state (see the module docstring).
 
     ``YieldGate(None)`` is a gate that never closes (the signal switched off).
@@ -93,15 +117,9 @@ class YieldGate:
 
     def __init__(self, endpoint: str | None, *, stale_s: float = STALE_S,
                  ctx: zmq.Context | None = None) -> None:
-        self.endpoint = endpoint
-        self.stale_s = stale_s
+        super().__init__(endpoint, stale_s)
         self._cond = threading.Condition()
-        self._interactive = False
-        self._heard_at = 0.0
-        self.last_seq = -1
         self._heard = threading.Event()
-        self.waits = 0  # calls of wait_turn that had to wait
-        self.waited_s = 0.0  # their total wait, s
         self._stop = threading.Event()
         self._ctx = ctx or zmq.Context.instance()
         self._thread: threading.Thread | None = None
@@ -132,14 +150,7 @@ class YieldGate:
         with self._cond:
             while self._closed(time.monotonic()) and not (stop and stop.is_set()):
                 self._cond.wait(0.1)
-        waited = time.monotonic() - started
-        if waited > 0.001:
-            self.waits += 1
-            self.waited_s += waited
-        return waited
-
-    def _closed(self, now: float) -> bool:
-        return self._interactive and now - self._heard_at < self.stale_s
+        return self._waited(started)
 
     def _listen(self) -> None:
         sock = self._ctx.socket(zmq.SUB)
@@ -166,7 +177,7 @@ class YieldGate:
             sock.close(0)
 
 
-class PolledGate:
+class PolledGate(_GateState):
     """A listener read by the thread that asks (see the module docstring).
 
     Not thread-safe: the thread that creates it is the only one that may call it (a
@@ -177,14 +188,8 @@ class PolledGate:
 
     def __init__(self, endpoint: str | None, *, stale_s: float = STALE_S,
                  ctx: zmq.Context | None = None) -> None:
-        self.endpoint = endpoint
-        self.stale_s = stale_s
-        self._interactive = False
-        self._heard_at = 0.0
-        self.last_seq = -1
+        super().__init__(endpoint, stale_s)
         self.heard = False
-        self.waits = 0  # calls of wait_turn that had to wait
-        self.waited_s = 0.0  # their total wait, s
         self._sock: zmq.Socket | None = None
         if endpoint:
             sock = (ctx or zmq.Context.instance()).socket(zmq.SUB)
@@ -228,14 +233,7 @@ class PolledGate:
             left_fresh = self.stale_s - (time.monotonic() - self._heard_at)
             self._sock.poll(max(1, min(100, int(left_fresh * 1000) + 1)))
             self._read()
-        waited = time.monotonic() - started
-        if waited > 0.001:
-            self.waits += 1
-            self.waited_s += waited
-        return waited
-
-    def _closed(self, now: float) -> bool:
-        return self._interactive and now - self._heard_at < self.stale_s
+        return self._waited(started)
 
     def _read(self) -> bool:
         """Take every record received so far, keep the latest; True if any came."""
