@@ -25,6 +25,8 @@ from collections.abc import Callable, Collection, Container, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from loguru import logger
+
 from uniun.protocol.codec import DEFAULT_LIMITS, Limits, decode
 from uniun.protocol.errors import ErrorCode, InvalidField, ProtocolError
 from uniun.protocol.jobmap import DEFAULT_KINDS, JobSpec, validate_job
@@ -45,6 +47,7 @@ from uniun.protocol.messages import (
     WATCH,
     _is_int,
 )
+from uniun.protocol.schema_bounds import check_schema_bounds
 
 # --- typed requests --------------------------------------------------------------
 
@@ -117,7 +120,8 @@ class JobRules:
     max_prompt_chars: int = 200_000
     known_models: Container[str] | None = field(default=None)  # only asked `in`
     # Raises ValueError (its message) for a ``format`` the grammar engine cannot compile;
-    # the scheduler passes models.constrain.check_format. None: shape checks only.
+    # the scheduler passes its grammar sandbox's check (models/grammar_sandbox.py). None:
+    # shape and bounds checks only (protocol/schema_bounds.py runs either way).
     check_format: Callable[[dict[str, Any]], None] | None = field(default=None)
 
 
@@ -183,18 +187,7 @@ def parse_request(msg: Any, rules: JobRules, *,
         if rules.known_models is not None and job.model_id not in rules.known_models:
             raise ProtocolError(ErrorCode.UNKNOWN_MODEL, f"unknown model {job.model_id!r}",
                                 field="model_id", job_id=job.job_id)
-        if rules.check_format is not None:
-            if job.format is not None:
-                _check_schema(rules, job.format.to_map(), "format.schema", job.job_id)
-            for i, tool in enumerate(job.tools.tools if job.tools is not None else ()):
-                if "parameters" in tool:
-                    _check_schema(rules, {"type": "json_schema", "schema": tool["parameters"]},
-                                  f"tools[{i}].parameters", job.job_id)
-            if job.tools is not None and job.tools.active:  # the whole grammar, as the runner
-                fmt = job.tools.to_format()  # will build it (calls and text together)
-                if job.format is not None:
-                    fmt["format"] = job.format.to_map()
-                _check_schema(rules, fmt, "tools", job.job_id)
+        _check_schemas(rules, job)
         return Submit(mid, job)
     if mtype == CANCEL:
         return Cancel(mid, _require_id(msg, "job_id"))
@@ -231,17 +224,38 @@ def parse_request(msg: Any, rules: JobRules, *,
                         field="type")
 
 
-def _check_schema(rules: JobRules, fmt: dict[str, Any], where: str, job_id: str) -> None:
-    """``invalid_field`` naming ``where`` unless the grammar engine compiles ``fmt``."""
-    assert rules.check_format is not None
+def _check_schemas(rules: JobRules, job: JobSpec) -> None:
+    """``invalid_field`` naming the schema unless each of the job's schemas is within the
+    bounds (always: pure Python) and, given a ``check_format``, compiles."""
+    if job.format is not None:
+        _check_schema(rules, job.format.to_map(), "format.schema", job.job_id)
+    for i, tool in enumerate(job.tools.tools if job.tools is not None else ()):
+        if "parameters" in tool:
+            _check_schema(rules, {"type": "json_schema", "schema": tool["parameters"]},
+                          f"tools[{i}].parameters", job.job_id)
+    if rules.check_format is not None and job.tools is not None and job.tools.active:
+        fmt = job.tools.to_format()  # the whole grammar, as the runner will build it
+        if job.format is not None:  # (calls and text together)
+            fmt["format"] = job.format.to_map()
+        _check_schema(rules, fmt, "tools", job.job_id, bounds=False)
+
+
+def _check_schema(rules: JobRules, fmt: dict[str, Any], where: str, job_id: str, *,
+                  bounds: bool = True) -> None:
+    """``invalid_field`` naming ``where`` unless ``fmt``'s schema is within the bounds
+    (``schema_bounds``: before any native code sees it) and the grammar engine compiles
+    ``fmt``."""
     try:
-        rules.check_format(fmt)
+        if bounds:
+            check_schema_bounds(fmt.get("schema"))
+        if rules.check_format is not None:
+            rules.check_format(fmt)
     except ValueError as err:
         raise InvalidField(where, str(err)[:300], job_id=job_id) from None
     except Exception as err:  # noqa: BLE001 - a grammar engine's own failure on a
         # hostile schema is still the schema's fault, not ours: invalid_field
-        raise InvalidField(where, f"cannot be compiled ({type(err).__name__})",
-                           job_id=job_id) from None
+        logger.bind(job=job_id).warning("compiling {} failed: {!r}", where, err)
+        raise InvalidField(where, "cannot be compiled", job_id=job_id) from None
 
 
 def _parse_texts(texts: Any) -> tuple[str, ...]:

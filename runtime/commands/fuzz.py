@@ -14,15 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 from pathlib import Path
-from typing import Any
-
-import zmq
 
 from uniun.protocol.curve import CurveError
-from uniun.protocol.endpoints import EndpointError, front_endpoint
+from uniun.protocol.endpoints import EndpointError
 from uniun.runtime.commands.common import fail
-from uniun.runtime.commands.fuzz_http import add_http_args, run_http
-from uniun.runtime.security import client_curve
+from uniun.runtime.commands.fuzz_http import add_http_args, front_socket, run_http
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -66,14 +62,10 @@ def run(args: argparse.Namespace) -> int:
         fail("--frames must be at least 1")
         return 2
     try:
-        endpoint = front_endpoint(args.front)
-        curve = client_curve(endpoint, client_key=args.client_key)
+        endpoint, options = front_socket(args)
     except (EndpointError, CurveError) as err:
         fail(str(err))
         return 2
-    options: dict[int, Any] = {} if curve is None else {zmq.CURVE_SERVERKEY: curve.server_public,
-                                        zmq.CURVE_PUBLICKEY: curve.public,
-                                        zmq.CURVE_SECRETKEY: curve.secret}
     report = run_wire_fuzz(endpoint, args.frames, args.seed, socket_options=options)
     body = report.to_json()
     if args.out is not None:

@@ -6,6 +6,11 @@ cross-site form post, a text/plain body, a foreign ``Origin``, a body declared a
 no 5xx, every error an OpenAI error object with nothing internal in it, every request
 the door must refuse refused, the gateway's RSS within its budget and its pid unchanged.
 Exit status 0 only if all of that held. Needs Hypothesis (the ``test`` extra).
+
+``--schemas N`` runs the schema fuzzer instead (``runtime/chaos/schema_fuzz.py``): N
+hostile JSON Schemas, each as a ``response_format``, as a tool's ``parameters`` and over
+the wire as a job's ``format``; every answer a 4xx or a valid one, ``/health`` 200
+throughout, and no process of the runtime died.
 """
 
 from __future__ import annotations
@@ -14,8 +19,11 @@ import argparse
 import json
 from typing import Any
 
+import zmq
+
 from uniun.protocol.client import Client
-from uniun.protocol.endpoints import front_endpoint
+from uniun.protocol.curve import CurveError
+from uniun.protocol.endpoints import EndpointError, front_endpoint
 from uniun.runtime.commands.common import fail
 from uniun.runtime.config import load_config
 from uniun.runtime.config_check import ConfigError
@@ -23,7 +31,7 @@ from uniun.runtime.paths import models_dir, run_dir, uniun_home
 from uniun.runtime.security import client_curve
 from uniun.runtime.state import HTTP_ENDPOINT_FILE
 
-__all__ = ["add_http_args", "run_http"]
+__all__ = ["add_http_args", "front_socket", "run_http"]
 
 
 def add_http_args(parser: argparse.ArgumentParser) -> None:
@@ -39,8 +47,23 @@ def add_http_args(parser: argparse.ArgumentParser) -> None:
                              "[models] chat_model of this home's config)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="with --http: the gateway's API key (default: [http] api_key)")
+    parser.add_argument("--schemas", type=int, default=None, metavar="N",
+                        help="with --http: send N hostile JSON Schemas through "
+                             "response_format, tools and the wire instead of the request "
+                             "fuzz; no process may die (docs/fuzzing.md)")
     parser.add_argument("--rss-budget-mb", type=float, default=None, metavar="MB",
                         help="with --http: allowed growth of the gateway's RSS (default 64)")
+
+
+def front_socket(args: argparse.Namespace) -> tuple[str, dict[int, Any]]:
+    """The front's endpoint and the DEALER options to reach it (CURVE keys on tcp);
+    raises EndpointError or CurveError."""
+    endpoint = front_endpoint(args.front)
+    curve = client_curve(endpoint, client_key=args.client_key)
+    if curve is None:
+        return endpoint, {}
+    return endpoint, {zmq.CURVE_SERVERKEY: curve.server_public,
+                      zmq.CURVE_PUBLICKEY: curve.public, zmq.CURVE_SECRETKEY: curve.secret}
 
 
 def _gateway_pid(front: str | None) -> int | None:
@@ -91,6 +114,8 @@ def run_http(args: argparse.Namespace) -> int:
     api_key = config.http.api_key if args.api_key is None else args.api_key
     target = Target(host, port, args.model or config.models.chat_model,
                     config.models.embed_model, api_key, config.limits.max_frame_bytes)
+    if args.schemas is not None:
+        return _run_schemas(args, target, url)
     probes = run_probes(host, port, target.chat_model, api_key)
     pid = _gateway_pid(args.front)
     report = run_http_fuzz(target, args.requests, args.seed, gateway_pid=pid,
@@ -116,3 +141,29 @@ def run_http(args: argparse.Namespace) -> int:
         print(report.text())
         print("verdict:", "OK" if body["ok"] else "FAILED")
     return 0 if body["ok"] else 1
+
+
+def _run_schemas(args: argparse.Namespace, target: Any, url: str) -> int:
+    """``--schemas N``: the schema fuzzer over both HTTP routes and the wire."""
+    from uniun.runtime.chaos.schema_fuzz import run_schema_fuzz
+
+    if args.schemas < 1:
+        fail("--schemas must be at least 1")
+        return 2
+    try:
+        endpoint, options = front_socket(args)
+    except (EndpointError, CurveError) as err:
+        fail(str(err))
+        return 2
+    report = run_schema_fuzz(target, endpoint, args.schemas, args.seed, socket_options=options,
+                             markers=(str(uniun_home()), str(models_dir())))
+    body = {"url": url, **report.to_json()}
+    if args.out is not None:
+        args.out.write_text(json.dumps(body, indent=2) + "\n")
+    if args.json:
+        print(json.dumps(body, indent=2))
+    else:
+        print(f"gateway {url}, front {endpoint}")
+        print(report.text())
+        print("verdict:", "OK" if report.ok else "FAILED")
+    return 0 if report.ok else 1
