@@ -19,6 +19,12 @@ Theory of operation:
   reply (same ids; ``submit`` is idempotent by ``job_id``) and re-``attach``es every
   open stream with ``after_seq`` = the last token it holds. Tokens are deduplicated by
   ``seq``, so none is delivered twice.
+- A submit is re-sent after one lost scheduler, not after a second: a submit that was in
+  flight, unanswered, through :data:`POISON_AFTER_LOSSES` (2) losses may be what kills
+  the scheduler (a crash while validating it), and sending it to every new scheduler
+  would stop the runtime at the supervisor's restart limit. It ends in a
+  :class:`ClientError` ``poisoned`` (not retryable). A submit that was answered and
+  streams is re-attached however often the scheduler goes.
 - Errors: an ``error`` reply raises :class:`ClientError` (``code``, ``field``,
   ``retryable``); no scheduler raises :class:`SchedulerUnavailable`, and so does a
   CURVE server that refused this client's key (at once, not at the timeout); a connected
@@ -46,7 +52,7 @@ from uniun.protocol.codec import DEFAULT_LIMITS, Limits, encode, try_decode
 from uniun.protocol.curve import ClientCurve
 from uniun.protocol.dealer import DealerConnection
 from uniun.protocol.endpoints import front_endpoint
-from uniun.protocol.errors import ProtocolError
+from uniun.protocol.errors import ErrorCode, ProtocolError
 from uniun.protocol.jobstream import (
     ClientError,
     JobFailed,
@@ -60,6 +66,7 @@ __all__ = ["Client", "ClientError", "JobFailed", "JobStream", "SchedulerUnavaila
 
 _ENVELOPE_KEYS = ("v", "type", "re")
 STATES_KEPT = 1024  # state pushes kept unread; the oldest are dropped beyond
+POISON_AFTER_LOSSES = 2  # scheduler losses an unanswered submit lives through: not re-sent
 
 
 @dataclass
@@ -67,6 +74,8 @@ class _Pending:
     msg: dict[str, Any]
     reply: dict[str, Any] | None = None
     on_reply: Callable[[dict[str, Any]], None] | None = None  # asynchronous requests
+    in_flight: bool = False  # handed to a connected socket since the last loss
+    losses: int = 0  # scheduler losses it was in flight at, unanswered
 
 
 class Client(DealerConnection):
@@ -205,7 +214,8 @@ class Client(DealerConnection):
         super()._open()
         self._lost = False
 
-    def _send(self, msg: dict[str, Any]) -> None:
+    def _send(self, msg: dict[str, Any]) -> bool:
+        """Queue ``msg`` for the scheduler; False when there was no peer to take it."""
         if self._sock is None:
             raise RuntimeError("client is closed")
         frame = encode(msg, self._limits)
@@ -213,6 +223,8 @@ class Client(DealerConnection):
             self._sock.send(frame, zmq.NOBLOCK)
         except zmq.Again:
             self._lost = True  # no peer: the request stays pending and is re-sent
+            return False
+        return True
 
     def _request(self, msg: dict[str, Any], timeout: float | None) -> dict[str, Any]:
         timeout = self.timeout if timeout is None else timeout
@@ -221,7 +233,7 @@ class Client(DealerConnection):
         pending = _Pending(msg)
         self._pending[msg["id"]] = pending
         try:
-            self._send(msg)
+            pending.in_flight = self._send(msg)
             self._wait_until(lambda: pending.reply is not None, timeout, f"{msg['type']} reply")
         finally:
             self._pending.pop(msg["id"], None)
@@ -357,7 +369,7 @@ class Client(DealerConnection):
         logger.info("reconnected to {}; re-attaching {} job(s)", self.endpoint,
                     len(self._streams))
         for pending in list(self._pending.values()):
-            self._send(pending.msg)  # same id: submit is idempotent by job_id
+            self._resend(pending)
         if self._watching:  # a restarted scheduler knows no watchers
             watch = m.req_watch(self._next_id())
             self._pending[watch["id"]] = _Pending(watch, on_reply=lambda _reply: None)
@@ -371,3 +383,22 @@ class Client(DealerConnection):
             attach = m.req_attach(self._next_id(), stream.job_id, stream.last_seq)
             self._pending[attach["id"]] = _Pending(attach, on_reply=stream._on_attach_reply)
             self._send(attach)
+
+    def _resend(self, pending: _Pending) -> None:
+        """Send an unanswered request again (same id: submit is idempotent by job_id),
+        unless it is a submit that was in flight at ``POISON_AFTER_LOSSES`` losses of the
+        scheduler: that one is answered ``poisoned`` here (module docstring)."""
+        if pending.reply is not None:  # answered: nothing to send, nothing to count
+            return
+        if pending.in_flight and pending.msg["type"] == m.SUBMIT:
+            pending.losses += 1
+        if pending.losses < POISON_AFTER_LOSSES:
+            pending.in_flight = self._send(pending.msg)
+            return
+        job_id = pending.msg["job"]["job_id"]
+        logger.bind(job=job_id).warning(
+            "submit unanswered through {} scheduler restarts; not sent again", pending.losses)
+        pending.reply = m.reply_error(pending.msg["id"], ProtocolError(
+            ErrorCode.POISONED, f"this request was in flight through {pending.losses} "
+            "scheduler restarts without an answer; it may be what crashes the scheduler, "
+            "so it is not sent again", job_id=job_id))

@@ -22,12 +22,16 @@ exits 0. Any actor's death is the process's death (exit 1; the supervisor restar
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
+import signal
 import sqlite3
 import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pykka
 import zmq
@@ -35,6 +39,7 @@ from loguru import logger
 
 from uniun.actors.metrics import MetricSink
 from uniun.actors.scheduler.core import SchedulerCore
+from uniun.actors.scheduler.crash_marker import CRASH_MARKER_FILE, CrashMarker
 from uniun.actors.scheduler.device_signal import DevicePublisher
 from uniun.actors.scheduler.front import FrontActor
 from uniun.actors.scheduler.front_messages import OpenFront, Stopping
@@ -43,7 +48,7 @@ from uniun.actors.scheduler.inbox_order import Interactive
 from uniun.actors.scheduler.journal import Journal, JournalEntry
 from uniun.actors.scheduler.model_ids import ModelIds
 from uniun.actors.scheduler.runner_link import OpenLink, RunnerLinkActor
-from uniun.models.constrain import check_format
+from uniun.models.grammar_sandbox import GrammarSandbox
 from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
 from uniun.protocol.codec import Limits
@@ -56,10 +61,14 @@ from uniun.runtime.proc_stats import ProcessSampler
 from uniun.runtime.quarantine import read_records
 from uniun.runtime.security import server_security
 
-__all__ = ["main", "journal_path"]
+__all__ = ["VALIDATE_CRASH_ENV", "main", "journal_path", "validate_crash_hook"]
 
 DRAIN_MIN_S = 1.0  # seconds the front keeps answering shutting_down while stopping
 SWITCH_INTERVAL_S = 0.001  # the interpreter's thread switch interval here (default 0.005)
+# Test fault hook: a scheduler started with this variable set kills itself (SIGKILL, as a
+# stack overflow in native code would) while it validates a submit whose schema (format
+# or tools) contains the value. Only test runtimes set it; it is not a config key.
+VALIDATE_CRASH_ENV = "UNIUN_TEST_VALIDATE_CRASH"
 
 
 def journal_path() -> Path:
@@ -107,18 +116,26 @@ def main(config: RuntimeConfig) -> int:
     clock = time.monotonic
     policy = make_policy(config.policy.name, config.policy.policy_config(), clock)
     journal, replayed = open_journal(config)
+    # Clients' schemas compile in a child process: a crash there refuses one request
+    # (models/grammar_sandbox.py), here it would stop every client's work.
+    grammar = GrammarSandbox(timeout_s=config.limits.schema_compile_timeout_s).start()
     rules = JobRules(default_model=config.models.chat_model, kinds=tuple(config.jobs.kinds),
                      max_new_tokens_cap=config.limits.max_new_tokens_cap,
                      max_prompt_chars=config.limits.max_prompt_chars,
                      known_models=ModelIds(ModelStore(models_dir())),
-                     check_format=check_format)  # a schema that cannot compile is refused here
+                     check_format=grammar.check)  # a schema that cannot compile is refused here
+    if crash_text := os.environ.get(VALIDATE_CRASH_ENV):
+        rules = validate_crash_hook(rules, crash_text)
     ctx = zmq.Context()
     sampler = ProcessSampler()
-    core = SchedulerCore(policy=policy, queue_cap=config.limits.queue_cap, clock=clock,
+    core = SchedulerCore(policy=policy, queue_cap=config.limits.queue_cap,
+                         chat_reserve_share=config.limits.chat_reserve_share,
+                         client_share=config.limits.client_share, clock=clock,
                          wall=time.time, processes=_processes,
                          process_info=lambda: _process_info(sampler),
                          segments=config.trace.segments, metrics=config.metrics.enabled,
-                         quarantined=read_records(run_dir()))
+                         quarantined=read_records(run_dir()),
+                         dead_letters=journal.dead_letters())
     sink = MetricSink() if config.metrics.enabled else None
     publisher = None
     if config.device.yield_signal:  # docs/device.md: the one-way yield signal
@@ -131,13 +148,15 @@ def main(config: RuntimeConfig) -> int:
     pcfg = policy.config
     endpoint = config.front.endpoint or default_endpoint()
     security = server_security(endpoint, "front")  # CURVE on tcp; refuses an open tcp front
+    # Before the front serves: a request the last scheduler died validating is counted.
+    crash_marker = CrashMarker.open(run_dir() / CRASH_MARKER_FILE)
     front = FrontActor.start(endpoint=endpoint, host=host,
                              rules=rules, limits=Limits(frame_bytes=config.limits.max_frame_bytes),
                              linger_ms=config.front.linger_ms, ctx=ctx,
                              interactive=Interactive(pcfg.chat_kind, None, pcfg.extract_kind),
                              socket_setup=security,
                              conn_pending_cap=config.front.conn_pending_cap,
-                             pending_cap=config.front.pending_cap)
+                             pending_cap=config.front.pending_cap, crash_marker=crash_marker)
     link = RunnerLinkActor.start(host=lane, endpoint=rp.runner_endpoint(),
                                  liveness=config.supervisor.liveness, ctx=ctx)
     actors = (front, link, host)
@@ -165,8 +184,22 @@ def main(config: RuntimeConfig) -> int:
         if security is not None:
             security.stop()
         journal.close()
+        grammar.close()
         ctx.destroy(linger=0)
     return rc
+
+
+def validate_crash_hook(rules: JobRules, text: str) -> JobRules:
+    """``rules`` whose schema check first dies on ``text`` (:data:`VALIDATE_CRASH_ENV`)."""
+    check = rules.check_format
+
+    def checked(fmt: dict[str, Any]) -> None:
+        if text in json.dumps(fmt):
+            logger.error("test crash text in a schema under validation; dying")
+            os.kill(os.getpid(), signal.SIGKILL)
+        if check is not None:
+            check(fmt)
+    return dataclasses.replace(rules, check_format=checked)
 
 
 def open_journal(config: RuntimeConfig) -> tuple[Journal, list[JournalEntry]]:

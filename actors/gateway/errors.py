@@ -10,8 +10,13 @@ request mapping (bad fields) or made from a scheduler's or embedding pool's ``er
 
 Nothing internal reaches a client: a message is cut to :data:`MAX_MESSAGE_CHARS` and
 written with escapes for what UTF-8 cannot carry, and the message of a code that
-reports our side (``internal``, ``runner_failed``, ``shutting_down``) is replaced by a
-fixed text, since it may hold exception text, paths or endpoints (the log keeps it).
+reports our side (``internal``, ``runner_failed``, ``shutting_down``, ``poisoned``) is
+replaced by a fixed text, since it may hold exception text, paths or endpoints (the log
+keeps it).
+
+``poisoned`` (a request a runtime process died of, repeatedly) is a 422: a client error
+that the SDKs do not retry. Not a 5xx or a 503, which they retry by themselves, and
+each retry of this request would cost the runtime another crash.
 """
 
 from __future__ import annotations
@@ -35,6 +40,7 @@ STATUS_OF_CODE: dict[str, tuple[int, str]] = {
     "shutting_down": (503, "server_error"),
     "runner_failed": (503, "server_error"),
     "cancelled": (499, "invalid_request_error"),
+    "poisoned": (422, "invalid_request_error"),
     "internal": (500, "server_error"),
 }
 # What a client is told for a code that reports our side, whatever the message said.
@@ -42,6 +48,8 @@ FIXED_MESSAGES = {
     "internal": "an internal error of the runtime; see its log",
     "runner_failed": "the model runner could not finish this request; retry",
     "shutting_down": "the runtime is shutting down or not reachable; retry",
+    "poisoned": "a runtime process died each time it handled this request, so it is "
+                "refused; do not send it again (the runtime's log has the details)",
 }
 
 

@@ -12,7 +12,9 @@ under a millisecond per token.
 Cancellation: the handler calls :meth:`JobRun.cancel` when the HTTP client went away;
 the worker notices within :data:`POLL_S`, sends ``cancel`` for the job (on the same
 client, the one it owns) and ends. Across a scheduler restart the client reconnects and
-re-attaches by itself, so a request sees a pause, not an error.
+re-attaches by itself, so a request sees a pause, not an error; only a submit still
+unanswered at a second restart is given up, as ``poisoned`` (protocol/client.py; the
+HTTP answer is a 422, errors.py).
 
 The embedding pool is served the same way, with a pool of ``EmbedClient``s.
 """
@@ -189,8 +191,6 @@ class SchedulerLink:
                                             thread_name_prefix="gateway-job")
         self._calls = ThreadPoolExecutor(max_workers=CALL_THREADS,
                                          thread_name_prefix="gateway-call")
-        self.open = 0  # jobs and calls in flight (read and written on the event loop)
-        self.max_open = max_workers
         self.runs: set[JobRun] = set()  # jobs whose worker has not ended
         self.closed = False
 

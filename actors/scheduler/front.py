@@ -41,6 +41,11 @@ handler (an exception in a ``tell`` handler would stop the actor, and with it th
 process). Frames between the protocol limit and the socket's hard cap get a
 ``bad_envelope`` answer; beyond the hard cap ZeroMQ drops the connection itself, which is
 the only way to refuse a frame that big without reading it.
+
+Crash marker. A submit whose validation runs native code is validated inside the
+:class:`~uniun.actors.scheduler.crash_marker.CrashMarker` (when the scheduler gives the
+front one), so a request that was being validated at two of the scheduler's deaths is
+answered ``poisoned`` instead of being validated, and killing it, a third time.
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ import pykka
 import zmq
 from loguru import logger
 
+from uniun.actors.scheduler.crash_marker import CrashMarker
 from uniun.actors.scheduler.front_messages import (
     BatchDone,
     ClientBatch,
@@ -121,7 +127,7 @@ class FrontActor(pykka.ThreadingActor):
                  socket_setup: Callable[[zmq.Socket], None] | None = None,
                  conn_pending_cap: int = CONN_PENDING_CAP,
                  pending_cap: int = PENDING_CAP, raw_cap: int = RAW_CAP,
-                 sndhwm: int = SNDHWM) -> None:
+                 sndhwm: int = SNDHWM, crash_marker: CrashMarker | None = None) -> None:
         super().__init__()
         self._socket_setup = socket_setup  # e.g. CURVE for a tcp front (runtime/security.py)
         self._endpoint = endpoint
@@ -142,6 +148,7 @@ class FrontActor(pykka.ThreadingActor):
         self._pending_cap = pending_cap
         self._raw_cap = raw_cap
         self._sndhwm = sndhwm
+        self._crash_marker = crash_marker  # closed here, in on_stop, after the last use
         self._in_vain = 0  # frames read from clients their replies could not reach
         self._muted = MutedPeers(time.monotonic)  # clients replies cannot reach
         self._in_host = False  # a batch is with the host
@@ -181,6 +188,8 @@ class FrontActor(pykka.ThreadingActor):
         if self._pump is not None:
             self._pump.stop()
             remove_endpoint(only_if=self.bound)
+        if self._crash_marker is not None:
+            self._crash_marker.close()
 
     def _arrived(self, frames: Frames, user_id: str | None = None) -> None:
         """Pump thread: queue the frames; wake the actor once per drain, not per frame."""
@@ -324,7 +333,7 @@ class FrontActor(pykka.ThreadingActor):
         """The request for the host, or None when it was answered here."""
         re_id = rq.reply_to(raw)
         try:
-            request = rq.parse_request(raw, self._rules)
+            request = self._parse(raw)
         except ProtocolError as err:
             self._send(conn, m.reply_error(re_id, err))
             return None
@@ -343,6 +352,15 @@ class FrontActor(pykka.ThreadingActor):
                                                 self._interactive.extract_kind)
             return ClientRequest(conn, request, owner)
         return None
+
+    def _parse(self, raw: Any) -> rq.Request:
+        """``parse_request``, inside the crash marker when there is one: it raises
+        ``poisoned`` for a request that killed the scheduler twice while validated here,
+        and remembers which request this is until validation returns (crash_marker.py)."""
+        if self._crash_marker is None:
+            return rq.parse_request(raw, self._rules)
+        with self._crash_marker.validating(raw):
+            return rq.parse_request(raw, self._rules)
 
     def _send(self, conn: bytes, msg: dict[str, Any]) -> None:
         if self._outbox is None or self._muted.muted(conn):

@@ -6,6 +6,7 @@ do not flake on a loaded two-core machine.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -253,7 +254,6 @@ def test_submit_in_flight_when_the_scheduler_dies_is_resent_after_reconnect(
             wait_for("submit", lambda: any(r["type"] == "submit" for r in first.received), WAIT)
             first.stop()
             fake_scheduler(ipc_endpoint)
-        import threading
         restarter = threading.Thread(target=restart_when_submit_arrives)
         restarter.start()
         stream = client.submit(_prompt("s"))
@@ -261,3 +261,61 @@ def test_submit_in_flight_when_the_scheduler_dies_is_resent_after_reconnect(
         assert stream.result(timeout=WAIT)["text"] == "Hello, world"
     submitted = [r["id"] for r in first.received if r["type"] == "submit"]
     assert len(submitted) == 1
+
+
+def test_a_submit_unanswered_through_two_scheduler_losses_is_poisoned_not_resent(
+        ipc_endpoint: str, fake_scheduler: Make) -> None:
+    """Fake schedulers that never answer a submit stand for ones that die validating it:
+    each is closed once the submit reached it, and a new one opened on the endpoint."""
+    silent = {"answer": lambda msg: msg["type"] != "submit"}
+    fakes = [fake_scheduler(ipc_endpoint, **silent)]
+
+    def die_when_the_submit_arrives() -> None:
+        for nth in (1, 2):
+            wait_for(f"submit at fake {nth}",
+                     lambda: any(r["type"] == "submit" for r in fakes[-1].received), WAIT)
+            fakes[-1].stop()
+            fakes.append(fake_scheduler(ipc_endpoint, **(silent if nth == 1 else {})))
+
+    with Client(ipc_endpoint, timeout=WAIT, reconnect_timeout=WAIT) as client:
+        client.ping()
+        restarter = threading.Thread(target=die_when_the_submit_arrives)
+        restarter.start()
+        with pytest.raises(ClientError) as err:
+            client.submit(_prompt("poison"))
+        restarter.join(WAIT)
+        assert err.value.code == "poisoned" and err.value.retryable is False
+        assert err.value.job_id == "poison"
+        assert "in flight through 2 scheduler restarts" in err.value.message
+        assert client.reconnects == 2 and len(fakes) == 3
+        assert_answers_ping(client, fakes[2])  # the third one hears from the client ...
+    submits = [[r["id"] for r in f.received if r["type"] == "submit"] for f in fakes]
+    assert submits[0] == submits[1] and len(submits[0]) == 1  # ... but not the submit
+    assert submits[2] == []
+
+
+def stream_one_after_attach(fake: FakeScheduler, upto: int) -> None:
+    """Once the client has re-attached to ``fake``, stream job ``long`` up to ``upto``."""
+    wait_for("the re-attach", lambda: any(r["type"] == "attach" for r in fake.received), WAIT)
+    fake.call(lambda f: f.stream("long", upto=upto, finish=False))
+
+
+def test_a_streaming_submit_is_reattached_through_any_number_of_losses(
+        ipc_endpoint: str, fake_scheduler: Make) -> None:
+    tokens = [f"t{i} " for i in range(6)]
+    fake = fake_scheduler(ipc_endpoint, tokens=tokens, auto_stream=False)
+    with Client(ipc_endpoint, timeout=WAIT, reconnect_timeout=WAIT) as client:
+        stream = client.submit(_prompt("long"))  # answered: no longer a suspect
+        got = [stream.next_event(timeout=WAIT)]  # started
+        for n in range(3):  # three losses; each new scheduler streams one more token
+            fake.stop()
+            fake = fake_scheduler(ipc_endpoint, jobs=fake.jobs, auto_stream=False)
+            helper = threading.Thread(target=stream_one_after_attach, args=(fake, n + 1))
+            helper.start()
+            got.append(stream.next_event(timeout=WAIT))  # reconnects and re-attaches
+            helper.join(WAIT)
+        fake.jobs["long"].auto = True
+        fake.call(lambda f: f.stream("long"))
+        got += list(stream)
+    assert [e["seq"] for e in got if e["type"] == "token"] == list(range(6))
+    assert got[-1]["type"] == "done" and client.reconnects == 3

@@ -139,13 +139,20 @@ def test_embedding_inputs() -> None:
 
 @pytest.mark.parametrize("code, status", [
     ("invalid_field", 400), ("unknown_model", 404), ("queue_full", 429),
-    ("shutting_down", 503), ("runner_failed", 503), ("internal", 500)])
+    ("shutting_down", 503), ("runner_failed", 503), ("internal", 500), ("poisoned", 422)])
 def test_protocol_codes_map_to_openai_statuses(code: str, status: int) -> None:
     error = from_protocol(code, "why", "max_new_tokens")
     assert error.status == status
     assert ("Retry-After" in error.headers()) == (status in (429, 503))
     if code == "invalid_field":
         assert error.param == "max_tokens"
+
+
+def test_a_poisoned_request_is_a_client_error_no_sdk_retries_with_a_fixed_message() -> None:
+    error = from_protocol("poisoned", "the scheduler died 2 times validating job http-1 "
+                          "(last: exited -11 in /home/u/.uniun)")
+    assert (error.status, error.code, error.headers()) == (422, "poisoned", {})
+    assert "do not send it again" in error.message and ".uniun" not in error.message
 
 
 def test_responses_and_chunks_have_openai_shapes() -> None:

@@ -20,6 +20,7 @@ import pytest
 import zmq
 
 from tests.wait import wait_for
+from uniun.actors.scheduler.crash_marker import HEADER, SLOT_BYTES, CrashMarker, fingerprint
 from uniun.actors.scheduler.front import RAW_CAP, FrontActor
 from uniun.actors.scheduler.front_messages import (
     BatchDone,
@@ -224,3 +225,21 @@ def test_a_client_that_does_not_read_is_read_slowly_and_others_keep_their_turn(
     read_in_vain = front.depth()["in_vain"]
     bound = RAW_CAP + SLOW_CAP + SLOW_RATE * (time.monotonic() - started)
     assert read_in_vain <= bound, f"{read_in_vain} frames read in vain, at most {bound:.0f}"
+
+
+def test_a_submit_the_scheduler_died_validating_twice_is_answered_poisoned_unvalidated(
+        front_factory: Any, tmp_path: Path) -> None:
+    job = {"job_id": "p", "kind": "chat", "prompt": "hi", "format": {"type": "json_object"}}
+    poisoned = {"v": 1, "type": "submit", "id": "p-1", "job": job}
+    path = tmp_path / "crash-marker"  # as a scheduler leaves it after two such deaths
+    path.write_bytes(HEADER + b"inflight - -".ljust(SLOT_BYTES - 1) + b"\n"
+                     + f"{fingerprint(poisoned)} 2 0\n".encode())
+    front = front_factory(crash_marker=CrashMarker(path))
+    a = front.client()
+    a.send(msgpack.packb(poisoned))
+    assert a.poll(60_000)
+    reply = msgpack.unpackb(a.recv(), raw=False)
+    assert (reply["code"], reply["re"], reply["retryable"]) == ("poisoned", "p-1", False)
+    other = {"v": 1, "type": "submit", "id": "p-2", "job": dict(job, prompt="hello")}
+    a.send(msgpack.packb(other))
+    assert [rid for _, rid in front.next_batch()] == ["p-2"]  # validated and passed on
