@@ -24,10 +24,18 @@ SQLite in WAL mode. Durability is chosen per commit (``[journal] synchronous``):
 - ``normal``: no commit flushes; durable against a crash of the runtime, and a power cut
   may lose the last commits.
 
-A row that cannot be read back (its spec, outcome or tokens undecodable) is logged with
-its job id and dropped at replay; the other jobs come back. A file SQLite itself calls
-corrupt is moved aside before the journal is opened (``runtime/quarantine.py``). One
-connection: the main thread replays, then only the scheduler host actor writes.
+Acknowledged means kept: replay never deletes an accepted job. A spec is re-checked for
+its shape only; the size limits it passed when it was accepted (``[limits]
+max_prompt_chars``, ``max_new_tokens_cap``) are not applied again, so lowering a limit
+cannot lose a job. A job replay cannot use (``journal_replay.py`` says why) — a live
+job whose kind today's ``[jobs] kinds`` no longer has, or a row whose spec, outcome or
+tokens cannot be decoded — is *moved* to the ``dead_letters`` table (the whole row as
+it was, its tokens to ``dead_tokens``) with the reason and the time, in one
+transaction, logged with its job id; ``status`` lists them and an ``attach`` names the
+reason (``dead_letters.py``). The runtime never deletes a dead letter. A file SQLite
+itself calls corrupt is moved aside before the journal is opened
+(``runtime/quarantine.py``). One connection: the main thread replays, then only the
+scheduler host actor writes.
 """
 
 from __future__ import annotations
@@ -35,7 +43,7 @@ from __future__ import annotations
 import sqlite3
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import MISSING, dataclass, field, fields
+from dataclasses import MISSING, dataclass, fields
 from pathlib import Path
 from types import UnionType
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
@@ -43,6 +51,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type
 import msgpack
 from loguru import logger
 
+from uniun.actors.scheduler.dead_letters import DeadLetter, DeadLetters
 from uniun.actors.scheduler.effects import (
     JAccept,
     JCancelAsked,
@@ -52,16 +61,18 @@ from uniun.actors.scheduler.effects import (
     JStarted,
     JToken,
 )
+from uniun.actors.scheduler.journal_replay import JournalEntry, Unschedulable, entry_of
 from uniun.actors.timeline import Mark, Segment
-from uniun.protocol.jobmap import JobSpec, validate_job
 
-__all__ = ["Journal", "JournalEntry", "KEEP_SEGMENTS", "read_timeline"]
+__all__ = ["Journal", "JournalEntry", "KEEP_DEAD_LETTERS", "KEEP_SEGMENTS", "Unschedulable",
+           "read_timeline"]
 
 SYNCHRONOUS = ("full", "normal")  # the first is the default
 # Writes that record what a client was told: under "full" their commit is flushed.
 _ACKNOWLEDGED = (JAccept, JCancelAsked, JFinish)
 PRUNE_EVERY = 100  # finished jobs between two prunes of the kept outcomes
 KEEP_SEGMENTS = 100_000  # timeline rows kept (segments and marks each; ~100 bytes a row)
+KEEP_DEAD_LETTERS = 1000  # dead letters the scheduler holds for attach (the table keeps all)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS jobs (
@@ -86,7 +97,25 @@ CREATE TABLE IF NOT EXISTS tokens (
     text     TEXT NOT NULL,
     PRIMARY KEY (job_id, seq)
 ) WITHOUT ROWID;
+CREATE TABLE IF NOT EXISTS dead_letters (
+    letter      INTEGER PRIMARY KEY,  -- a job id may be dead-lettered more than once
+    job_id,                           -- the jobs row's columns, values as they were
+    spec, accepted_at, seed, started, preemptions, first_token_at, started_at, final,
+    finished_at, cancel_asked, owner,
+    kind        TEXT,                 -- the job's kind, when its spec could be read
+    reason      TEXT NOT NULL,        -- why replay could not use it
+    at          REAL NOT NULL         -- unix seconds: when replay moved it here
+);
+CREATE INDEX IF NOT EXISTS dead_letters_at ON dead_letters (at);
+CREATE TABLE IF NOT EXISTS dead_tokens (  -- the tokens rows of a dead letter, as they were
+    letter   INTEGER NOT NULL,
+    seq, token_id, text,
+    PRIMARY KEY (letter, seq)
+) WITHOUT ROWID;
 """
+# The jobs columns a dead letter keeps, in the order of both tables.
+_JOB_COLUMNS = ("job_id, spec, accepted_at, seed, started, preemptions, first_token_at, "
+                "started_at, final, finished_at, cancel_asked, owner")
 
 
 @dataclass(frozen=True)
@@ -145,24 +174,6 @@ def _column(hint: Any, default: Any) -> str:
 # when it ends, and instants (preempt, swap, restarts). Pruned to the newest rows.
 _SEGMENTS = _RecordTable("segments", Segment, at="end", order="start, rowid")
 _MARKS = _RecordTable("marks", Mark, at="at", order="at, rowid")
-
-
-@dataclass
-class JournalEntry:
-    """One journaled job as replayed after a restart."""
-
-    spec: JobSpec
-    accepted_at: float
-    seed: int | None = None
-    started: bool = False
-    preemptions: int = 0
-    started_at: float | None = None
-    first_token_at: float | None = None
-    token_ids: list[int] = field(default_factory=list)
-    texts: list[str] = field(default_factory=list)
-    final: dict[str, Any] | None = None
-    cancel_asked: bool = False  # a cancel was acknowledged: replay ends it cancelled
-    owner: str | None = None  # the CURVE key that submitted it
 
 
 class Journal:
@@ -266,7 +277,7 @@ class Journal:
         self._db.execute(_MARKS.insert(), _MARKS.row(w))
 
     def _entry(self, row: tuple[Any, ...], **rules: Any) -> JournalEntry:
-        return _entry_of(self._db, row, **rules)
+        return entry_of(self._db, row, **rules)
 
     _APPLY: ClassVar[dict[type, Callable[[Journal, Any], None]]] = {
         JAccept: _accept, JStarted: _started, JToken: _token, JPaused: _paused,
@@ -289,66 +300,63 @@ class Journal:
     def replay(self, *, default_model: str, kinds: tuple[str, ...],
                max_new_tokens_cap: int) -> list[JournalEntry]:
         """Every journaled job, oldest first: active ones with their tokens, and the
-        kept finished ones with their terminal event."""
+        kept finished ones with their terminal event. A row it cannot use is moved to
+        the dead letters, never deleted (module docstring)."""
         started = time.monotonic()
         out: list[JournalEntry] = []
         rows = self._db.execute(
             "SELECT job_id, spec, accepted_at, seed, started, preemptions, started_at, "
             "first_token_at, final, cancel_asked, owner FROM jobs ORDER BY accepted_at, rowid"
         ).fetchall()
+        moved = 0
         for row in rows:
             try:
                 entry = self._entry(row, default_model=default_model, kinds=kinds,
                                     max_new_tokens_cap=max_new_tokens_cap)
             except sqlite3.DatabaseError:
                 raise  # the file itself is damaged: the caller moves it aside
+            except Unschedulable as err:
+                self._move_to_dead_letters(row[0], str(err), err.kind)
+                moved += 1
+                continue
             except Exception as err:  # noqa: BLE001 - a row we cannot read must not stop the others
-                logger.bind(job=row[0]).error("journal row of job {!r} unreadable, dropped: "
-                                              "{}: {}", row[0], type(err).__name__, err)
-                self._db.execute("DELETE FROM jobs WHERE job_id = ?", (row[0],))
-                self._db.execute("DELETE FROM tokens WHERE job_id = ?", (row[0],))
+                self._move_to_dead_letters(row[0], f"unreadable: {type(err).__name__}: {err}",
+                                           None)
+                moved += 1
                 continue
             out.append(entry)
-        logger.info("journal replayed {} jobs ({} active) in {:.3f} s", len(out),
-                    sum(e.final is None for e in out), time.monotonic() - started)
+        logger.info("journal replayed {} jobs ({} active) in {:.3f} s; {} moved to the dead "
+                    "letters", len(out), sum(e.final is None for e in out),
+                    time.monotonic() - started, moved)
         return out
 
+    def _move_to_dead_letters(self, job_id: Any, reason: str, kind: str | None) -> None:
+        """Move a job's row and its tokens, as they are, to the dead letters: one
+        transaction, so a crash halfway leaves the row where it was (and the next replay
+        moves it). Not flushed: nothing was told to a client."""
+        logger.bind(job=job_id).error("journal row of job {!r} moved to the dead letters: {}",
+                                      job_id, reason)
+        with self._db:
+            self._db.execute("BEGIN")
+            letter = self._db.execute(
+                f"INSERT INTO dead_letters ({_JOB_COLUMNS}, kind, reason, at) "
+                f"SELECT {_JOB_COLUMNS}, ?, ?, ? FROM jobs WHERE job_id = ?",
+                (kind, reason, time.time(), job_id)).lastrowid
+            self._db.execute("INSERT INTO dead_tokens SELECT ?, seq, token_id, text "
+                             "FROM tokens WHERE job_id = ?", (letter, job_id))
+            self._db.execute("DELETE FROM tokens WHERE job_id = ?", (job_id,))
+            self._db.execute("DELETE FROM jobs WHERE job_id = ?", (job_id,))
 
-def _entry_of(db: sqlite3.Connection, row: tuple[Any, ...], *, default_model: str,
-              kinds: tuple[str, ...], max_new_tokens_cap: int) -> JournalEntry:
-    """One replayed job from its ``jobs`` row and its tokens; raises on anything
-    undecodable or of the wrong type (the caller drops the row)."""
-    (job_id, blob, accepted_at, seed, was_started, preemptions, started_at,
-     first_token_at, final, cancel_asked, owner) = row
-    raw = msgpack.unpackb(blob, raw=False)
-    if not isinstance(raw, dict):
-        raise TypeError(f"spec is a {type(raw).__name__}, not a map")
-    spec = validate_job(raw, default_model=default_model, kinds=kinds,
-                        max_new_tokens_cap=max(max_new_tokens_cap,
-                                               int(raw.get("max_new_tokens", 1))))
-    if spec.job_id != job_id:
-        raise ValueError(f"spec names job {spec.job_id!r}")
-    entry = JournalEntry(spec=spec, accepted_at=float(accepted_at),
-                         seed=None if seed is None else int(seed),
-                         started=bool(was_started), preemptions=int(preemptions),
-                         started_at=None if started_at is None else float(started_at),
-                         first_token_at=(None if first_token_at is None
-                                         else float(first_token_at)),
-                         cancel_asked=bool(cancel_asked),
-                         owner=owner if isinstance(owner, str) else None)
-    if final is not None:
-        outcome = msgpack.unpackb(final, raw=False)
-        if not isinstance(outcome, dict):
-            raise TypeError(f"outcome is a {type(outcome).__name__}, not a map")
-        entry.final = outcome
-        return entry
-    for token_id, text in db.execute(
-            "SELECT token_id, text FROM tokens WHERE job_id = ? ORDER BY seq", (job_id,)):
-        if not isinstance(token_id, int) or not isinstance(text, str):
-            raise TypeError("a token row is not (integer, text)")
-        entry.token_ids.append(token_id)
-        entry.texts.append(text)
-    return entry
+    def dead_letters(self, keep: int = KEEP_DEAD_LETTERS) -> DeadLetters:
+        """The newest ``keep`` dead letters and the count of all (for ``status`` and
+        ``attach``; the table itself keeps every one)."""
+        (count,) = self._db.execute("SELECT COUNT(*) FROM dead_letters").fetchone()
+        rows = self._db.execute("SELECT job_id, reason, at, kind, owner FROM dead_letters "
+                                "ORDER BY letter DESC LIMIT ?", (keep,)).fetchall()
+        return DeadLetters((DeadLetter(str(job_id), str(reason), float(at),
+                                       kind if isinstance(kind, str) else None,
+                                       owner if isinstance(owner, str) else None)
+                            for job_id, reason, at, kind, owner in rows), count=count)
 
 
 def read_timeline(path: Path, *, since: float | None = None

@@ -7,6 +7,7 @@ import json
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from uniun.runtime.commands.common import add_connection_args, client_command, connect
@@ -56,7 +57,7 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table.add_column("value")
     shown = ("http", "policy", "lifecycle", "foreground", "loaded_model", "running", "queues",
              "vruntime", "t2_share", "snapshots", "processes", "ready", "process_info",
-             "poisoned", "quarantined")
+             "poisoned", "quarantined", "dead_letters")
     table.add_row("front", endpoint)
     table.add_row("ready", "yes: a chat is answered now" if status.get("ready")
                   else "no: the runner is not up with a model yet")
@@ -76,6 +77,8 @@ def render(status: dict[str, Any], endpoint: str) -> Table:
     table.add_row("poisoned", _poisoned(status.get("poisoned")))
     if status.get("quarantined"):
         table.add_row("quarantined", _quarantined(status["quarantined"]))
+    if status.get("dead_letters"):
+        table.add_row("dead letters", _dead_letters(status["dead_letters"]))
     for key in sorted(set(status) - set(shown)):
         table.add_row(key, _text(status[key]))
     return table
@@ -166,6 +169,17 @@ def _quarantined(value: Any) -> str:
     return "\n".join(f"{q.get('file')} was corrupt ({q.get('reason')}); moved to "
                      f"{q.get('moved_to')}" if isinstance(q, dict) else _text(q)
                      for q in value)
+
+
+def _dead_letters(value: Any) -> str:
+    """Acknowledged jobs the journal replay could not use, moved aside with the reason
+    (actors/scheduler/journal.py): the count, then the newest few."""
+    if not isinstance(value, dict):
+        return _text(value)
+    lines = [f"{value.get('count')} kept in journal.db (table dead_letters)"]
+    lines += [f"{d.get('job_id')} ({d.get('kind') or '?'}): {d.get('reason')}"
+              if isinstance(d, dict) else _text(d) for d in value.get("recent") or []]
+    return escape("\n".join(lines))  # a reason says "[jobs] kinds": not rich markup
 
 
 def _snapshots(value: Any) -> str:

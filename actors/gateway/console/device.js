@@ -49,7 +49,7 @@ export class Device {
     const rate = this.live.rate === null ? null : this.live.rate.toFixed(1);
     this._card("running", JSON.stringify([s.running, rate, s.runner && s.runner.up, s.loaded_model]),
                () => this._running(s));
-    this._card("queues", JSON.stringify([s.queues, s.held, s.foreground, s.lifecycle]),
+    this._card("queues", JSON.stringify([s.queues, s.held, s.foreground, s.lifecycle, s.dead_letters]),
                () => this._queues(s));
     this._card("parking", JSON.stringify([s.snapshots, s.parking, s.t2_share, s.t2_share_max,
                                           s.t2_blocked, s.vruntime, s.min_vruntime]),
@@ -96,7 +96,17 @@ export class Device {
           ids.length > SHOWN_IDS ? el("span", { class: "muted" }, `+${ids.length - SHOWN_IDS}`) : null));
     });
     const fg = s.foreground ? `foreground kind: ${s.foreground}` : "no foreground kind";
-    return [el("h3", {}, "Queues"), ...rows, el("p", { class: "muted" }, `${fg}; app ${s.lifecycle}`)];
+    return [el("h3", {}, "Queues"), ...rows, el("p", { class: "muted" }, `${fg}; app ${s.lifecycle}`),
+      this._deadLetters(s.dead_letters)];
+  }
+
+  // Accepted jobs a restart could not bring back (a kind no longer configured, an
+  // unreadable journal row): kept aside in the journal, never run. Absent while none.
+  _deadLetters(dead) {
+    if (!dead || !dead.count) return null;
+    return el("div", { class: "dead-letters", "data-testid": "dead-letters" },
+      el("strong", {}, `${dead.count} dead letter${dead.count === 1 ? "" : "s"}`),
+      (dead.recent || []).map((d) => el("p", { class: "muted" }, el("code", {}, d.job_id), ` ${d.reason}`)));
   }
 
   _parking(s) {

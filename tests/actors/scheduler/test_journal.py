@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgpack
+
 from uniun.actors.scheduler.effects import (
     JAccept,
     JCancelAsked,
@@ -120,25 +122,32 @@ def test_the_key_that_submitted_a_job_survives_a_reopen(tmp_path: Path) -> None:
     assert entries["keyed"].owner == "alice-public-key" and entries["open"].owner is None
 
 
-def test_an_unreadable_row_is_dropped_and_the_others_come_back(tmp_path: Path) -> None:
-    """Undecodable spec, outcome or token rows cost their own job only, named in the log."""
+def test_an_unreadable_row_is_moved_to_the_dead_letters_and_the_others_come_back(
+        tmp_path: Path) -> None:
+    """Undecodable spec, outcome or token rows, and a spec naming another job, cost
+    their own job only, named in the log: each row is moved, as it was, to the dead
+    letters with its tokens, never deleted."""
     import sqlite3
 
     from loguru import logger
 
     path = tmp_path / "journal.db"
     journal = Journal(path)
-    journal.write([JAccept(spec(j), at=float(i)) for i, j in
-                   enumerate(("good", "bad-spec", "bad-final", "bad-token", "not-a-map"))])
+    bad = ("bad-spec", "bad-final", "bad-token", "not-a-map", "other-id")
+    journal.write([JAccept(spec(j), at=float(i)) for i, j in enumerate(("good", *bad))])
     journal.write([JToken("good", 0, 5, "he", at=9.0), JToken("bad-token", 0, 5, "x", at=9.0),
+                   JToken("bad-token", 1, 6, "y", at=9.1),
                    JFinish("bad-final", {"type": "done", "job_id": "bad-final"}, at=9.5)])
     journal.close()
+    other = msgpack.packb(spec("someone-else").to_map(), use_bin_type=True)
     db = sqlite3.connect(path)
     with db:
         db.execute("UPDATE jobs SET spec = ? WHERE job_id = 'bad-spec'", (b"\xc1\xc1",))
         db.execute("UPDATE jobs SET final = ? WHERE job_id = 'bad-final'", (b"\x92\x01",))
-        db.execute("UPDATE tokens SET text = ? WHERE job_id = 'bad-token'", (b"\xff",))
+        db.execute("UPDATE tokens SET text = ? WHERE job_id = 'bad-token' AND seq = 1",
+                   (b"\xff",))
         db.execute("UPDATE jobs SET spec = ? WHERE job_id = 'not-a-map'", (b"\x93\x01\x02\x03",))
+        db.execute("UPDATE jobs SET spec = ? WHERE job_id = 'other-id'", (other,))
     db.close()
 
     lines: list[str] = []
@@ -150,14 +159,27 @@ def test_an_unreadable_row_is_dropped_and_the_others_come_back(tmp_path: Path) -
         logger.remove(sink)
     assert list(entries) == ["good"]
     assert entries["good"].texts == ["he"]
-    for job_id in ("bad-spec", "bad-final", "bad-token", "not-a-map"):
-        assert any(line.startswith(f"{job_id} ") and "unreadable, dropped" in line
+    for job_id in bad:
+        assert any(line.startswith(f"{job_id} ") and "moved to the dead letters" in line
                    for line in lines), lines
-    assert list(replay(path)) == ["good"]  # dropped for good: the next start is quiet
+    assert list(replay(path)) == ["good"]  # moved for good: the next start is quiet
     db = sqlite3.connect(path)
-    assert db.execute("SELECT COUNT(*) FROM tokens WHERE job_id = 'bad-token'").fetchone() \
-        == (0,)
-    db.close()
+    try:
+        letters = {job_id: (spec_blob, reason) for job_id, spec_blob, reason in db.execute(
+            "SELECT job_id, spec, reason FROM dead_letters")}
+        assert sorted(letters) == sorted(bad)  # once each, not again at the second replay
+        assert letters["bad-spec"][0] == b"\xc1\xc1"  # the raw bytes, as they were
+        assert letters["not-a-map"][1] == "unreadable: TypeError: spec is a list, not a map"
+        assert letters["other-id"][1] == \
+            "unreadable: ValueError: spec names job 'someone-else'"
+        assert db.execute("SELECT text FROM dead_tokens ORDER BY seq").fetchall() == \
+            [("x",), (b"\xff",)]  # the tokens moved with their job
+        assert db.execute("SELECT COUNT(*) FROM tokens WHERE job_id = 'bad-token'"
+                          ).fetchone() == (0,)
+        assert db.execute("SELECT final FROM dead_letters WHERE job_id = 'bad-final'"
+                          ).fetchone() == (b"\x92\x01",)
+    finally:
+        db.close()
 
 
 def test_what_a_client_was_told_is_flushed_and_tokens_ride_on_the_next_flush(
