@@ -16,6 +16,16 @@ queue is emptied and it gets a fresh snapshot instead. After the scheduler resta
 client reconnects and watches again by itself; what was journaled meanwhile is read
 again and every page gets a fresh snapshot.
 
+How many feeds: at most :data:`MAX_PER_CLIENT` per client (``clients.client_of``: the
+remote address, and the console's cookie when the request carries it) and
+:data:`MAX_SUBSCRIBERS` in all. Beyond its own cap a client gets 429; its extra pages
+retry. At the cap in all, a new feed ends the oldest feed of the client that holds the
+most, provided that client holds at least two more than the newcomer: so one client
+holding many feeds cannot keep another's page from opening, and after an eviction the
+newcomer still holds no more than the evicted client, so the two never take turns
+evicting each other. A feed that ends so is told nothing: the page reconnects, as after
+any break, and gets 429 while its client is over its share.
+
 Results: when a background job's run ends ``done``, the producers write what it made a
 moment later; the hub then compares the results store's row counts a few times
 (:data:`RESULT_CHECKS_S` after the event) and tells the pages when they changed. The
@@ -25,19 +35,23 @@ store is read only on such an event, never in a loop.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from loguru import logger
 
+from uniun.actors.gateway.clients import shown
 from uniun.actors.gateway.console_feed import TimelineWindow, sse_frame
 from uniun.protocol.client import Client, SchedulerUnavailable, Timeout
 from uniun.protocol.curve import ClientCurve
 
-__all__ = ["IDLE_CLOSE_S", "QUEUE_MAX", "Hub", "ResultsSource", "Subscriber", "TimelineSource"]
+__all__ = ["IDLE_CLOSE_S", "MAX_PER_CLIENT", "MAX_SUBSCRIBERS", "QUEUE_MAX", "Hub",
+           "ResultsSource", "Subscriber", "TimelineSource"]
 
 # The journal's timeline since a time (unix s): (segments, marks), records with the
 # fields of actors/timeline.py; runtime/http_main.py passes the scheduler's read_timeline.
@@ -55,7 +69,8 @@ class ResultsSource(Protocol):
 
 QUEUE_MAX = 512  # frames waiting for one page before it is resynced with a snapshot
 IDLE_CLOSE_S = 10.0  # the watch is closed this long after the last page left, s
-MAX_SUBSCRIBERS = 32  # pages open at once; more get 429
+MAX_SUBSCRIBERS = 32  # feeds open at once, all clients together (then one is evicted)
+MAX_PER_CLIENT = 4  # feeds one client may hold; more get 429
 RESULT_CHECKS_S = (0.3, 1.5, 5.0)  # after a background job ended: look at the store then, s
 RETRY_S = 1.0  # wait before connecting again after the scheduler was unreachable, s
 POLL_S = 0.5  # the follower looks at its stop flag this often, s
@@ -63,10 +78,15 @@ RESYNC = b""  # queue item: send this page a fresh snapshot
 END = b"end"  # queue item: the gateway is stopping; end the stream
 
 
+_opened = itertools.count()  # the order feeds opened in (the oldest is evicted first)
+
+
 @dataclass(eq=False)
 class Subscriber:
-    """One open page: the frames waiting for it."""
+    """One open page: whose it is, and the frames waiting for it."""
 
+    client: str = ""  # clients.client_of of the request that opened it
+    order: int = field(default_factory=lambda: next(_opened))
     queue: asyncio.Queue[bytes] = field(default_factory=lambda: asyncio.Queue(QUEUE_MAX))
     resyncs: int = 0  # times it fell behind
 
@@ -98,21 +118,42 @@ class Hub:
 
     # -- pages (on the event loop) -------------------------------------------------------
 
-    def subscribe(self) -> Subscriber:
-        """A new page; starts following the scheduler if nothing does (raises
-        OverflowError beyond :data:`MAX_SUBSCRIBERS`)."""
+    def subscribe(self, client: str) -> Subscriber:
+        """A new page of ``client``; starts following the scheduler if nothing does.
+        Raises OverflowError at the client's cap, or at the cap in all when no other
+        client holds enough feeds to give one up (the module docstring)."""
+        held = Counter(sub.client for sub in self.subscribers)
+        if held[client] >= MAX_PER_CLIENT:
+            raise OverflowError(f"this client ({shown(client)}) has {held[client]} live "
+                                f"feeds open (the cap per client is {MAX_PER_CLIENT}); "
+                                "close a console page")
         if len(self.subscribers) >= MAX_SUBSCRIBERS:
-            raise OverflowError(f"{len(self.subscribers)} consoles are open (the cap is "
-                                f"{MAX_SUBSCRIBERS})")
+            self._evict_for(client, held)
         self._loop = asyncio.get_running_loop()
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        sub = Subscriber()
+        sub = Subscriber(client)
         self.subscribers.add(sub)
         if self._thread is None or not self._thread.is_alive():
             self._start()
         return sub
+
+    def _evict_for(self, client: str, held: Counter[str]) -> None:
+        """End the oldest feed of the client holding the most, if it holds at least two
+        more than ``client``; else raise OverflowError."""
+        most = max(held.values())
+        if most < held[client] + 2:
+            raise OverflowError(f"{len(self.subscribers)} live feeds are open, by "
+                                f"{len(held)} clients (the cap is {MAX_SUBSCRIBERS}); "
+                                "retry when a console page has closed")
+        victim = min((sub for sub in self.subscribers if held[sub.client] == most),
+                     key=lambda sub: sub.order)
+        logger.info("console: {} holds {} live feeds; its oldest ends to make room for {}",
+                    shown(victim.client), most, shown(client))
+        self.subscribers.discard(victim)
+        _drain(victim.queue)
+        victim.queue.put_nowait(END)
 
     def unsubscribe(self, sub: Subscriber) -> None:
         self.subscribers.discard(sub)

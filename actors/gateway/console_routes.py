@@ -6,8 +6,10 @@ Routes (docs/console.md, docs/http.md):
   JavaScript modules shipped in the package, ``actors/gateway/console/``), served without
   the API key (they hold no data) with a strict Content-Security-Policy (the page's own
   origin only) and ``frame-ancestors 'none'`` (no other site can frame its buttons);
+  ``/`` also gives a browser without one the console cookie (``clients.py``), which tells
+  its requests from other clients' at the same address;
 - ``GET /console/api/events``: the live feed, Server-Sent Events of the hub's one
-  ``watch`` (``console_hub``);
+  ``watch`` (``console_hub``), bounded per client and in all;
 - ``GET /console/api/results``, ``POST /console/api/search``: the results store;
 - ``POST /console/api/jobs | cancel | foreground | lifecycle | chaos`` and
   ``GET /console/api/chaos``: the controls.
@@ -35,6 +37,7 @@ from starlette.routing import BaseRoute, Route
 
 from uniun.actors.gateway import console_control as cc
 from uniun.actors.gateway.body import parse_json
+from uniun.actors.gateway.clients import client_of, give_cookie
 from uniun.actors.gateway.console_chaos import MIN_RESTARTS, ChaosRound
 from uniun.actors.gateway.console_hub import END, RESYNC, Hub, ResultsSource, TimelineSource
 from uniun.actors.gateway.errors import ApiError, bad_request, from_protocol
@@ -169,7 +172,9 @@ class Console:
         return Response(data, media_type=kind, headers=headers)
 
     async def index(self, request: Request) -> Response:
-        return self._file(request, "index.html")
+        """The page, and the console cookie that tells this browser from other clients
+        at the same address (``clients.py``)."""
+        return give_cookie(request, self._file(request, "index.html"))
 
     async def static(self, request: Request) -> Response:
         return self._file(request, request.path_params["name"])
@@ -180,7 +185,7 @@ class Console:
         self.gateway.check_open()
         self._loop = asyncio.get_running_loop()
         try:
-            sub = self.hub.subscribe()
+            sub = self.hub.subscribe(client_of(request))
         except OverflowError as err:
             raise ApiError(429, str(err), "rate_limit_error", code="queue_full") from None
         hub, gateway = self.hub, self.gateway
@@ -235,7 +240,8 @@ class Console:
         results = self.results
         if results is None:
             return JSONResponse({"hits": [], "reason": "this runtime has no results store"})
-        vector = (await self._embed(query))[0]
+        with self.gateway.slot(client_of(request)):  # as an embedding request holds one
+            vector = (await self._embed(query))[0]
         hits, reason = await asyncio.to_thread(results.search, vector, k)
         return JSONResponse({"hits": hits, "reason": reason})
 

@@ -16,12 +16,13 @@ from typing import Any
 
 from loguru import logger
 
+from uniun.actors.gateway.clients import Caps, OpenRequests
 from uniun.actors.gateway.errors import ApiError
 from uniun.actors.gateway.link import SchedulerLink
 from uniun.models.store import ModelStore
 from uniun.protocol.curve import ClientCurve
 
-__all__ = ["Gateway", "GatewaySettings", "too_many"]
+__all__ = ["Gateway", "GatewaySettings"]
 
 HEALTH_TIMEOUT_S = 2.0  # /health waits this long for the scheduler's status
 
@@ -38,6 +39,9 @@ class GatewaySettings:
     default_max_tokens: int = 512  # chat completions without max_tokens
     default_completion_tokens: int = 16  # text completions without max_tokens (OpenAI's)
     max_open_requests: int = 256  # jobs open through the gateway at once; more get 429
+    max_open_requests_per_client: int = 64  # ... of one client (clients.py); more get 429
+    chat_reserve: int = 32  # ... of max_open_requests that only chat jobs may take
+    chat_kind: str = "chat"  # the kind that is a chat; any other is background work
     max_body_bytes: int = 1 << 20  # a request body, bytes
     bind_host: str = "127.0.0.1"  # the address served: a Host name the door accepts
     allowed_hosts: tuple[str, ...] = ()  # more Host names the door accepts ("*": any)
@@ -45,11 +49,6 @@ class GatewaySettings:
     max_connections: int = 512  # connections and requests in flight served at once
     front_curve: ClientCurve | None = None  # CURVE keys for a tcp front / pool
     embed_curve: ClientCurve | None = None
-
-
-def too_many(open_now: int, cap: int) -> ApiError:
-    return ApiError(429, f"{open_now} requests are open at the gateway (the cap is {cap}); "
-                         "retry later", "rate_limit_error", code="queue_full")
 
 
 class Gateway:
@@ -61,6 +60,9 @@ class Gateway:
                                   max_workers=settings.max_open_requests,
                                   front_curve=settings.front_curve,
                                   embed_curve=settings.embed_curve)
+        self.requests = OpenRequests(Caps(settings.max_open_requests,
+                                          settings.max_open_requests_per_client,
+                                          settings.chat_reserve))
         self.store = ModelStore(settings.models_root)
         self.stopping = False  # set on SIGTERM: new requests get 503
         self.last_tick = time.monotonic()  # the event loop's heartbeat (process health)
@@ -72,17 +74,16 @@ class Gateway:
                            code="shutting_down")
 
     @contextlib.contextmanager
-    def slot(self) -> Iterator[None]:
-        """One of ``max_open_requests`` for a request that does not run a job (an
-        embedding request); 429 when all are taken. Jobs take theirs in ``routes``."""
-        link = self.link
-        if link.open >= link.max_open:
-            raise too_many(link.open, link.max_open)
-        link.open += 1
+    def slot(self, client: str) -> Iterator[None]:
+        """One open-request slot of ``client`` for a request that runs no job (an
+        embedding request: not a chat, so not in the chat reserve); 429 when a bound is
+        met. Jobs take theirs in ``routes``."""
+        ticket = self.requests.ticket(client, chat=False)
+        ticket.take()
         try:
             yield
         finally:
-            link.open -= 1
+            ticket.give_back()
 
     def models(self) -> list[dict[str, Any]]:
         """``/v1/models``: every complete model in the store."""

@@ -34,8 +34,9 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from uniun.actors.gateway import openai_map as om, openai_responses as orsp
 from uniun.actors.gateway.body import carriable, parse_json
 from uniun.actors.gateway.choices import Choice
+from uniun.actors.gateway.clients import Ticket, client_of
 from uniun.actors.gateway.errors import ApiError, from_protocol
-from uniun.actors.gateway.gateway import Gateway, too_many
+from uniun.actors.gateway.gateway import Gateway
 from uniun.actors.gateway.link import JobRun, Outcome
 from uniun.protocol.client import ClientError, Timeout
 from uniun.protocol.codec import EncodeError
@@ -93,24 +94,23 @@ def _failure(outcome: Outcome) -> ApiError:
                     code="shutting_down")
 
 
-async def _start(gateway: Gateway, job: dict[str, Any]) -> tuple[JobRun, dict[str, Any]]:
-    """Submit; return the run and its ``accepted`` reply, or raise the refusal."""
+async def _start(gateway: Gateway, ticket: Ticket, job: dict[str, Any]
+                 ) -> tuple[JobRun, dict[str, Any]]:
+    """Take a slot on ``ticket`` (429 at a bound) and submit; return the run and its
+    ``accepted`` reply, or raise the refusal (the slot given back)."""
     gateway.check_open()
     carriable(job)
-    link = gateway.link
-    if link.open >= link.max_open:
-        raise too_many(link.open, link.max_open)
-    link.open += 1
-    run = link.start_job(job)
+    ticket.take()
+    run = gateway.link.start_job(job)
     try:
         first = await run.next()
     except BaseException:  # the handler was cancelled (shutdown): stop the job, free the slot
         run.cancel()
-        link.open -= 1
+        ticket.give_back()
         raise
     if first.kind != "accepted":
         await _drain(run)
-        link.open -= 1
+        ticket.give_back()
         raise _failure(first)
     return run, first.data or {}
 
@@ -150,7 +150,7 @@ async def _events(run: JobRun, choice: Choice) -> tuple[dict[str, Any] | None,
     return done, failure
 
 
-async def _collect(gateway: Gateway, request: Request, runs: list[JobRun],
+async def _collect(ticket: Ticket, request: Request, runs: list[JobRun],
                    choices: list[Choice]) -> list[dict[str, Any]]:
     """Every job's ``done`` (returned, in order) or the first failure (raised); a
     disconnect cancels them all."""
@@ -160,7 +160,7 @@ async def _collect(gateway: Gateway, request: Request, runs: list[JobRun],
         results = list(await asyncio.gather(*(_events(r, c) for r, c in zip(runs, choices))))
     finally:
         watcher.cancel()
-        gateway.link.open -= len(runs)
+        ticket.give_back(len(runs))
         if len(results) < len(runs):  # cancelled (shutdown): stop the jobs too
             for run in runs:
                 run.cancel()
@@ -171,7 +171,7 @@ async def _collect(gateway: Gateway, request: Request, runs: list[JobRun],
     return dones  # type: ignore[return-value]
 
 
-async def _until_started(gateway: Gateway, request: Request, run: JobRun) -> list[Outcome]:
+async def _until_started(ticket: Ticket, request: Request, run: JobRun) -> list[Outcome]:
     """The outcomes up to the job's start (``started``, or a token or ``done`` first).
 
     A stream's response begins only then, so a job the runner refuses before its start
@@ -198,11 +198,11 @@ async def _until_started(gateway: Gateway, request: Request, run: JobRun) -> lis
                                       "server_error", code="shutting_down")
     except BaseException:
         run.cancel()  # the handler was cancelled (shutdown): stop the job too
-        gateway.link.open -= 1
+        ticket.give_back()
         raise
     finally:
         watcher.cancel()
-    gateway.link.open -= 1
+    ticket.give_back()
     raise failure
 
 
@@ -235,7 +235,7 @@ async def _merged(runs: list[JobRun], pending: list[Outcome]
             task.cancel()
 
 
-async def _stream(gateway: Gateway, req: om.JobRequest, runs: list[JobRun],
+async def _stream(ticket: Ticket, req: om.JobRequest, runs: list[JobRun],
                   choices: list[Choice], accepted: list[dict[str, Any]], created: int,
                   pending: list[Outcome], *, chat: bool) -> AsyncIterator[bytes]:
     """SSE of a request's jobs: the role chunks, the choices' chunks as their tokens come,
@@ -273,7 +273,7 @@ async def _stream(gateway: Gateway, req: om.JobRequest, runs: list[JobRun],
         finished = True
     finally:
         # No await in here: a cancelled scope (the client went away) cancels every await.
-        gateway.link.open -= len(runs)
+        ticket.give_back(len(runs))
         if not finished or len(dones) < len(runs):  # gone away, or one job failed
             for run in runs:
                 run.cancel()
@@ -300,13 +300,15 @@ async def completions(request: Request) -> Response:
 async def _complete(gateway: Gateway, request: Request, req: om.JobRequest, *,
                     chat: bool) -> Response:
     started: list[tuple[JobRun, dict[str, Any]]] = []
+    ticket = gateway.requests.ticket(client_of(request),
+                                     chat=req.job["kind"] == gateway.settings.chat_kind)
     try:
         for job in req.jobs():  # n jobs: each refused or accepted before any answer
-            started.append(await _start(gateway, job))
+            started.append(await _start(gateway, ticket, job))
     except BaseException:
         for run, _ in started:  # the ones already accepted are not wanted any more
             run.cancel()
-            gateway.link.open -= 1
+            ticket.give_back()
         raise
     runs = [run for run, _ in started]
     accepted = [a for _, a in started]
@@ -314,18 +316,18 @@ async def _complete(gateway: Gateway, request: Request, req: om.JobRequest, *,
                for i, run in enumerate(runs)]
     created = int(time.time())
     if not req.stream:
-        dones = await _collect(gateway, request, runs, choices)
+        dones = await _collect(ticket, request, runs, choices)
         return JSONResponse(orsp.response(req, choices, dones, created, accepted, chat=chat))
     # The first job's start is awaited before the response begins (its refusal is then an
     # HTTP status); its siblings share its prompt, so the runner would refuse them alike.
     try:
-        pending = await _until_started(gateway, request, runs[0])
+        pending = await _until_started(ticket, request, runs[0])
     except BaseException:
         for run in runs[1:]:
             run.cancel()
-            gateway.link.open -= 1
+            ticket.give_back()
         raise
-    return StreamingResponse(_stream(gateway, req, runs, choices, accepted, created, pending,
+    return StreamingResponse(_stream(ticket, req, runs, choices, accepted, created, pending,
                                      chat=chat),
                              media_type="text/event-stream", headers=SSE_HEADERS)
 
@@ -335,7 +337,7 @@ async def embeddings(request: Request) -> Response:
     body = await _body(request, gateway)
     texts = om.embedding_texts(body, model=gateway.settings.embed_model)
     gateway.check_open()
-    with gateway.slot():  # embedding requests count against max_open_requests too
+    with gateway.slot(client_of(request)):  # embedding requests hold a slot too
         vectors = await _embed(gateway, texts)
         # The tokenizer runs in a thread: a 256-text request must not stall the loop.
         tokens = await asyncio.to_thread(gateway.count_embed_tokens, texts)

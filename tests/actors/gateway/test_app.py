@@ -75,11 +75,15 @@ def test_errors_have_openai_shape(tmp_path: Path) -> None:
 def test_embedding_requests_count_against_the_open_request_cap(tmp_path: Path) -> None:
     gateway = _gateway(tmp_path)
     with TestClient(build_app(gateway), base_url=BASE) as client:
-        gateway.link.open = gateway.link.max_open  # every slot taken by jobs in flight
+        held = [gateway.requests.ticket(f"10.0.0.{i}", chat=True)  # other clients' jobs
+                for i in range(gateway.requests.caps.total)]
+        for ticket in held:
+            ticket.take()
         reply = client.post("/v1/embeddings", json={"model": "e", "input": "hello"})
         assert reply.status_code == 429 and reply.json()["error"]["code"] == "queue_full"
         assert reply.headers["retry-after"] == "1"
-        gateway.link.open = 0
+        for ticket in held:
+            ticket.give_back()
     gateway.close()
 
 
@@ -95,7 +99,7 @@ def test_embedding_tokens_are_counted_off_the_event_loop(tmp_path: Path) -> None
 
     async def fake_pool_embed(texts: list[str]) -> np.ndarray:
         threads["loop"] = threading.get_ident()
-        assert gateway.link.open == 1  # the request holds a slot while it runs
+        assert gateway.requests.total == 1  # the request holds a slot while it runs
         return np.zeros((len(texts), 4), dtype=np.float32)
 
     def count(texts: list[str]) -> int:
@@ -108,7 +112,7 @@ def test_embedding_tokens_are_counted_off_the_event_loop(tmp_path: Path) -> None
         reply = client.post("/v1/embeddings", json={"model": "e", "input": ["a", "b"]})
     assert reply.status_code == 200 and reply.json()["usage"]["prompt_tokens"] == 7
     assert threads["count"] != threads["loop"]
-    assert gateway.link.open == 0
+    assert gateway.requests.total == 0 and not gateway.requests.by_client
     gateway.close()
 
 

@@ -100,7 +100,7 @@ def test_a_page_that_does_not_read_is_resynced_not_buffered(tmp_path: Path) -> N
     async def run() -> None:
         hub = Hub(f"ipc://{tmp_path}/nobody.sock", curve=None, journal=None, results=None,
                   window_s=60.0)
-        slow, quick = hub.subscribe(), hub.subscribe()
+        slow, quick = hub.subscribe("a"), hub.subscribe("b")
         try:
             for i in range(QUEUE_MAX + 5):
                 hub.publish({"type": "state", "n": i})
@@ -121,7 +121,7 @@ def test_a_background_job_that_ended_makes_the_hub_look_at_the_results(tmp_path:
     async def run() -> None:
         hub = Hub(f"ipc://{tmp_path}/nobody.sock", curve=None, journal=None,
                   results=ResultsReader(db), window_s=60.0)
-        sub = hub.subscribe()
+        sub = hub.subscribe("127.0.0.1")
         try:
             first = json.loads((await asyncio.wait_for(sub.queue.get(), 10))[6:])
             assert first["type"] == "results" and first["counts"]["card"] == 0
