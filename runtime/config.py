@@ -1,7 +1,8 @@
 """The runtime's configuration: one TOML file, one frozen dataclass per section.
 
-Theory of operation. Every tunable of the runtime lives in ``config_sections.py``, with
-its default and unit written next to it. This module reads a file into a
+Theory of operation. Every tunable of the runtime lives in ``config_sections.py`` (the
+``[producers]`` section in ``config_producers.py``), with its default and unit written
+next to it. This module reads a file into a
 :class:`RuntimeConfig`; a config file only has to name what it changes; everything else
 keeps its default.
 

@@ -65,14 +65,15 @@ def coerce(key: str, value: Any, default: Any, source: Path | None) -> Any:
 
 _POSITIVE = {
     "front": ("conn_pending_cap", "pending_cap"),
-    "limits": ("max_frame_bytes", "queue_cap", "max_new_tokens_cap", "max_prompt_chars"),
+    "limits": ("max_frame_bytes", "queue_cap", "max_new_tokens_cap", "max_prompt_chars",
+               "schema_compile_timeout_s"),
     "runner": ("intra_op_threads",),
     "supervisor": ("heartbeat_interval_s", "missed_heartbeats", "restart_window_s",
                    "start_timeout_s"),
     "embed": ("workers", "queue_bound", "micro_batch"),
     "trace": ("keep_segments",),
-    "http": ("default_max_tokens", "max_open_requests", "max_connections", "read_timeout_s",
-             "console_window_s"),
+    "http": ("default_max_tokens", "max_open_requests", "max_open_requests_per_client",
+             "max_connections", "read_timeout_s", "console_window_s"),
     "producers": ("scan_interval_s", "backfill_per_s", "extract_in_flight",
                   "extract_max_new_tokens", "deck_low", "deck_high", "card_max_new_tokens",
                   "check_interval_s", "lifecycle_poll_s", "background_lease_s",
@@ -85,6 +86,7 @@ _NON_NEGATIVE = {
     "producers": ("gana_lead_s",),
     "device": ("cores", "runner_threads", "embed_threads"),
     "embed": ("client_queue_bound",),
+    "http": ("chat_reserve",),
 }
 _LEVELS = ("TRACE", "DEBUG", "INFO", "SUCCESS", "WARNING", "ERROR", "CRITICAL")
 
@@ -120,6 +122,8 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
         raise ConfigError("must not be empty", key="metrics.host", source=source)
     if section == "http":
         check_http(values, source)
+    if section == "limits":
+        check_queue_shares(values, source)
     if section == "journal" and values.get("synchronous", "full") not in ("full", "normal"):
         raise ConfigError("must be full or normal", key="journal.synchronous", source=source)
     if section == "device" and values.get("background_priority", "idle") not in (
@@ -132,6 +136,25 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
         for key in ("chat_model", "embed_model"):
             if key in values and not values[key]:
                 raise ConfigError("must not be empty", key=f"models.{key}", source=source)
+
+
+def check_queue_shares(values: dict[str, Any], source: Path | None) -> None:
+    """The chat reserve and a client's share are shares, and leave background work room
+    for at least one job (actors/scheduler/admission.py)."""
+    from uniun.actors.scheduler.admission import CHAT_RESERVE_SHARE, QueueBounds
+
+    reserve = values.get("chat_reserve_share", CHAT_RESERVE_SHARE)
+    if not 0 <= reserve < 1:
+        raise ConfigError(f"must be at least 0 and below 1 (got {reserve!r})",
+                          key="limits.chat_reserve_share", source=source)
+    if not 0 < values.get("client_share", 1.0) <= 1:
+        raise ConfigError(f"must be above 0 and at most 1 (got {values['client_share']!r})",
+                          key="limits.client_share", source=source)
+    bounds = QueueBounds(values.get("queue_cap", 10_000), reserve)
+    if bounds.queue_cap > 0 and bounds.background_room < 1:
+        raise ConfigError(f"leaves no room for background jobs in limits.queue_cap "
+                          f"{bounds.queue_cap}; lower it or raise the cap",
+                          key="limits.chat_reserve_share", source=source)
 
 
 def is_loopback(host: str) -> bool:
@@ -157,6 +180,11 @@ def check_http(values: dict[str, Any], source: Path | None) -> None:
         raise ConfigError(f"required when http.host ({host}) is not a loopback address: "
                           "anyone on the network could use the model", key="http.api_key",
                           source=source)
+    reserve, cap = values.get("chat_reserve", 32), values.get("max_open_requests", 256)
+    if reserve >= cap:
+        raise ConfigError(f"must be below http.max_open_requests ({reserve} >= {cap}; "
+                          "requests that are not chats need a slot too)",
+                          key="http.chat_reserve", source=source)
     names = values.get("allowed_hosts", ())
     for name in names:
         if not name or any(c.isspace() or c in "/@," for c in name) or (

@@ -15,8 +15,10 @@ from types import MappingProxyType
 from typing import Any
 
 from uniun.actors.policy import PolicyConfig
+from uniun.actors.scheduler.admission import CHAT_RESERVE_SHARE, CLIENT_SHARE
 from uniun.actors.scheduler.front import CONN_PENDING_CAP, PENDING_CAP
 from uniun.protocol.liveness import Liveness
+from uniun.runtime.config_producers import ProducersConfig
 
 DEFAULT_CHAT_MODEL = "smollm2-135m-instruct"
 DEFAULT_EMBED_MODEL = "all-minilm-l6-v2"
@@ -98,12 +100,25 @@ class LimitsConfig:
     # Jobs; default 10000. Beyond it submit answers queue_full.
     queue_cap: int = field(default=10_000, metadata=_doc(
         "most jobs queued at once; more get error queue_full (default 10000)"))
+    # Share of queue_cap, 0 to below 1; default 0.1 (rounded up: 1000 of 10000).
+    chat_reserve_share: float = field(default=CHAT_RESERVE_SHARE, metadata=_doc(
+        "share of queue_cap only chats may take: background jobs (every other kind) get "
+        "queue_full once the rest is live, so they never crowd a chat out (default 0.1)"))
+    # Share of the background room, above 0 to 1; default 0.5 (rounded down, at least 1).
+    client_share: float = field(default=CLIENT_SHARE, metadata=_doc(
+        "share of the background room (queue_cap less the chat reserve) one client may "
+        "hold in open background jobs; more get queue_full. A client is its CURVE key, "
+        "else its connection (default 0.5)"))
     # Tokens; default 4096.
     max_new_tokens_cap: int = field(default=4096, metadata=_doc(
         "largest max_new_tokens a job may ask for (default 4096)"))
     # Characters; default 200000.
     max_prompt_chars: int = field(default=200_000, metadata=_doc(
         "longest prompt/messages text of a job, characters (default 200000)"))
+    # Seconds; default 2. The grammar sandbox's limit for compiling one client schema.
+    schema_compile_timeout_s: float = field(default=2.0, metadata=_doc(
+        "longest a client's JSON Schema or tool schema may take to compile in the grammar "
+        "sandbox before the submit is refused (docs/security.md) (default 2.0)"))
 
 
 @dataclass(frozen=True)
@@ -221,6 +236,15 @@ class HttpConfig:
     max_open_requests: int = field(default=256, metadata=_doc(
         "jobs and embedding requests open through the gateway at once; more get 429 "
         "(default 256)"))
+    # Requests; default 64. A client: its address, plus the console cookie if it sends one.
+    max_open_requests_per_client: int = field(default=64, metadata=_doc(
+        "jobs and embedding requests one client (its address, and the console's cookie "
+        "when it sends one) may have open through the gateway; more get 429 (default 64)"))
+    # Requests; default 32. A max_open_requests of 32 or less needs a smaller one.
+    chat_reserve: int = field(default=32, metadata=_doc(
+        "of max_open_requests, slots only chat jobs may take: background jobs (a "
+        "uniun.kind other than the chat's) and embedding requests get 429 beyond the rest "
+        "(default 32; must be below max_open_requests)"))
     # Names, no port; loopback names and the bind address are always accepted.
     allowed_hosts: tuple[str, ...] = field(default=(), metadata=_doc(
         "host names (no port) clients may call the gateway and the metrics listener by, "
@@ -246,72 +270,6 @@ class HttpConfig:
     console_chaos: bool = field(default=True, metadata=_doc(
         "the console may run a short chaos round against this runtime: one kill of the "
         "runner under load, then the verdict (default true)"))
-
-
-@dataclass(frozen=True)
-class ProducersConfig:
-    """Which producer processes the supervisor runs (chat is the CLI, not a process).
-
-    All on by default, with sample notes and Ganas on a first start, so that a newcomer's
-    ``start`` shows extraction, the deck and Ganas working (docs/producers.md).
-    """
-
-    extract: bool = field(default=True, metadata=_doc(
-        "run the knowledge-extraction producer (default true)"))
-    nataraj: bool = field(default=True, metadata=_doc(
-        "run the Nataraj deck producer (default true)"))
-    gana: bool = field(default=True, metadata=_doc(
-        "run the Gana cron producer (default true)"))
-    background_gana: bool = field(default=True, metadata=_doc(
-        "run the background-Gana process (default true)"))
-    # The producers' own settings (docs/producers.md).
-    samples: bool = field(default=True, metadata=_doc(
-        "first start: write sample notes and two sample Ganas if the notes folder and "
-        "ganas.toml do not exist yet (default true)"))
-    notes_dir: str = field(default="", metadata=_doc(
-        "folder the extract producer watches for .md/.txt notes (default $UNIUN_HOME/notes)"))
-    ganas_file: str = field(default="", metadata=_doc(
-        "the Gana definitions (default $UNIUN_HOME/ganas.toml)"))
-    scan_interval_s: float = field(default=2.0, metadata=_doc(
-        "seconds between scans of the notes folder (default 2.0)"))
-    backfill_per_s: float = field(default=1.0, metadata=_doc(
-        "notes of the existing backlog submitted for extraction per second (default 1.0)"))
-    extract_in_flight: int = field(default=8, metadata=_doc(
-        "extraction jobs open in the scheduler at most (default 8)"))
-    extract_max_new_tokens: int = field(default=256, metadata=_doc(
-        "max_new_tokens of an extraction job (default 256: room for the answer schema's "
-        "bounds)"))
-    extract_format: bool = field(default=True, metadata=_doc(
-        "extraction jobs ask for the answer's JSON schema, enforced by constrained decoding "
-        "(default true; false: free text, parsed leniently)"))
-    extract_model: str = field(default="", metadata=_doc(
-        "model of extraction jobs (default \"\" = models.chat_model)"))
-    deck_low: int = field(default=3, metadata=_doc(
-        "Nataraj refills the deck when fewer cards than this are ready or coming (default 3)"))
-    deck_high: int = field(default=8, metadata=_doc(
-        "... up to this many cards (default 8)"))
-    card_max_new_tokens: int = field(default=64, metadata=_doc(
-        "max_new_tokens of a card job (default 64)"))
-    nataraj_model: str = field(default="", metadata=_doc(
-        "model of card jobs (default \"\" = models.chat_model)"))
-    nataraj_prompt: str = field(default="auto", metadata=_doc(
-        "card prompt style: \"chat\" (messages, for instruct models), \"completion\" "
-        "(few-shot raw text, for base models such as gemma3-270m), or \"auto\": completion "
-        "when the card model has no chat template (default auto)"))
-    check_interval_s: float = field(default=1.0, metadata=_doc(
-        "seconds between a producer's checks for due Ganas and deck refills (default 1.0)"))
-    gana_lead_s: float = field(default=60.0, metadata=_doc(
-        "a Gana fire is submitted this many seconds before its time, with deadline = its "
-        "time (default 60.0)"))
-    lifecycle_poll_s: float = field(default=1.0, metadata=_doc(
-        "seconds between polls of the scheduler's lifecycle by gana-cron and the "
-        "background-Gana process (default 1.0)"))
-    background_lease_s: float = field(default=30.0, metadata=_doc(
-        "lease of a background Gana fire; a dead owner's fire is re-run after it "
-        "(default 30.0)"))
-    background_threads: int = field(default=1, metadata=_doc(
-        "ONNX Runtime threads of the background-Gana process's own model, used when "
-        "device.thread_budget is false (default 1)"))
 
 
 @dataclass(frozen=True)

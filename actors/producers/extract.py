@@ -44,6 +44,7 @@ from uniun.actors.producers.notes import (
     NoteFile,
     Pacer,
     extract_job_id,
+    extract_job_prefix,
     note_title,
     read_note,
     scan_notes,
@@ -140,7 +141,7 @@ class ExtractProducer:
         """The attempt number to submit for this note text, or None if none is needed."""
         if self.store.has_knowledge(rel, sha):
             return None
-        rows = self.store.jobs_with_prefix(extract_job_id(rel, sha, 0)[:-1])
+        rows = self.store.jobs_with_prefix(extract_job_prefix(rel, sha))
         if any(r["state"] in ("pending", "submitted", "done") for r in rows):
             return None  # in flight, or done (its knowledge is being stored)
         if len(rows) >= self.settings.max_attempts:

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from uniun.actors.producers.ids import unguessable_id
 from uniun.protocol.errors import InvalidField
 from uniun.protocol.tools import canonical, parse_tool_choice, parse_tools
 
@@ -176,8 +177,10 @@ def next_slot(last_slot: float | None, every_s: float, now: float) -> float:
 
 
 def fire_job_id(gana_id: str, slot: float) -> str:
-    """Stable job id of one fire: the same slot always gets the same id."""
-    return f"gana-{gana_id}-{round(slot * 1000)}"
+    """The job id of one fire: the Gana and the slot, and a random tag so that no other
+    client can take it first. Made once, when the slot is claimed; the claim keeps it,
+    so the fire keeps its id across restarts (``results_fires``)."""
+    return unguessable_id(f"gana-{gana_id}-{round(slot * 1000)}")
 
 
 def gana_messages(gana: GanaDef) -> list[dict[str, str]]:

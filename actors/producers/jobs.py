@@ -4,8 +4,10 @@ Every producer process hands work to the scheduler the same way, so the rules li
 once (Titanic's rule from the ZeroMQ guide, on the client side):
 
 1. **Persist before submitting.** A job is written to the results database (state
-   ``pending``) with a *stable* id before it is sent, so a producer killed at any point
-   finds it again on restart.
+   ``pending``) with its id before it is sent, so a producer killed at any point finds
+   it again on restart, and sends or attaches it under that same id. The id ends in a
+   random tag (``ids.py``): an id another client could compute (``nataraj-7``) is one
+   it could take first, after which the scheduler refuses the producer's own job.
 2. **Submit; remember acknowledgement.** ``accepted`` moves it to ``submitted``. A
    refusal the scheduler calls retryable (``queue_full``, ``shutting_down``) or no
    scheduler at all leaves it ``pending`` for the next sweep; any other refusal is final

@@ -2,10 +2,12 @@
 
 Each check it counts the cards in the deck (``deck_cards`` not yet taken) and the card
 jobs still open, and submits as many ``nataraj`` jobs as :func:`cards_to_request` says.
-Job ids are ``nataraj-<n>`` with ``n`` one more than the jobs this producer ever
-persisted, so ids are stable across restarts (a restarted producer re-attaches its open
-jobs through the tracker, and counts them, instead of asking again). Reading the deck
-(``uniun-runtime deck --take N``) is what makes room for new cards.
+Job ids are ``nataraj-<n>-<tag>``: ``n`` one more than the jobs this producer ever
+persisted, and a random tag so that no other client can take the id first
+(``ids.py``). Each is persisted before it is submitted, so it is stable
+across restarts (a restarted producer re-attaches its open jobs through the tracker, and
+counts them, instead of asking again). Reading the deck (``uniun-runtime deck --take
+N``) is what makes room for new cards.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from uniun.actors.producers.deck import (
     pick_topic,
     tidy_card,
 )
+from uniun.actors.producers.ids import unguessable_id
 from uniun.actors.producers.jobs import JobTracker
 from uniun.actors.producers.results import ResultsStore
 
@@ -46,7 +49,7 @@ class NatarajSettings:
 
 def card_job(seq: int, settings: NatarajSettings) -> tuple[dict[str, Any], dict[str, Any]]:
     topic = pick_topic(seq, settings.topics)
-    job: dict[str, Any] = {"job_id": f"{NAME}-{seq}", "kind": "nataraj",
+    job: dict[str, Any] = {"job_id": unguessable_id(f"{NAME}-{seq}"), "kind": "nataraj",
                            "max_new_tokens": settings.max_new_tokens}
     if settings.prompt_style == "completion":
         job.update(prompt=card_prompt(topic), stop=list(CARD_STOP))

@@ -15,6 +15,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from uniun.actors.producers.ids import unguessable_id
+
 NOTE_SUFFIXES = (".md", ".txt")
 DEFAULT_MAX_NOTE_BYTES = 1024 * 1024  # larger files are skipped, not truncated silently
 
@@ -80,10 +82,16 @@ def note_title(rel: str, text: str) -> str:
     return Path(rel).stem
 
 
-def extract_job_id(rel: str, sha: str, attempt: int = 0) -> str:
-    """Stable id of an extraction of this note text (``attempt`` after failures)."""
+def extract_job_prefix(rel: str, sha: str) -> str:
+    """What every extraction job id of this note text starts with (attempts follow)."""
     path_tag = hashlib.sha256(rel.encode()).hexdigest()[:12]
-    return f"extract-{path_tag}-{sha[:16]}-{attempt}"
+    return f"extract-{path_tag}-{sha[:16]}-"
+
+
+def extract_job_id(rel: str, sha: str, attempt: int = 0) -> str:
+    """A new id for an extraction of this note text (``attempt`` after failures), with a
+    random tag (``ids.py``): a client that knows the note could compute the rest."""
+    return unguessable_id(f"{extract_job_prefix(rel, sha)}{attempt}")
 
 
 class Pacer:

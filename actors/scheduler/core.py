@@ -44,6 +44,7 @@ from uniun.actors.scheduler.core_state import cancelled_event
 from uniun.actors.scheduler.effects import Effects, JPaused, JStarted, JToken
 from uniun.actors.scheduler.jobs import JobRecord, done_event, start_command
 from uniun.actors.scheduler.journal import JournalEntry
+from uniun.actors.scheduler.kept_logprobs import pack
 from uniun.protocol import messages as m, runner_records as rp
 from uniun.protocol.errors import ErrorCode
 
@@ -68,7 +69,9 @@ class SchedulerCore(ClientRequests):
             record = JobRecord(spec=e.spec, accepted_at=e.accepted_at, seed=e.seed,
                                started=e.started, started_at=e.started_at,
                                first_token_at=e.first_token_at, preemptions=e.preemptions,
-                               token_ids=e.token_ids, texts=e.texts, owner=e.owner)
+                               token_ids=e.token_ids, texts=e.texts, owner=e.owner,
+                               # the journal keeps texts, not log-probabilities
+                               logprobs_dropped=e.spec.logprobs is not None and bool(e.texts))
             if e.final is not None:
                 self.jobs.end(record, e.final)
                 continue
@@ -215,7 +218,7 @@ class SchedulerCore(ClientRequests):
             # token journaled before a scheduler restart)
             logprobs = m.expand_logprobs(rep.logprobs)
             record.logprobs.extend([None] * (rep.seq - len(record.logprobs)))
-            record.logprobs.append(logprobs)
+            record.logprobs.append(None if logprobs is None else pack(rep.logprobs))
         first_of_job = record.first_token_at is None
         record.first_token_at = record.first_token_at or now
         self.rec.token(fx, record, rep.seconds, first_of_job)

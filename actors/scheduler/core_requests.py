@@ -3,7 +3,8 @@
 Each handler validates, then changes state, then replies, so a refused request changes
 nothing: a :class:`ProtocolError` raised before the change is the reply. Idempotency is
 by ``job_id``: the same submit is acknowledged again (and its missed events re-sent), a
-different job under a known id is ``invalid_field job_id``.
+different job under a known id is ``invalid_field job_id``. A new job must fit the
+queue's bounds (``admission.py``: the cap, the chats' reserve, the client's share).
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ from loguru import logger
 
 from uniun.actors.policy.decision import CancelOutcome
 from uniun.actors.policy.tiers import T1
+from uniun.actors.scheduler.admission import holder_of
 from uniun.actors.scheduler.core_state import CoreState, cancelled_event
 from uniun.actors.scheduler.effects import Effects, JAccept, JCancelAsked, Send
 from uniun.actors.scheduler.jobs import JobRecord
+from uniun.actors.scheduler.kept_logprobs import unpack
 from uniun.actors.scheduler.status import redacted, status_body
 from uniun.protocol import messages as m, requests as rq, runner_records as rp
 from uniun.protocol.errors import ErrorCode, ProtocolError
@@ -87,14 +90,11 @@ class ClientRequests(CoreState):
             fresh = known.final is None and conn not in known.subscribers
             self._subscribe(fx, conn, req.id, known, after_seq=-1 if fresh else None)
             return
-        if len(self.jobs) >= self.queue_cap:
-            raise ProtocolError(ErrorCode.QUEUE_FULL, f"{len(self.jobs)} jobs are waiting "
-                                f"(the cap is {self.queue_cap}); retry later",
-                                job_id=spec.job_id)
+        self._admit(spec.job_id, spec.kind, holder_of(owner, conn))
         tier = self.policy.submit(spec)  # validates; raises InvalidField, changes nothing
         now = self._wall()
         record = JobRecord(spec=spec, accepted_at=now, subscribers={conn}, tier=tier,
-                           owner=owner)
+                           owner=owner, conn=conn)
         self.jobs.add(record)
         fx.journal.append(JAccept(spec, now, owner))
         self.rec.accepted(fx, record)
@@ -107,18 +107,40 @@ class ClientRequests(CoreState):
             "accepted: {} on {}, tier {}, {} tokens max", spec.kind, spec.model_id, tier,
             spec.max_new_tokens)
 
+    def _admit(self, job_id: str, kind: str, holder: bytes | str | None) -> None:
+        """Raise ``queue_full`` naming the bound a new job of ``kind`` would break."""
+        jobs = self.jobs
+        why = self.bounds.refusal(chat=kind == self.policy.config.chat_kind, live=len(jobs),
+                                  background=jobs.occupancy.background,
+                                  held=jobs.occupancy.held(holder))
+        if why is not None:  # not logged: a burst is refused thousands of times
+            raise ProtocolError(ErrorCode.QUEUE_FULL, why, job_id=job_id)
+
     def _attach(self, fx: Effects, conn: bytes, req: rq.Attach, owner: str | None) -> None:
         record = self._owned(req.job_id, owner)
         if record is None:
-            raise ProtocolError(ErrorCode.NOT_FOUND, f"no job {req.job_id!r}", job_id=req.job_id)
+            raise self._not_found(req.job_id, owner)
         self._subscribe(fx, conn, req.id, record, after_seq=req.after_seq)
+
+    def _not_found(self, job_id: str, owner: str | None) -> ProtocolError:
+        """``not_found`` for a job we do not hold; for one the journal replay moved to
+        the dead letters, the message says why it will not run (the code is attach's v1
+        answer, so every client already handles it; docs/protocol.md)."""
+        dead = self.dead_letters.get(job_id, owner)
+        if dead is None:
+            return ProtocolError(ErrorCode.NOT_FOUND, f"no job {job_id!r}", job_id=job_id)
+        logger.bind(job=job_id).info("attach of a dead letter: {}", dead.reason)
+        return ProtocolError(ErrorCode.NOT_FOUND, f"job {job_id!r} was accepted but moved to "
+                             f"the dead letters at a restart: {dead.reason}", job_id=job_id)
 
     def _subscribe(self, fx: Effects, conn: bytes, msg_id: str, record: JobRecord, *,
                    after_seq: int | None) -> None:
-        """Acknowledge (again) and replay what the client may have missed."""
-        fx.sends.append(Send(conn, m.reply_accepted(msg_id, record.job_id, record.tier,
-                                                    state=record.state,
-                                                    streamed=record.generated)))
+        """Acknowledge (again) and replay what the client may have missed; the reply says
+        when tokens come without the log-probabilities the job asked for."""
+        dropped = record.logprobs_dropped and record.spec.logprobs is not None
+        fx.sends.append(Send(conn, m.reply_accepted(
+            msg_id, record.job_id, record.tier, state=record.state, streamed=record.generated,
+            **({"logprobs_dropped": True} if dropped else {}))))
         if after_seq is not None and record.spec.stream:
             fx.sends.extend(Send(conn, m.event_token(record.job_id, seq, record.texts[seq],
                                                      _kept_logprobs(record, seq)))
@@ -199,7 +221,8 @@ class ClientRequests(CoreState):
     def _status_for(self, owner: str | None) -> dict[str, Any]:
         body = self._status_snapshot()
         if owner is not None:  # a keyed client sees other keys' jobs without their ids
-            body = redacted(body, lambda job_id: self._owned(job_id, owner) is not None)
+            body = redacted(body, lambda job_id: self._owned(job_id, owner) is not None
+                        or self.dead_letters.get(job_id, owner) is not None)
         return body
 
     def _status_snapshot(self) -> dict[str, Any]:
@@ -213,7 +236,8 @@ class ClientRequests(CoreState):
         if procs is None or now - procs[0] >= PROCESSES_REUSE_S:
             procs = self._procs_cache = (now, self._processes(), self._process_info())
         body = status_body(self.policy, self.jobs, self.runner, self.snapshots, procs[1],
-                           queue_cap=self.queue_cap, quarantined=self.quarantined)
+                           queue_cap=self.queue_cap, quarantined=self.quarantined,
+                           dead_letters=self.dead_letters.status())
         body.update(self.rec.status_extra(), process_info=procs[2],
                     t2_share_max=self.policy.config.t2_share_max)
         self._status_cache = (now, self.changes, body)
@@ -227,6 +251,7 @@ class ClientRequests(CoreState):
 
 
 def _kept_logprobs(record: JobRecord, seq: int) -> dict[str, Any] | None:
-    """A replayed token's log-probabilities, when the job asked and they were kept (not
-    across a scheduler restart: the journal keeps texts, not these)."""
-    return record.logprobs[seq] if seq < len(record.logprobs) else None
+    """A replayed token's log-probabilities, when the job asked and they are kept (not
+    across a scheduler restart: the journal keeps texts, not these; not for an ended job
+    past the bound of ``kept_logprobs.py``)."""
+    return unpack(record.logprobs[seq]) if seq < len(record.logprobs) else None

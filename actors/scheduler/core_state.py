@@ -16,6 +16,8 @@ from typing import Any
 from loguru import logger
 
 from uniun.actors.policy import PolicyBase
+from uniun.actors.scheduler.admission import CHAT_RESERVE_SHARE, CLIENT_SHARE, QueueBounds
+from uniun.actors.scheduler.dead_letters import DeadLetters
 from uniun.actors.scheduler.effects import Effects, JFinish, Send
 from uniun.actors.scheduler.jobs import JobRecord, JobTable
 from uniun.actors.scheduler.recorder import Recorder
@@ -42,24 +44,32 @@ class CoreState:
     ``segments`` / ``metrics``: record the timeline / make metric observations
     (:class:`~uniun.actors.scheduler.recorder.Recorder`).
     ``quarantined``: the databases this runtime found corrupt at start, for ``status``.
+    ``dead_letters``: the jobs the journal replay moved aside, for ``status`` and ``attach``.
+    ``chat_reserve_share`` / ``client_share``: the queue's bounds beside ``queue_cap``
+    (:class:`~uniun.actors.scheduler.admission.QueueBounds`).
     """
 
     def __init__(self, *, policy: PolicyBase, queue_cap: int, clock: Clock, wall: Clock,
                  processes: Callable[[], dict[str, int]] = dict,
                  process_info: Callable[[], dict[str, Any]] = dict,
                  segments: bool = True, metrics: bool = True,
-                 quarantined: Sequence[Mapping[str, Any]] = ()) -> None:
+                 quarantined: Sequence[Mapping[str, Any]] = (),
+                 dead_letters: DeadLetters | None = None,
+                 chat_reserve_share: float = CHAT_RESERVE_SHARE,
+                 client_share: float = CLIENT_SHARE) -> None:
         self.policy = policy
         self.queue_cap = queue_cap
+        self.bounds = QueueBounds(queue_cap, chat_reserve_share, client_share)
         self._clock = clock
         self._wall = wall
         self._processes = processes
         self._process_info = process_info
         self.quarantined = tuple(quarantined)  # databases moved aside at start (status)
+        self.dead_letters = dead_letters or DeadLetters()  # jobs replay could not use
         self.watchers = Watchers(clock)  # clients following the state (``watch``)
         self.rec = Recorder(wall=wall, clock=clock, chat_kind=policy.config.chat_kind,
                             segments=segments, metrics=metrics)
-        self.jobs = JobTable()
+        self.jobs = JobTable(chat_kind=policy.config.chat_kind)
         self.runner: rp.Hello | None = None  # the runner we work with, if one is up
         self.snapshots = (0, 0)  # parked snapshots on the runner: count, bytes
         self.draining = False

@@ -4,17 +4,23 @@ The policy owns *scheduling* state (tiers, status, vruntime). This table owns th
 a job's life as the client sees it: who is subscribed to its events, the tokens already
 streamed (ids for a resume, texts for the final ``done``), timings, and, once the job
 has ended, its terminal event, kept for a while so that an ``attach`` or an idempotent
-re-``submit`` gets the outcome instead of ``not_found``.
+re-``submit`` gets the outcome instead of ``not_found``. It also counts the live jobs
+the queue's bounds are about (``admission.py``) and holds the log-probabilities of
+ended jobs to their bound (``kept_logprobs.py``).
 
 No I/O here; the policy host writes the journal and sends the events.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections import OrderedDict
+from collections.abc import MutableSequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from uniun.actors.scheduler.admission import Occupancy, holder_of
+from uniun.actors.scheduler.kept_logprobs import EndedLogprobs
 from uniun.protocol import messages as m, runner_records as rp
 from uniun.protocol.jobmap import JobSpec
 from uniun.protocol.tools import parse_tool_calls
@@ -29,9 +35,11 @@ class JobRecord:
     spec: JobSpec
     accepted_at: float
     subscribers: set[bytes] = field(default_factory=set)
-    token_ids: list[int] = field(default_factory=list)
+    token_ids: MutableSequence[int] = field(default_factory=list)  # an array once ended
     texts: list[str] = field(default_factory=list)
-    logprobs: list[dict[str, Any] | None] = field(default_factory=list)  # if it asked
+    # Packed per seq (kept_logprobs.py), if it asked; None: none for that token.
+    logprobs: list[bytes | None] = field(default_factory=list)
+    logprobs_dropped: bool = False  # some streamed tokens' log-probabilities are not held
     tail: str = ""  # text released only at the end
     seed: int | None = None
     started_at: float | None = None
@@ -48,6 +56,7 @@ class JobRecord:
     deaths: int = 0  # runner deaths while it ran, in a row (no token between): poison
     final: dict[str, Any] | None = None  # the terminal event once ended
     owner: str | None = None  # the CURVE key that submitted it (None: ipc or plain tcp)
+    conn: bytes | None = None  # the connection that submitted it (None: replayed)
 
     @property
     def job_id(self) -> str:
@@ -67,12 +76,16 @@ class JobRecord:
 
 
 class JobTable:
-    """Live jobs by id, plus the most recent ended ones (bounded)."""
+    """Live jobs by id, plus the most recent ended ones (bounded). ``chat_kind``: the
+    jobs that are not background work (the queue's bounds count the others)."""
 
-    def __init__(self, keep_ended: int = 1000) -> None:
+    def __init__(self, keep_ended: int = 1000, chat_kind: str = "chat") -> None:
         self.live: dict[str, JobRecord] = {}
         self._ended: OrderedDict[str, JobRecord] = OrderedDict()
         self._keep_ended = keep_ended
+        self._chat_kind = chat_kind
+        self.occupancy = Occupancy()  # open background jobs, in all and per client
+        self.ended_logprobs = EndedLogprobs()
 
     def __len__(self) -> int:
         return len(self.live)
@@ -82,20 +95,30 @@ class JobTable:
 
     def add(self, record: JobRecord) -> None:
         self.live[record.job_id] = record
+        if record.spec.kind != self._chat_kind:
+            self.occupancy.add(holder_of(record.owner, record.conn))
 
     def end(self, record: JobRecord, final: dict[str, Any]) -> None:
         """Move a job to the ended list with its terminal event."""
         record.final = final
         record.state = "ended"
         record.on_runner = record.in_sync = False
-        self.live.pop(record.job_id, None)
+        self._leave(record)
         self._ended[record.job_id] = record
+        self.ended_logprobs.ended(record)
+        record.token_ids = _compact(record.token_ids)
         while len(self._ended) > self._keep_ended:
-            self._ended.popitem(last=False)
+            self.ended_logprobs.forget(self._ended.popitem(last=False)[1])
 
     def forget(self, record: JobRecord) -> None:
         """Remove a live job as if it had never been accepted (its journal write failed)."""
-        self.live.pop(record.job_id, None)
+        self._leave(record)
+
+    def _leave(self, record: JobRecord) -> None:
+        """``record`` is no longer live (if it was: a replayed end never was)."""
+        if self.live.pop(record.job_id, None) is not None \
+                and record.spec.kind != self._chat_kind:
+            self.occupancy.remove(holder_of(record.owner, record.conn))
 
     def poisoned(self) -> list[dict[str, Any]]:
         """The recent jobs that were dead-lettered as ``poisoned`` (for ``status``)."""
@@ -106,6 +129,15 @@ class JobTable:
     def drop_subscriber(self, conn: bytes) -> None:
         for record in self.live.values():
             record.subscribers.discard(conn)
+
+
+def _compact(token_ids: MutableSequence[int]) -> MutableSequence[int]:
+    """An ended job's token ids as one array (8 bytes each instead of an int object and
+    a pointer): only their count is read again, and 1,000 ended jobs are kept."""
+    try:
+        return array("q", token_ids)
+    except OverflowError:  # an id no runner sends; keep them as they are
+        return token_ids
 
 
 def done_event(record: JobRecord, finish_reason: str, now: float) -> dict[str, Any]:

@@ -3,7 +3,9 @@
 Pure: the core passes what it knows, the caller's ``processes`` map included (the
 scheduler's own pid and those the supervisor published; the core reads no files), and
 the databases this runtime found corrupt at start and moved aside, reported as
-``quarantined`` while there are any (docs/protocol.md).
+``quarantined`` while there are any, and the journal's dead letters (acknowledged jobs
+a replay could not use), reported as ``dead_letters`` while there are any
+(docs/protocol.md).
 """
 
 from __future__ import annotations
@@ -22,8 +24,8 @@ HIDDEN = "(another key's job)"  # stands for a job id a keyed client may not see
 
 def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
                 snapshots: tuple[int, int], processes: dict[str, int], *,
-                queue_cap: int, quarantined: Sequence[Mapping[str, Any]] = ()
-                ) -> dict[str, Any]:
+                queue_cap: int, quarantined: Sequence[Mapping[str, Any]] = (),
+                dead_letters: Mapping[str, Any] | None = None) -> dict[str, Any]:
     body = dict(policy.status())
     running = policy.running
     procs = dict(processes)
@@ -43,6 +45,8 @@ def status_body(policy: PolicyBase, jobs: JobTable, runner: rp.Hello | None,
         poisoned=jobs.poisoned())  # extension: dead-lettered jobs (docs/protocol.md)
     if quarantined:  # extension: databases found corrupt at start, moved aside
         body["quarantined"] = [dict(r) for r in quarantined]
+    if dead_letters:  # extension: acknowledged jobs the journal replay moved aside
+        body["dead_letters"] = dict(dead_letters)
     return body
 
 
@@ -66,4 +70,8 @@ def redacted(body: dict[str, Any], visible: Callable[[str], bool]) -> dict[str, 
         out[key] = [{**item, "job_id": job_id(item.get("job_id"))}
                     if isinstance(item, dict) and item.get("job_id") is not None else item
                     for item in body.get(key) or []]
+    if isinstance(body.get("dead_letters"), dict):
+        dead = body["dead_letters"]
+        out["dead_letters"] = {**dead, "recent": [{**d, "job_id": job_id(d.get("job_id"))}
+                                                  for d in dead.get("recent") or []]}
     return out

@@ -30,7 +30,10 @@ import zmq
 
 from uniun.runtime.bench.launch import launched
 
+# One client sends the whole burst: no client share below the cap, and the cap leaves
+# the chat its reserve (limits.chat_reserve_share) beside the burst.
 CONFIG = ('[models]\nchat_model = "{model}"\n[limits]\nqueue_cap = {cap}\n'
+          "client_share = 1.0\n"
           "[producers]\nextract = false\nnataraj = false\ngana = false\n"
           "background_gana = false\n[embed]\nenabled = false\n[http]\nport = 0\n")
 WAIT_S = 300.0
@@ -101,7 +104,7 @@ def _ttft(client: RawClient, chat: dict[str, Any], bulk_ids: set[str] | None = N
 def run(model: str, submits: int, reps: int, log: Callable[[str], None]) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="uniun-bench-burst-", dir="/tmp") as tmp:
         home = Path(tmp)
-        config = CONFIG.format(model=model, cap=submits * (reps + 1) + 100)
+        config = CONFIG.format(model=model, cap=(submits * (reps + 1) + 100) * 10 // 9 + 1)
         with launched(home, config) as proc, closing(RawClient(
                 f"ipc://{home / 'run' / 'front.sock'}")) as client:
             deadline = time.monotonic() + WAIT_S

@@ -37,7 +37,9 @@ from uniun.runtime.config import DEFAULT_CHAT_MODEL
 
 MODES = ("normal", "full")
 CONFIG = ('[models]\nchat_model = "{model}"\npull_on_start = false\n'
-          "[limits]\nqueue_cap = {cap}\n[journal]\nsynchronous = \"{mode}\"\n"
+          # one client sends every submit: the queue's reserve and shares would refuse some
+          "[limits]\nqueue_cap = {cap}\nchat_reserve_share = 0.0\nclient_share = 1.0\n"
+          "[journal]\nsynchronous = \"{mode}\"\n"
           "[embed]\nenabled = false\n[http]\nenabled = false\n[metrics]\nenabled = false\n")
 WAIT_S = 120.0
 CHUNK = 64  # the host's requests per journal transaction (actors/scheduler/host.py)

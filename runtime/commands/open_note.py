@@ -28,7 +28,7 @@ from uniun.actors.producers.extract import (
     note_job,
     store_extraction,
 )
-from uniun.actors.producers.notes import NOTE_SUFFIXES, extract_job_id, note_hash
+from uniun.actors.producers.notes import NOTE_SUFFIXES, extract_job_prefix, note_hash
 from uniun.actors.producers.owners import owner_stamp
 from uniun.protocol.client import ClientError
 from uniun.runtime.commands.common import (
@@ -127,7 +127,7 @@ def run(args: argparse.Namespace) -> int:
         text = data.decode("utf-8", errors="replace")
         with connect(args) as client, foreground_while(client, EXTRACT, timeout=args.timeout):
             job, superseded = store.supersede_jobs(
-                extract_job_id(rel, sha, 0)[:-1], OPEN_NOTE,
+                extract_job_prefix(rel, sha), OPEN_NOTE,
                 lambda n: _stamped(note_job(rel, sha, text, n, settings, hint=True)))
             for job_id in superseded:
                 # Finished or not yet submitted: superseded either way.

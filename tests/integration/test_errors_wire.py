@@ -4,7 +4,8 @@ After each provocation the scheduler must still serve (a ``ping`` is answered) a
 nothing it had accepted may be lost. ``internal`` is the one code no message can
 provoke: it marks a bug of ours, and a test that could trigger it would be a bug report.
 
-The runtime here is its own (queue cap 2, so ``queue_full`` is cheap to reach).
+The runtime here is its own (queue cap 2, so ``queue_full`` is cheap to reach; no chat
+reserve or per-client share below it, so the cap is what two background jobs reach).
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from .harness import BASE_CONFIG, Runtime, Wire, long_job, wait_tokens
 
 pytestmark = pytest.mark.integration
 
-CONFIG = BASE_CONFIG + "\n[limits]\nqueue_cap = 2\n"
+CONFIG = BASE_CONFIG + "\n[limits]\nqueue_cap = 2\nchat_reserve_share = 0.0\nclient_share = 1.0\n"
 
 
 @pytest.fixture(scope="module")

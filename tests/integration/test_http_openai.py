@@ -25,7 +25,8 @@ pytestmark = pytest.mark.integration
 
 QUEUE_CAP = 3
 CONFIG = BASE_CONFIG.replace("[embed]\nenabled = false", "[embed]\nenabled = true\nworkers = 1") \
-    + f"\n[http]\nport = 0\n\n[limits]\nqueue_cap = {QUEUE_CAP}\n"
+    + f"\n[http]\nport = 0\n\n[limits]\nqueue_cap = {QUEUE_CAP}\n" \
+    + "chat_reserve_share = 0.0\nclient_share = 1.0\n"  # one wire's jobs fill the queue
 CHAT = [{"role": "user", "content": "Hello! How are you?"}]
 SCHEMA = {"type": "object", "properties": {
     "name": {"type": "string", "maxLength": 16},

@@ -67,6 +67,9 @@ def test_uniun_home_env_wins_over_file(tmp_path: Path, monkeypatch: pytest.Monke
     ("[limits]\nmax_frame_bytes = -1\n", "limits.max_frame_bytes"),
     ("[jobs]\nkinds = [\"extract\"]\n", "jobs.kinds"),
     ("[logging]\nlevel = \"LOUD\"\n", "logging.level"),
+    ("[http]\nmax_open_requests = 8\nchat_reserve = 8\n", "http.chat_reserve"),
+    ("[http]\nmax_open_requests = 32\n", "http.chat_reserve"),
+    ("[http]\nmax_open_requests_per_client = 0\n", "http.max_open_requests_per_client"),
     ("front = 3\n", "front"),
 ])
 def test_bad_config_names_key_and_file(tmp_path: Path, text: str, key: str) -> None:

@@ -1,16 +1,27 @@
 """Fakes for unit tests of the producers' logic (no scheduler process, no socket).
 
 ``FakeClient`` plays a scheduler that keeps jobs by id, like the real one: a repeated
-submit of a known id is re-acknowledged, not queued again; ``attach`` of an unknown id
-answers ``not_found``. Tests finish jobs with :meth:`FakeClient.finish`.
+submit of a known id is re-acknowledged, not queued again, and a different job under a
+known id (another client's, put there with :meth:`FakeClient.foreign`) is refused
+``invalid_field job_id``; ``attach`` of an unknown id answers ``not_found``. Tests
+finish jobs with :meth:`FakeClient.finish`.
 """
 
 from __future__ import annotations
 
+import re
 from collections import deque
 from typing import Any
 
 from uniun.protocol.client import ClientError, SchedulerUnavailable, Timeout
+
+
+def stable_id(job_id: str) -> str:
+    """A producer's job id without its random tag (``actors/producers/ids.py``), which
+    must be there."""
+    stable, tag = job_id.rsplit("-", 1)
+    assert re.fullmatch("[0-9a-f]{16}", tag), job_id
+    return stable
 
 
 class FakeStream:
@@ -51,6 +62,9 @@ class FakeClient:
         if job_id in self.refuse:
             raise ClientError(self.refuse[job_id], "refused", job_id=job_id,
                               retryable=self.refuse[job_id] == "queue_full")
+        if self.jobs.get(job_id, job) != job:
+            raise ClientError("invalid_field", "job_id: a different job with this id was "
+                              "already accepted", field="job_id", job_id=job_id)
         self.jobs.setdefault(job_id, dict(job))
         stream = self.streams.get(job_id) or FakeStream(self, job_id)
         self.streams[job_id] = stream
@@ -70,6 +84,10 @@ class FakeClient:
         if self.down:
             raise SchedulerUnavailable("fake scheduler is down")
         return {"lifecycle": self.lifecycle}
+
+    def foreign(self, job_id: str) -> None:
+        """Another client's job takes ``job_id`` first."""
+        self.jobs[job_id] = {"job_id": job_id, "kind": "nataraj", "prompt": "mine"}
 
     def finish(self, job_id: str, text: str, **extra: Any) -> None:
         event = {"type": "done", "job_id": job_id, "text": text, "finish_reason": "stop",

@@ -21,6 +21,7 @@ from tests.actors.policy.harness import MODEL, FakeClock, spec
 from tests.actors.runner.fake_session import FakeSession, text_of, token_id
 from uniun.actors.policy import PolicyConfig, make_policy
 from uniun.actors.runner.jobs import RunnerJobs
+from uniun.actors.scheduler.admission import CHAT_RESERVE_SHARE, CLIENT_SHARE
 from uniun.actors.scheduler.core import SchedulerCore
 from uniun.actors.scheduler.effects import KEEP_TIMER, Effects, JAccept, JFinish, JToken
 from uniun.actors.scheduler.journal import JournalEntry
@@ -112,7 +113,9 @@ class Driver:
     """
 
     def __init__(self, *, queue_cap: int = 100, config: PolicyConfig | None = None,
-                 entries: Iterable[JournalEntry] = (), observe: bool = False) -> None:
+                 entries: Iterable[JournalEntry] = (), observe: bool = False,
+                 chat_reserve_share: float = CHAT_RESERVE_SHARE,
+                 client_share: float = CLIENT_SHARE) -> None:
         self._spill = tempfile.TemporaryDirectory(prefix="uniun-driver-")  # removed with us
         self.spill_dir = Path(self._spill.name)
         # observe: record the timeline and make metric observations (the recorder's own
@@ -121,7 +124,9 @@ class Driver:
         policy = make_policy("uniun", config, self.clock, wall_clock=self.clock)
         self.core = SchedulerCore(policy=policy, queue_cap=queue_cap, clock=self.clock,
                                   wall=self.clock, processes=lambda: {"scheduler": 1},
-                                  segments=observe, metrics=observe)
+                                  segments=observe, metrics=observe,
+                                  chat_reserve_share=chat_reserve_share,
+                                  client_share=client_share)
         self.history: list[Effects] = []
         self.runner: Runner | None = None
         self.inbox: list[rp.Command] = []
@@ -145,11 +150,13 @@ class Driver:
 
     # ---- inputs ----------------------------------------------------------------------
 
-    def request(self, conn: bytes, request: rq.Request) -> Effects:
-        return self._host(self.core.request(conn, request))
+    def request(self, conn: bytes, request: rq.Request, owner: str | None = None) -> Effects:
+        """``owner``: the client's CURVE key, as the front passes it (None: ipc)."""
+        return self._host(self.core.request(conn, request, owner))
 
-    def submit(self, conn: bytes, job_id: str, kind: str = "nataraj", **fields: Any) -> Effects:
-        return self.request(conn, rq.Submit(f"s-{job_id}", spec(job_id, kind, **fields)))
+    def submit(self, conn: bytes, job_id: str, kind: str = "nataraj", *,
+               owner: str | None = None, **fields: Any) -> Effects:
+        return self.request(conn, rq.Submit(f"s-{job_id}", spec(job_id, kind, **fields)), owner)
 
     def cancel(self, conn: bytes, job_id: str) -> Effects:
         return self.request(conn, rq.Cancel(f"c-{job_id}", job_id))

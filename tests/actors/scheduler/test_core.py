@@ -222,7 +222,7 @@ def status(d: Driver) -> dict:
 
 
 def test_a_submit_beyond_queue_cap_is_queue_full_and_changes_nothing() -> None:
-    d = Driver(queue_cap=2)
+    d = Driver(queue_cap=2, chat_reserve_share=0.0, client_share=1.0)  # the cap alone
     d.up()
     d.submit(A, "one")
     d.submit(A, "two")
