@@ -36,7 +36,7 @@ from uniun.models.mapped_pages import release_code_pages, release_mapped_pages
 from uniun.models.process_memory import rss_bytes, trim_heap, tune_malloc
 from uniun.models.tokenizer import load_tokenizer
 
-__all__ = ["DecoderModel", "Interrupted", "KV_CHUNK"]
+__all__ = ["DecoderModel", "Interrupted", "KV_CHUNK", "eos_ids_of"]
 
 # In-place KV buffers grow in steps of this many positions (SmolLM2: 11.8 MB), so a
 # generation reallocates (and copies its KV once) every KV_CHUNK tokens at most.
@@ -56,7 +56,7 @@ def _load_tokenizer(model_dir: Path) -> Any:
     return load_tokenizer(model_dir)
 
 
-def _eos_ids(model_dir: Path, config: Mapping[str, Any], tokenizer: Any) -> tuple[int, ...]:
+def eos_ids_of(model_dir: Path, config: Mapping[str, Any], tokenizer: Any) -> tuple[int, ...]:
     """Every id that ends a generation: tokenizer EOS + config/generation_config EOS."""
     ids: set[int] = set()
     sources: list[Any] = [config.get("eos_token_id"), getattr(tokenizer, "eos_token_id", None)]
@@ -120,7 +120,7 @@ class DecoderModel:
         released = release_mapped_pages(self.model_dir, read_in_place=(qmatmul.DATA_FILE,)) \
             + release_code_pages()
         self._check_io()
-        self.eos_ids = _eos_ids(self.model_dir, self.config, self.tokenizer)
+        self.eos_ids = eos_ids_of(self.model_dir, self.config, self.tokenizer)
         self.max_positions = int(self.config.get("max_position_embeddings") or 0) or None
         if replay not in ("auto", "exact", "batched"):
             raise ValueError(f"replay must be auto, exact or batched, not {replay!r}")

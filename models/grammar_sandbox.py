@@ -6,7 +6,9 @@ queued. The engine is native code; a schema that crashes it (a stack overflow is
 SIGSEGV, not an exception) would kill the scheduler and every client's work with it.
 :mod:`uniun.protocol.schema_bounds` refuses the shapes known to do that; this sandbox
 contains whatever it does not foresee. The check runs in a long-lived child
-(``models/grammar_worker.py``: smaller stack than the runner's, capped memory), and:
+(``models/grammar_worker.py``: smaller stack than the runner's, capped memory), compiles
+the format as the runner will for the job's model (its tokenizer, the first token mask:
+an engine hang shows there, not in a grammar check), and:
 
 - the child crashed: the request is refused (``FormatError`` naming the signal) and the
   next check starts a new child; the verdict is cached, so a re-sent request costs no
@@ -32,14 +34,15 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from pathlib import Path
 from typing import Any
 
 import msgpack
 from loguru import logger
 
 from uniun.models.constrain import FormatError
-from uniun.models.grammar_worker import HEADER
+from uniun.models.grammar_worker import HEADER, WARM_UP
 
 __all__ = ["GrammarSandbox", "DEFAULT_TIMEOUT_S"]
 
@@ -57,19 +60,28 @@ class GrammarSandbox:
     Thread-safe (one check at a time); the child is (re)started on demand.
     """
 
-    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, cache_size: int = 256) -> None:
+    def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S, cache_size: int = 256,
+                 model_folder: Callable[[str], Path] | None = None) -> None:
+        """``model_folder``: where a model id's files are (its tokenizer); None compiles
+        grammars without a model (the engine's grammar check only)."""
         self.timeout_s = timeout_s
+        self.model_folder = model_folder
         self.cache_size = cache_size
         self.crashes = 0  # children lost to a format (for status and the tests)
         self.timeouts = 0
         self._verdicts: OrderedDict[bytes, str | None] = OrderedDict()  # error, None: ok
         self._child: subprocess.Popen[bytes] | None = None
+        self._loaded: set[str] = set()  # model folders whose tokenizer the child holds
         self._lock = threading.Lock()
 
     # -- life -----------------------------------------------------------------------
-    def start(self) -> GrammarSandbox:
+    def start(self, warm_model: str | None = None) -> GrammarSandbox:
+        """Start the child; with ``warm_model``, load that model's tokenizer into it now
+        (~0.5 s), so the first chat with a schema does not pay for it."""
         with self._lock:
             self._ensure_child()
+            if warm_model is not None:
+                self._compile(WARM_UP, self._folder(warm_model))
         return self
 
     def close(self) -> None:
@@ -81,32 +93,49 @@ class GrammarSandbox:
         return self._child.pid if self._child is not None else None
 
     # -- checking -------------------------------------------------------------------
-    def check(self, fmt: Mapping[str, Any]) -> None:
-        key = hashlib.sha256(msgpack.packb(fmt, default=str)).digest()
+    def check(self, fmt: Mapping[str, Any], model_id: str | None = None) -> None:
+        folder = self._folder(model_id)
+        key = hashlib.sha256(msgpack.packb([fmt, folder], default=str)).digest()
         with self._lock:
             if key in self._verdicts:
                 self._verdicts.move_to_end(key)
                 error = self._verdicts[key]
             else:
-                error, cacheable = self._compile(fmt)
+                error, cacheable = self._compile(fmt, folder)
                 if cacheable:
                     self._remember(key, error)
         if error is not None:
             raise FormatError(error)
 
-    def _compile(self, fmt: Mapping[str, Any]) -> tuple[str | None, bool]:
-        """(error or None, whether the verdict may be cached)."""
-        child = self._ensure_child()
+    def _folder(self, model_id: str | None) -> str | None:
+        if model_id is None or self.model_folder is None:
+            return None
         try:
-            self._send(child, msgpack.packb({"fmt": fmt}, default=str))
-            reply = msgpack.unpackb(self._receive(child, time.monotonic() + self.timeout_s),
+            return str(self.model_folder(model_id))
+        except ValueError:
+            return None  # not a valid model id: the job's own checks refuse it
+
+    def _compile(self, fmt: Mapping[str, Any], folder: str | None) -> tuple[str | None, bool]:
+        """(error or None, whether the verdict may be cached).
+
+        The first format for a model in a child also loads that model's tokenizer
+        (~0.5 s, more for a large vocabulary): not the format's cost, so that request
+        gets :data:`START_TIMEOUT_S` on top of ``timeout_s``.
+        """
+        child = self._ensure_child()
+        timeout_s = self.timeout_s
+        if folder is not None and folder not in self._loaded:
+            timeout_s += START_TIMEOUT_S
+        try:
+            self._send(child, msgpack.packb({"fmt": fmt, "model": folder}, default=str))
+            reply = msgpack.unpackb(self._receive(child, time.monotonic() + timeout_s),
                                     raw=False)
         except TimeoutError:
             self.timeouts += 1
             self._stop_child()
             logger.warning("grammar sandbox: a format took over {:g} s to compile; child "
-                           "killed", self.timeout_s)
-            return f"could not be compiled within {self.timeout_s:g} s", False
+                           "killed", timeout_s)
+            return f"could not be compiled within {timeout_s:g} s", False
         except _Died:
             self.crashes += 1
             code = self._stop_child()
@@ -115,6 +144,8 @@ class GrammarSandbox:
             logger.warning("grammar sandbox: compiling a client's format killed the child "
                            "({}); the request is refused, a new child starts", how)
             return f"crashed the grammar compiler ({how}); the format is refused", True
+        if folder is not None:
+            self._loaded.add(folder)
         if reply.get("ok"):
             return None, True
         return str(reply.get("error") or "cannot be compiled")[:300], True
@@ -133,8 +164,13 @@ class GrammarSandbox:
                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                  close_fds=True)
         self._child = child
+        loaded, self._loaded = self._loaded, set()
         try:
             ready = msgpack.unpackb(self._receive(child, time.monotonic() + START_TIMEOUT_S))
+            for folder in sorted(loaded):  # a new child holds the tokenizers the last one
+                self._send(child, msgpack.packb({"fmt": WARM_UP, "model": folder}))  # did
+                self._receive(child, time.monotonic() + START_TIMEOUT_S)
+                self._loaded.add(folder)
         except (TimeoutError, _Died):
             self._stop_child()
             raise FormatError("the grammar compiler could not be started") from None

@@ -4,8 +4,16 @@ Run as ``python -m uniun.models.grammar_worker`` by :mod:`uniun.models.grammar_s
 never by hand. It reads requests from stdin and writes verdicts to stdout, each frame a
 4-byte big-endian length and a msgpack map:
 
-- request ``{"fmt": <format map>}`` (a job's ``format``, or the runner's ``tools`` map);
+- request ``{"fmt": <format map>, "model": <the model's folder, or nil>}`` (a job's
+  ``format``, or the runner's ``tools`` map);
 - verdict ``{"ok": true}`` or ``{"ok": false, "error": "<the engine's message>"}``.
+
+With a model folder, the format is compiled as the runner will compile it: the
+:class:`~uniun.models.constrain.Constraint` over that model's tokenizer, vocabulary and
+EOS ids, and its first token mask computed. Checking the grammar alone is not enough:
+``{"type": "number", "multipleOf": 2147483648}`` passes the engine's grammar check and
+then never finishes building its matcher (memory growing without bound), which in the
+runner would hang every job behind it. Here it meets the sandbox's time limit instead.
 
 The compile runs on a thread with a stack of :data:`STACK_BYTES`, half of the 8 MiB a
 runner thread has, so whatever compiles here compiles in the runner with room to spare.
@@ -16,13 +24,17 @@ gone) ends it.
 
 from __future__ import annotations
 
+import functools
+import json
 import resource
 import struct
 import sys
 import threading
+from pathlib import Path
 from typing import Any, BinaryIO
 
 import msgpack
+import numpy as np
 
 STACK_BYTES = 4 * 1024 * 1024
 MEMORY_BYTES = 2 * 1024 * 1024 * 1024
@@ -45,17 +57,41 @@ def write_frame(stream: BinaryIO, body: bytes) -> None:
     stream.flush()
 
 
-def verdict(fmt: Any) -> dict[str, Any]:
+@functools.lru_cache(maxsize=4)
+def _model(folder: str) -> tuple[Any, int, tuple[int, ...]]:
+    """(tokenizer, vocabulary size, EOS ids) of a model folder, as the runner reads them."""
+    from uniun.models.decoder_model import eos_ids_of
+    from uniun.models.tokenizer import load_tokenizer
+
+    path = Path(folder)
+    tokenizer = load_tokenizer(path)
+    config = json.loads((path / "config.json").read_text())
+    vocab = int(config.get("vocab_size", 0)) or len(tokenizer)
+    return tokenizer, vocab, eos_ids_of(path, config, tokenizer)
+
+
+def _compile_for(fmt: Any, folder: str | None) -> None:
+    """Raise unless ``fmt`` compiles (for the model in ``folder``: matcher and first mask)."""
+    from uniun.models.constrain import Constraint, check_format
+
+    check_format(fmt)
+    if folder is None or not Path(folder, "tokenizer.json").is_file():
+        return  # no model to compile for (the runner will refuse the job itself)
+    tokenizer, vocab, eos_ids = _model(folder)
+    Constraint(fmt, tokenizer, eos_ids, []).mask(np.zeros(vocab, dtype=np.float32))
+
+
+def verdict(fmt: Any, folder: str | None = None) -> dict[str, Any]:
     """Compile ``fmt`` on a thread of :data:`STACK_BYTES` and say whether it compiled."""
-    from uniun.models.constrain import FormatError, check_format
+    from uniun.models.constrain import ConstraintError, FormatError
 
     result: dict[str, Any] = {}
 
     def compile_it() -> None:
         try:
-            check_format(fmt)
+            _compile_for(fmt, folder)
             result["ok"] = True
-        except FormatError as err:
+        except (FormatError, ConstraintError) as err:
             result.update(ok=False, error=str(err))
         except Exception as err:  # noqa: BLE001 - any engine failure is the format's verdict
             result.update(ok=False, error=f"cannot be compiled: {err}")
@@ -74,7 +110,7 @@ def main() -> int:
     write_frame(stdout, msgpack.packb({"ready": True}))
     while (frame := read_frame(stdin)) is not None:
         request = msgpack.unpackb(frame, raw=False)
-        write_frame(stdout, msgpack.packb(verdict(request.get("fmt"))))
+        write_frame(stdout, msgpack.packb(verdict(request.get("fmt"), request.get("model"))))
     return 0
 
 

@@ -119,10 +119,11 @@ class JobRules:
     max_new_tokens_cap: int = 4096
     max_prompt_chars: int = 200_000
     known_models: Container[str] | None = field(default=None)  # only asked `in`
-    # Raises ValueError (its message) for a ``format`` the grammar engine cannot compile;
-    # the scheduler passes its grammar sandbox's check (models/grammar_sandbox.py). None:
-    # shape and bounds checks only (protocol/schema_bounds.py runs either way).
-    check_format: Callable[[dict[str, Any]], None] | None = field(default=None)
+    # ``check_format(fmt, model_id)`` raises ValueError (its message) for a ``format`` the
+    # grammar engine cannot compile for that model; the scheduler passes its grammar
+    # sandbox's check (models/grammar_sandbox.py). None: shape and bounds checks only
+    # (protocol/schema_bounds.py runs either way).
+    check_format: Callable[[dict[str, Any], str], None] | None = field(default=None)
 
 
 # --- parsing -------------------------------------------------------------------------
@@ -228,19 +229,19 @@ def _check_schemas(rules: JobRules, job: JobSpec) -> None:
     """``invalid_field`` naming the schema unless each of the job's schemas is within the
     bounds (always: pure Python) and, given a ``check_format``, compiles."""
     if job.format is not None:
-        _check_schema(rules, job.format.to_map(), "format.schema", job.job_id)
+        _check_schema(rules, job.format.to_map(), "format.schema", job)
     for i, tool in enumerate(job.tools.tools if job.tools is not None else ()):
         if "parameters" in tool:
             _check_schema(rules, {"type": "json_schema", "schema": tool["parameters"]},
-                          f"tools[{i}].parameters", job.job_id)
+                          f"tools[{i}].parameters", job)
     if rules.check_format is not None and job.tools is not None and job.tools.active:
         fmt = job.tools.to_format()  # the whole grammar, as the runner will build it
         if job.format is not None:  # (calls and text together)
             fmt["format"] = job.format.to_map()
-        _check_schema(rules, fmt, "tools", job.job_id, bounds=False)
+        _check_schema(rules, fmt, "tools", job, bounds=False)
 
 
-def _check_schema(rules: JobRules, fmt: dict[str, Any], where: str, job_id: str, *,
+def _check_schema(rules: JobRules, fmt: dict[str, Any], where: str, job: JobSpec, *,
                   bounds: bool = True) -> None:
     """``invalid_field`` naming ``where`` unless ``fmt``'s schema is within the bounds
     (``schema_bounds``: before any native code sees it) and the grammar engine compiles
@@ -249,13 +250,13 @@ def _check_schema(rules: JobRules, fmt: dict[str, Any], where: str, job_id: str,
         if bounds:
             check_schema_bounds(fmt.get("schema"))
         if rules.check_format is not None:
-            rules.check_format(fmt)
+            rules.check_format(fmt, job.model_id)
     except ValueError as err:
-        raise InvalidField(where, str(err)[:300], job_id=job_id) from None
+        raise InvalidField(where, str(err)[:300], job_id=job.job_id) from None
     except Exception as err:  # noqa: BLE001 - a grammar engine's own failure on a
         # hostile schema is still the schema's fault, not ours: invalid_field
-        logger.bind(job=job_id).warning("compiling {} failed: {!r}", where, err)
-        raise InvalidField(where, "cannot be compiled", job_id=job_id) from None
+        logger.bind(job=job.job_id).warning("compiling {} failed: {!r}", where, err)
+        raise InvalidField(where, "cannot be compiled", job_id=job.job_id) from None
 
 
 def _parse_texts(texts: Any) -> tuple[str, ...]:

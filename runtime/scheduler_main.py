@@ -118,11 +118,14 @@ def main(config: RuntimeConfig) -> int:
     journal, replayed = open_journal(config)
     # Clients' schemas compile in a child process: a crash there refuses one request
     # (models/grammar_sandbox.py), here it would stop every client's work.
-    grammar = GrammarSandbox(timeout_s=config.limits.schema_compile_timeout_s).start()
+    store = ModelStore(models_dir())
+    grammar = GrammarSandbox(timeout_s=config.limits.schema_compile_timeout_s,
+                             model_folder=lambda model_id: store.folder(model_id)
+                             ).start(warm_model=config.models.chat_model)
     rules = JobRules(default_model=config.models.chat_model, kinds=tuple(config.jobs.kinds),
                      max_new_tokens_cap=config.limits.max_new_tokens_cap,
                      max_prompt_chars=config.limits.max_prompt_chars,
-                     known_models=ModelIds(ModelStore(models_dir())),
+                     known_models=ModelIds(store),
                      check_format=grammar.check)  # a schema that cannot compile is refused here
     if crash_text := os.environ.get(VALIDATE_CRASH_ENV):
         rules = validate_crash_hook(rules, crash_text)
@@ -193,12 +196,12 @@ def validate_crash_hook(rules: JobRules, text: str) -> JobRules:
     """``rules`` whose schema check first dies on ``text`` (:data:`VALIDATE_CRASH_ENV`)."""
     check = rules.check_format
 
-    def checked(fmt: dict[str, Any]) -> None:
+    def checked(fmt: dict[str, Any], model_id: str) -> None:
         if text in json.dumps(fmt):
             logger.error("test crash text in a schema under validation; dying")
             os.kill(os.getpid(), signal.SIGKILL)
         if check is not None:
-            check(fmt)
+            check(fmt, model_id)
     return dataclasses.replace(rules, check_format=checked)
 
 

@@ -34,7 +34,7 @@ def main() -> int:
 
     from uniun.models.chat_template import encode_chat
     from uniun.models.convert.recipes import ensure_model
-    from uniun.models.decoder_model import _eos_ids, _load_tokenizer
+    from uniun.models.decoder_model import _load_tokenizer, eos_ids_of
     from uniun.models.store import ModelStore
     from uniun.runtime.bench.dialect import PEER_SCRIPT
     from uniun.runtime.bench.peer import PROMPTS
@@ -46,7 +46,7 @@ def main() -> int:
     prompts = [encode_chat(tok, [{"role": "user", "content": p}])[0] for p in PROMPTS]
     spec = {"gguf": str(args.gguf.resolve()), "threads": 2, "prompts": prompts,
             "tokens": TOKENS, "repeat_penalty": 1.1, "repeat_last_n": 64,
-            "eos": list(_eos_ids(folder, config, tok))}
+            "eos": list(eos_ids_of(folder, config, tok))}
     done = subprocess.run([args.peer_python, str(PEER_SCRIPT)], input=json.dumps(spec),
                           capture_output=True, text=True, check=False)
     if done.returncode != 0:

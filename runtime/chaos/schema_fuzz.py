@@ -142,7 +142,8 @@ class _Wire:
     def call(self, msg: dict[str, Any] | None, until: Any) -> dict[str, Any] | None:
         """Send ``msg`` (if any), then read until a message satisfies ``until``."""
         if msg is not None:
-            self.sock.send(msgpack.packb(msg, use_bin_type=True))
+            self.sock.send(msgpack.packb(msg, use_bin_type=True))  # a frame too deep or
+            # too wide to decode is answered without ``re`` (it has no readable id)
         deadline = time.monotonic() + REPLY_TIMEOUT_S
         while time.monotonic() < deadline:
             if self.sock.poll(500):
@@ -172,8 +173,8 @@ def _wire_route(report: SchemaFuzzReport, wire: _Wire, t: Target, family: str,
     except (ValueError, OverflowError, TypeError):
         report.outcomes[f"wire {family} unencodable"] += 1  # msgpack cannot carry it
         return
-    reply = wire.call({"v": 1, "type": "submit", "id": mid, "job": job},
-                      lambda r: r.get("re") == mid)
+    reply = wire.call({"v": 1, "type": "submit", "id": mid, "job": job}, lambda r: r.get(
+        "re") == mid or (r.get("re") is None and r.get("type") == "error" and "job_id" not in r))
     if reply is None:
         report.http.violate(f"wire: no reply to the submit of a {family} schema")
         return

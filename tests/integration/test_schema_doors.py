@@ -25,7 +25,7 @@ from .harness import BASE_CONFIG, Runtime, serving
 pytestmark = pytest.mark.integration
 
 CONFIG = BASE_CONFIG + "\n[http]\nport = 0\n"
-CI_SCHEMAS = 8  # x 3 routes; `uniun-runtime fuzz --http --schemas 10000` is the long run
+CI_SCHEMAS = 60  # x 3 routes; `uniun-runtime fuzz --http --schemas 10000` is the long run
 CHAT = [{"role": "user", "content": "Hi"}]
 
 

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.models_cache import shared_store
 from uniun.models.constrain import FormatError
 from uniun.models.grammar_sandbox import GrammarSandbox
 
@@ -65,5 +66,22 @@ def test_a_compile_past_the_time_limit_is_refused_and_the_child_replaced() -> No
         assert box.timeouts == 1 and box.pid is None
         box.timeout_s = 60.0  # not cached: the same format compiles once time allows
         box.check(ORDINARY)
+    finally:
+        box.close()
+
+
+def test_a_format_that_hangs_the_runners_matcher_is_refused_for_that_model(
+        tiny_model: str) -> None:
+    """``multipleOf: 2**31`` passes the engine's grammar check, then building its matcher
+    over a tokenizer never ends (memory growing): in the runner that would hang every
+    job. Compiled for the job's model, as the runner does, it meets the sandbox's limit."""
+    store = shared_store()
+    box = GrammarSandbox(timeout_s=5.0, model_folder=store.folder).start(warm_model=tiny_model)
+    try:
+        box.check(ORDINARY, tiny_model)  # a first mask over the model's tokenizer: fine
+        with pytest.raises(FormatError, match=r"within|crashed"):
+            box.check({"type": "json_schema", "schema": {"type": "number",
+                                                         "multipleOf": 2147483648}}, tiny_model)
+        box.check(ORDINARY, tiny_model)  # and the next request is served
     finally:
         box.close()

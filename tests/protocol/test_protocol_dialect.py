@@ -14,7 +14,8 @@ from uniun.protocol.errors import ErrorCode, ProtocolError
 from uniun.protocol.jobmap import Sampling, validate_job
 from uniun.protocol.tools import parse_tool_calls
 
-RULES = rq.JobRules(default_model="tiny-1", check_format=check_format)
+RULES = rq.JobRules(default_model="tiny-1",
+                    check_format=lambda fmt, _model_id: check_format(fmt))
 JOB: dict[str, Any] = {"job_id": "j1", "kind": "chat",
                        "messages": [{"role": "user", "content": "hi"}]}
 WEATHER = {"name": "get_weather", "description": "weather",
