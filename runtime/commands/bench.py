@@ -28,6 +28,7 @@ ABLATIONS = {  # one mechanism of docs/device.md off at a time
 }
 DEFAULT_PEER_OUT = "bench/results/peer-llamacpp-MODEL.json"  # MODEL: --model
 DEFAULT_CONSOLE_OUT = Path("bench/results") / "console-goals.json"
+DEFAULT_HOSTILE_OUT = Path("bench/results") / "hostile-requests.json"
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -104,6 +105,20 @@ def register(sub: argparse._SubParsersAction) -> None:
     peer.add_argument("--peer-no-extra-buffers", action="store_true",
                       help="run llama.cpp without its repacked / AMX weight buffers "
                            "(use_extra_bufts off): its AMX path crashes on some Xeons")
+    hostile = parser.add_argument_group("one hostile request, door by door (--hostile)")
+    hostile.add_argument("--hostile", action="store_true",
+                         help="the hostile-request measures against a default runtime: the "
+                              "schemas that crashed the scheduler, a 2 KB schema's TTFT "
+                              "with validation on vs off, live feeds per client, the chat "
+                              "reserve, kept log-probabilities, a schema fuzz, replay after "
+                              f"a config change (runtime/bench/hostile.py; default --out "
+                              f"{DEFAULT_HOSTILE_OUT})")
+    hostile.add_argument("--schemas", type=int, default=1000, metavar="N",
+                         help="with --hostile: fuzzed schemas, each through 3 routes "
+                              "(default 1000; 0 skips)")
+    hostile.add_argument("--logprob-jobs", type=int, default=1000, metavar="N",
+                         help="with --hostile: jobs with logprobs 20 and 256 tokens before "
+                              "the scheduler's RSS is read again (default 1000; 0 skips)")
     dialect = parser.add_argument_group("the OpenAI dialect's measures (--dialect)")
     dialect.add_argument("--dialect", action="store_true",
                          help="instead of the end-to-end bench: penalties vs llama.cpp, "
@@ -126,6 +141,8 @@ def run(args: argparse.Namespace) -> int:
         return run_dialect(args)
     if args.console:
         return run_console(args)
+    if args.hostile:
+        return run_hostile(args)
     if args.peer:
         from uniun.runtime.commands.bench_peer import run_peer
 
@@ -215,6 +232,29 @@ def run_console(args: argparse.Namespace) -> int:
     Console().print(grid)
     print(f"(written to {out})", file=sys.stderr)
     return 0 if all(g["met"] for g in result["goals"].values()) else 1
+
+
+def run_hostile(args: argparse.Namespace) -> int:
+    """``bench --hostile``: runtime/bench/hostile.py, one JSON file."""
+    from uniun.runtime.bench.hostile import run as run_hostile_bench
+
+    out = args.out or DEFAULT_HOSTILE_OUT
+    if args.schemas < 0 or args.logprob_jobs < 0 or args.reps < 1:
+        print("uniun-runtime: bench --hostile needs --schemas >= 0, --logprob-jobs >= 0 "
+              "and --reps >= 1", file=sys.stderr)
+        return 2
+    try:
+        result = run_hostile_bench(args.model, reps=max(args.reps, 10), schemas=args.schemas,
+                                   logprob_jobs=args.logprob_jobs,
+                                   log=lambda msg: print(msg, file=sys.stderr))
+    except RuntimeError as err:
+        print(f"uniun-runtime: bench --hostile failed: {err}", file=sys.stderr)
+        return 1
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    print(json.dumps(result, indent=2, default=str))
+    print(f"(written to {out})", file=sys.stderr)
+    return 0
 
 
 def table(result: dict[str, Any]) -> Table:
