@@ -295,6 +295,8 @@ def queue_reserve(endpoint: str, client: RawClient, model: str) -> dict[str, Any
 
 def logprob_rss(client: RawClient, model: str, jobs: int, log: Log) -> dict[str, Any]:
     pid = ((_status(client, 10.0) or {}).get("processes") or {}).get("scheduler")
+    if not isinstance(pid, int):
+        raise RuntimeError("status names no scheduler pid")
     before = _rss(pid)
     tokens = 0
     for n in range(jobs):
