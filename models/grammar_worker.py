@@ -74,10 +74,10 @@ def _compile_for(fmt: Any, folder: str | None) -> None:
     """Raise unless ``fmt`` compiles (for the model in ``folder``: matcher and first mask)."""
     from uniun.models.constrain import Constraint, check_format
 
-    check_format(fmt)
     if folder is None or not Path(folder, "tokenizer.json").is_file():
-        return  # no model to compile for (the runner will refuse the job itself)
-    tokenizer, vocab, eos_ids = _model(folder)
+        check_format(fmt)  # no model to compile for (the runner will refuse the job itself)
+        return
+    tokenizer, vocab, eos_ids = _model(folder)  # the matcher checks the grammar as it builds
     Constraint(fmt, tokenizer, eos_ids, []).mask(np.zeros(vocab, dtype=np.float32))
 
 
