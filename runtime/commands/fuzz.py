@@ -12,13 +12,12 @@ restarted. Exit status 0 only if all of that held. Needs Hypothesis (the ``test`
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from uniun.protocol.curve import CurveError
 from uniun.protocol.endpoints import EndpointError
 from uniun.runtime.commands.common import fail
-from uniun.runtime.commands.fuzz_http import add_http_args, front_socket, run_http
+from uniun.runtime.commands.fuzz_http import add_http_args, emit, front_socket, run_http
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -67,8 +66,5 @@ def run(args: argparse.Namespace) -> int:
         fail(str(err))
         return 2
     report = run_wire_fuzz(endpoint, args.frames, args.seed, socket_options=options)
-    body = report.to_json()
-    if args.out is not None:
-        args.out.write_text(json.dumps(body, indent=2) + "\n")
-    print(json.dumps(body, indent=2) if args.json else report.text())
+    emit(args, report.to_json(), report.text())
     return 0 if report.ok else 1

@@ -31,7 +31,7 @@ from uniun.runtime.paths import models_dir, run_dir, uniun_home
 from uniun.runtime.security import client_curve
 from uniun.runtime.state import HTTP_ENDPOINT_FILE
 
-__all__ = ["add_http_args", "front_socket", "run_http"]
+__all__ = ["add_http_args", "emit", "front_socket", "run_http"]
 
 
 def add_http_args(parser: argparse.ArgumentParser) -> None:
@@ -127,19 +127,14 @@ def run_http(args: argparse.Namespace) -> int:
         and huge.body_bytes_sent == 0
     body: dict[str, Any] = {"url": url, "ok": report.ok and probes_ok,
                             "probes": probes_json(probes), "fuzz": report.to_json()}
-    if args.out is not None:
-        args.out.write_text(json.dumps(body, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(body, indent=2))
-    else:
-        print(f"gateway {url}")
-        for p in probes:
-            extra = "" if p.body_bytes_sent is None else \
-                f", {p.body_bytes_sent} body bytes sent before the answer"
-            print(f"probe {p.name:<16} {p.status} {'ANSWERED' if p.answered else 'refused'}"
-                  f"{extra}")
-        print(report.text())
-        print("verdict:", "OK" if body["ok"] else "FAILED")
+    lines = [f"gateway {url}"]
+    for p in probes:
+        extra = "" if p.body_bytes_sent is None else \
+            f", {p.body_bytes_sent} body bytes sent before the answer"
+        lines.append(f"probe {p.name:<16} {p.status} "
+                     f"{'ANSWERED' if p.answered else 'refused'}{extra}")
+    lines += [report.text(), f"verdict: {'OK' if body['ok'] else 'FAILED'}"]
+    emit(args, body, "\n".join(lines))
     return 0 if body["ok"] else 1
 
 
@@ -157,13 +152,14 @@ def _run_schemas(args: argparse.Namespace, target: Any, url: str) -> int:
         return 2
     report = run_schema_fuzz(target, endpoint, args.schemas, args.seed, socket_options=options,
                              markers=(str(uniun_home()), str(models_dir())))
-    body = {"url": url, **report.to_json()}
+    emit(args, {"url": url, **report.to_json()}, f"gateway {url}, front {endpoint}\n"
+         f"{report.text()}\nverdict: {'OK' if report.ok else 'FAILED'}")
+    return 0 if report.ok else 1
+
+
+def emit(args: argparse.Namespace, body: dict[str, Any], text: str) -> None:
+    """A fuzz run's report: to ``--out`` as JSON if asked, and printed (``--json``: as
+    JSON, else ``text``)."""
     if args.out is not None:
         args.out.write_text(json.dumps(body, indent=2) + "\n")
-    if args.json:
-        print(json.dumps(body, indent=2))
-    else:
-        print(f"gateway {url}, front {endpoint}")
-        print(report.text())
-        print("verdict:", "OK" if report.ok else "FAILED")
-    return 0 if report.ok else 1
+    print(json.dumps(body, indent=2) if args.json else text)
