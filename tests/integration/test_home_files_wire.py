@@ -132,7 +132,7 @@ def test_a_corrupt_journal_and_results_store_are_moved_aside_and_the_runtime_ser
         rt.stop()
 
 
-def test_an_undecodable_journal_row_is_skipped_and_the_other_jobs_run(
+def test_an_undecodable_journal_row_is_dead_lettered_and_the_other_jobs_run(
         tmp_path: Path, tiny_model: str) -> None:
     home = tmp_path / "home"
     home.mkdir()
@@ -152,8 +152,17 @@ def test_an_undecodable_journal_row_is_skipped_and_the_other_jobs_run(
         assert w.end("kept")["type"] == "done"
         reply = w.request("attach", job_id="broken")
         assert reply["type"] == "error" and reply["code"] == "not_found"
+        assert "unreadable" in reply["message"]  # attach says where it went, and why
         log = (home / "logs" / "scheduler.log").read_text()
-        assert "journal row of job 'broken' unreadable, dropped" in log
-        assert "quarantined" not in (rt.status() or {})  # one bad row is not a bad file
+        assert "journal row of job 'broken' moved to the dead letters" in log
+        status = rt.status() or {}
+        assert "quarantined" not in status  # one bad row is not a bad file
+        assert status["dead_letters"]["count"] == 1
     finally:
         rt.stop()
+    db = sqlite3.connect(home / "journal.db")  # acknowledged: kept, raw bytes and all
+    try:
+        assert db.execute("SELECT spec FROM dead_letters WHERE job_id = 'broken'"
+                          ).fetchall() == [(b"\xc1not msgpack",)]
+    finally:
+        db.close()
