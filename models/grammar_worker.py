@@ -82,35 +82,34 @@ def _compile_for(fmt: Any, folder: str | None) -> None:
 
 
 def verdict(fmt: Any, folder: str | None = None) -> dict[str, Any]:
-    """Compile ``fmt`` on a thread of :data:`STACK_BYTES` and say whether it compiled."""
+    """Compile ``fmt`` and say whether it compiled (the engine's failure is the verdict)."""
     from uniun.models.constrain import ConstraintError, FormatError
 
-    result: dict[str, Any] = {}
+    try:
+        _compile_for(fmt, folder)
+    except (FormatError, ConstraintError) as err:
+        return {"ok": False, "error": str(err)}
+    except Exception as err:  # noqa: BLE001 - any engine failure is the format's verdict
+        return {"ok": False, "error": f"cannot be compiled: {err}"}
+    return {"ok": True}
 
-    def compile_it() -> None:
-        try:
-            _compile_for(fmt, folder)
-            result["ok"] = True
-        except (FormatError, ConstraintError) as err:
-            result.update(ok=False, error=str(err))
-        except Exception as err:  # noqa: BLE001 - any engine failure is the format's verdict
-            result.update(ok=False, error=f"cannot be compiled: {err}")
 
-    thread = threading.Thread(target=compile_it, name="grammar-compile")
-    thread.start()
-    thread.join()
-    return result or {"ok": False, "error": "the compiler returned no verdict"}
+def serve(stdin: BinaryIO, stdout: BinaryIO) -> None:
+    """Answer requests until EOF; runs on the thread of :data:`STACK_BYTES`."""
+    verdict(WARM_UP)  # the engine loaded and run once before the first request, not in it
+    write_frame(stdout, msgpack.packb({"ready": True}))
+    while (frame := read_frame(stdin)) is not None:
+        request = msgpack.unpackb(frame, raw=False)
+        write_frame(stdout, msgpack.packb(verdict(request.get("fmt"), request.get("model"))))
 
 
 def main() -> int:
     resource.setrlimit(resource.RLIMIT_AS, (MEMORY_BYTES, MEMORY_BYTES))
     threading.stack_size(STACK_BYTES)
-    verdict(WARM_UP)  # the engine loaded and run once before the first request, not in it
-    stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
-    write_frame(stdout, msgpack.packb({"ready": True}))
-    while (frame := read_frame(stdin)) is not None:
-        request = msgpack.unpackb(frame, raw=False)
-        write_frame(stdout, msgpack.packb(verdict(request.get("fmt"), request.get("model"))))
+    worker = threading.Thread(target=serve, args=(sys.stdin.buffer, sys.stdout.buffer),
+                              name="grammar-compile")
+    worker.start()  # every compile on this one thread, with the smaller stack
+    worker.join()
     return 0
 
 
