@@ -14,8 +14,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from uniun.protocol.curve import CurveError
-from uniun.protocol.endpoints import EndpointError
 from uniun.runtime.commands.common import fail
 from uniun.runtime.commands.fuzz_http import add_http_args, emit, front_socket, run_http
 
@@ -60,11 +58,9 @@ def run(args: argparse.Namespace) -> int:
     if args.frames < 1:
         fail("--frames must be at least 1")
         return 2
-    try:
-        endpoint, options = front_socket(args)
-    except (EndpointError, CurveError) as err:
-        fail(str(err))
+    if (front := front_socket(args)) is None:
         return 2
+    endpoint, options = front
     report = run_wire_fuzz(endpoint, args.frames, args.seed, socket_options=options)
     emit(args, report.to_json(), report.text())
     return 0 if report.ok else 1

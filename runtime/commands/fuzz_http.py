@@ -55,11 +55,15 @@ def add_http_args(parser: argparse.ArgumentParser) -> None:
                         help="with --http: allowed growth of the gateway's RSS (default 64)")
 
 
-def front_socket(args: argparse.Namespace) -> tuple[str, dict[int, Any]]:
+def front_socket(args: argparse.Namespace) -> tuple[str, dict[int, Any]] | None:
     """The front's endpoint and the DEALER options to reach it (CURVE keys on tcp);
-    raises EndpointError or CurveError."""
-    endpoint = front_endpoint(args.front)
-    curve = client_curve(endpoint, client_key=args.client_key)
+    None, with the reason printed, when it cannot be reached."""
+    try:
+        endpoint = front_endpoint(args.front)
+        curve = client_curve(endpoint, client_key=args.client_key)
+    except (EndpointError, CurveError) as err:
+        fail(str(err))
+        return None
     if curve is None:
         return endpoint, {}
     return endpoint, {zmq.CURVE_SERVERKEY: curve.server_public,
@@ -145,11 +149,9 @@ def _run_schemas(args: argparse.Namespace, target: Any, url: str) -> int:
     if args.schemas < 1:
         fail("--schemas must be at least 1")
         return 2
-    try:
-        endpoint, options = front_socket(args)
-    except (EndpointError, CurveError) as err:
-        fail(str(err))
+    if (front := front_socket(args)) is None:
         return 2
+    endpoint, options = front
     report = run_schema_fuzz(target, endpoint, args.schemas, args.seed, socket_options=options,
                              markers=(str(uniun_home()), str(models_dir())))
     emit(args, {"url": url, **report.to_json()}, f"gateway {url}, front {endpoint}\n"
