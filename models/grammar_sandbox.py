@@ -84,6 +84,18 @@ class GrammarSandbox:
                 self._compile(WARM_UP, self._folder(warm_model))
         return self
 
+    def start_in_background(self, warm_model: str | None = None) -> None:
+        """:meth:`start` on a thread of its own: the caller (the scheduler starting up)
+        does not wait the child's start and tokenizer load (~1 s); a check that comes
+        meanwhile waits for it under the lock, and one after a failed start retries."""
+        def run() -> None:
+            try:
+                self.start(warm_model)
+            except FormatError as err:
+                logger.warning("grammar sandbox: {}; the first check starts it again", err)
+
+        threading.Thread(target=run, name="grammar-sandbox-start", daemon=True).start()
+
     def close(self) -> None:
         with self._lock:
             self._stop_child()

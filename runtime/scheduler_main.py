@@ -120,8 +120,8 @@ def main(config: RuntimeConfig) -> int:
     # (models/grammar_sandbox.py), here it would stop every client's work.
     store = ModelStore(models_dir())
     grammar = GrammarSandbox(timeout_s=config.limits.schema_compile_timeout_s,
-                             model_folder=lambda model_id: store.folder(model_id)
-                             ).start(warm_model=config.models.chat_model)
+                             model_folder=store.folder)
+    grammar.start_in_background(warm_model=config.models.chat_model)  # the front binds now
     rules = JobRules(default_model=config.models.chat_model, kinds=tuple(config.jobs.kinds),
                      max_new_tokens_cap=config.limits.max_new_tokens_cap,
                      max_prompt_chars=config.limits.max_prompt_chars,
