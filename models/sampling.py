@@ -24,6 +24,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from uniun.protocol.sampling_fields import CONTROLS, DEFAULTS_MODES, KEYS
+
 __all__ = ["DEFAULTS_MODES", "FIELDS", "Sampler", "SamplingParams", "sample_token"]
 
 
@@ -34,50 +36,37 @@ class _SamplingLike(Protocol):
     seed: int | None
 
 
-FIELDS = ("temperature", "top_p", "top_k", "seed", "min_p", "repetition_penalty",
-          "repeat_last_n", "frequency_penalty", "presence_penalty")
-DEFAULTS_MODES = ("none", "model")  # see SamplingParams.coerce
+FIELDS = KEYS  # SamplingParams' fields: the sampling controls, in their declared order
+
+
+def _neutral(key: str) -> Any:
+    return CONTROLS[key].neutral
 
 
 @dataclass(frozen=True)
 class SamplingParams:
     """How to pick tokens. Mirrors ``uniun.protocol.jobmap.Sampling`` (accepted too).
 
-    Every default leaves the logits untouched: greedy, no filter, no penalty.
+    One field per control of ``protocol/sampling_fields.py``, which declares its range,
+    its meaning and its default: the neutral value, which leaves the logits untouched
+    (greedy, no filter, no penalty). Out of range is a ``ValueError`` naming the field.
     """
 
-    temperature: float = 0.0  # 0 = greedy; > 0 divides the logits
-    top_p: float = 1.0  # nucleus mass kept, (0, 1]; 1 = off
-    top_k: int = 0  # keep the k most likely tokens; 0 = off
-    seed: int | None = None  # None: a random seed is drawn once per job and recorded
-    min_p: float = 0.0  # drop tokens below min_p x the top probability, [0, 1]; 0 = off
-    # llama.cpp's repeat_penalty: a logit of a token among the last ``repeat_last_n`` of
-    # prompt + generated ids is divided by it (multiplied when <= 0); 1 = off
-    repetition_penalty: float = 1.0
-    repeat_last_n: int = 64  # the window of repetition_penalty, tokens; -1 = all, 0 = off
-    # OpenAI's: minus count x frequency_penalty, minus presence_penalty once, for every
-    # token already generated in this job (the prompt does not count); [-2, 2], 0 = off
-    frequency_penalty: float = 0.0
-    presence_penalty: float = 0.0
+    temperature: float = _neutral("temperature")
+    top_p: float = _neutral("top_p")
+    top_k: int = _neutral("top_k")
+    seed: int | None = _neutral("seed")  # None: drawn once per job and recorded
+    min_p: float = _neutral("min_p")
+    repetition_penalty: float = _neutral("repetition_penalty")
+    repeat_last_n: int = _neutral("repeat_last_n")
+    frequency_penalty: float = _neutral("frequency_penalty")
+    presence_penalty: float = _neutral("presence_penalty")
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0 and np.isfinite(self.temperature)):
-            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature!r}")
-        if not (0.0 < self.top_p <= 1.0):
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k!r}")
-        if not (0.0 <= self.min_p <= 1.0):
-            raise ValueError(f"min_p must be in [0, 1], got {self.min_p!r}")
-        if not (0.0 < self.repetition_penalty <= 10.0):
-            raise ValueError(f"repetition_penalty must be in (0, 10], got "
-                             f"{self.repetition_penalty!r}")
-        if self.repeat_last_n < -1:
-            raise ValueError(f"repeat_last_n must be >= -1, got {self.repeat_last_n!r}")
-        for name in ("frequency_penalty", "presence_penalty"):
-            value = getattr(self, name)
-            if not (-2.0 <= value <= 2.0):
-                raise ValueError(f"{name} must be in [-2, 2], got {value!r}")
+        for key, control in CONTROLS.items():
+            value = getattr(self, key)
+            if value is not None and not control.in_range(value):
+                raise ValueError(f"{key} {control.rule()}, got {value!r}")
 
     @property
     def greedy(self) -> bool:
@@ -110,13 +99,14 @@ class SamplingParams:
             mode = getattr(value, "defaults", None)
         if mode == "model" and model_defaults:
             given = {**{k: v for k, v in model_defaults.items() if k in FIELDS}, **given}
-        kinds = {f.name: f.type for f in fields(cls)}
-        typed: dict[str, Any] = {k: (int(v) if kinds[k] in ("int", "int | None") else float(v))
-                                 for k, v in given.items()}
-        return cls(**typed)
+        return cls(**{k: CONTROLS[k].typed(v) for k, v in given.items()})
 
     def to_map(self) -> dict[str, Any]:
         return asdict(self)
+
+
+if tuple(f.name for f in fields(SamplingParams)) != KEYS:  # pragma: no cover
+    raise ImportError("SamplingParams' fields differ from protocol/sampling_fields.py")
 
 
 class Sampler:

@@ -7,7 +7,6 @@ Validation happens once, at the edge, before any state changes: everything downs
 from __future__ import annotations
 
 import json
-import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -15,6 +14,7 @@ from typing import Any
 
 from uniun.protocol.errors import InvalidField
 from uniun.protocol.jobmap_sampling import Sampling, parse_sampling
+from uniun.protocol.sampling_fields import is_int, is_number
 from uniun.protocol.tools import ToolSpec, canonical, parse_tool_choice, parse_tools
 
 DEFAULT_KINDS: tuple[str, ...] = ("chat", "extract", "nataraj", "gana")
@@ -119,15 +119,6 @@ def message_map(message: tuple[str, ...]) -> dict[str, Any]:
     return out
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
-
-
 def shown_key(key: Any) -> str:
     """An unknown key as an error names it: bounded, since the key is the client's and
     a reply that echoed a 1 MiB key whole would not fit in a frame."""
@@ -225,7 +216,7 @@ def _parse_tools(raw: Mapping[str, Any]) -> ToolSpec | None:
 def _parse_logprobs(value: Any) -> int | None:
     if value is None:
         return None
-    if not _is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
+    if not is_int(value) or not 0 <= value <= MAX_TOP_LOGPROBS:
         raise InvalidField("logprobs", f"must be an integer in [0, {MAX_TOP_LOGPROBS}] (the "
                                        "alternatives per token) or nil")
     return int(value)
@@ -315,12 +306,12 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
         max_new = raw.get("max_new_tokens")
         if max_new is None:  # the default never exceeds the configured cap
             max_new = min(DEFAULT_MAX_NEW_TOKENS, max_new_tokens_cap)
-        if not _is_int(max_new) or max_new < 1:
+        if not is_int(max_new) or max_new < 1:
             raise InvalidField("max_new_tokens", "must be an integer >= 1")
         if max_new > max_new_tokens_cap:
             raise InvalidField("max_new_tokens", f"must be at most {max_new_tokens_cap}")
         deadline = raw.get("deadline")
-        if deadline is not None and (not _is_number(deadline) or deadline < 0):
+        if deadline is not None and (not is_number(deadline) or deadline < 0):
             raise InvalidField("deadline", "must be unix seconds (a number >= 0) or nil")
         hint = raw.get("foreground_hint", False)
         if not isinstance(hint, bool):

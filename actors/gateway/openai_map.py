@@ -30,6 +30,7 @@ from typing import Any
 from uniun.actors.gateway.errors import ApiError, bad_request
 from uniun.actors.gateway.openai_tools import parse_tool_message, tool_fields
 from uniun.protocol.jobmap import MAX_JOB_ID_CHARS
+from uniun.protocol.sampling_fields import CONTROLS, Control, is_int, is_number
 
 __all__ = [
     "IGNORED_CHAT_FIELDS",
@@ -60,9 +61,9 @@ REFUSED_EXTENSIONS = frozenset({
     "stop_token_ids", "bad_words", "allowed_token_ids", "n_probs", "penalize_nl",
     "prompt_logprobs",
 })
+UNIUN_SAMPLING = ("top_k",)  # sampling controls the ``uniun`` extension takes too
 UNIUN_FIELDS = frozenset({"kind", "flow", "deadline", "deadline_in_s", "foreground_hint",
-                          "job_id", "top_k"})
-MAX_TEMPERATURE = 2.0  # OpenAI's range; the protocol accepts up to 10
+                          "job_id", *UNIUN_SAMPLING})
 MAX_N = 8  # choices per request, each a job of its own
 MAX_TOP_LOGPROBS = 20  # OpenAI's cap (chat); legacy completions' logprobs too
 
@@ -96,14 +97,6 @@ class JobRequest:
             job["sampling"] = sampling
             out.append(job)
         return out
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def _require_object(body: Any) -> Mapping[str, Any]:
@@ -157,53 +150,33 @@ def _messages(value: Any) -> list[dict[str, Any]]:
     return out
 
 
-def _number(body: Mapping[str, Any], key: str, low: float, high: float, *,
-            open_low: bool = False, where: str | None = None) -> float | None:
-    value = body.get(key)
-    if value is None:
-        return None
-    if not _is_number(value) or not low <= value <= high or (open_low and value == low):
-        bound = "(" if open_low else "["
-        raise bad_request(f"{key} must be a number in {bound}{low:g}, {high:g}]", where or key)
-    return float(value)
+def _control(control: Control, value: Any, where: str) -> int | float:
+    """One sampling control's value as the OpenAI dialect takes it (``where``: its name
+    in the request), refused with the range the wire's error names too."""
+    high = control.openai_high
+    if not control.admits(value, high=high):
+        raise bad_request(f"{where} {control.rule(high=high)}", where)
+    return control.typed(value)
 
 
 def _sampling(body: Mapping[str, Any], ext: Mapping[str, Any]) -> dict[str, Any]:
     """The job's ``sampling``: what the request gives; the rest from the model's chat
-    defaults. Beside OpenAI's fields, the sampling extensions vLLM's and llama.cpp's
-    servers take at the top level (``top_k``, ``min_p``, ``repetition_penalty`` or
-    ``repeat_penalty``, ``repeat_last_n``)."""
+    defaults. Every control of ``protocol/sampling_fields.py`` is taken at the top level
+    under its OpenAI names: OpenAI's own, and the extensions vLLM's and llama.cpp's
+    servers take there (``top_k``, ``min_p``, ``repetition_penalty`` or
+    ``repeat_penalty``, ``repeat_last_n``); ``top_k`` also in the ``uniun`` extension."""
     sampling: dict[str, Any] = {"defaults": "model"}
-    for key, low, high, open_low in (("temperature", 0.0, MAX_TEMPERATURE, False),
-                                     ("top_p", 0.0, 1.0, True), ("min_p", 0.0, 1.0, False),
-                                     ("frequency_penalty", -2.0, 2.0, False),
-                                     ("presence_penalty", -2.0, 2.0, False)):
-        value = _number(body, key, low, high, open_low=open_low)
-        if value is not None:
-            sampling[key] = value
-    repetition = [(k, _number(body, k, 0.0, 10.0, open_low=True))
-                  for k in ("repetition_penalty", "repeat_penalty") if body.get(k) is not None]
-    if len({v for _, v in repetition}) > 1:
-        raise bad_request("repetition_penalty and repeat_penalty differ (they are one "
-                          "control)", "repeat_penalty")
-    if repetition:
-        sampling["repetition_penalty"] = repetition[0][1]
-    seed = body.get("seed")
-    if seed is not None:
-        if not _is_int(seed) or not 0 <= seed < 2**63:
-            raise bad_request("seed must be an integer in [0, 2^63)", "seed")
-        sampling["seed"] = seed
-    last_n = body.get("repeat_last_n")
-    if last_n is not None:
-        if not _is_int(last_n) or not -1 <= last_n <= 1 << 20:
-            raise bad_request("repeat_last_n must be an integer >= -1 (-1 = all, 0 = off)",
-                              "repeat_last_n")
-        sampling["repeat_last_n"] = last_n
-    for top_k, where in ((body.get("top_k"), "top_k"), (ext.get("top_k"), "uniun.top_k")):
-        if top_k is not None:
-            if not _is_int(top_k) or top_k < 0:
-                raise bad_request(f"{where} must be an integer >= 0", where)
-            sampling["top_k"] = top_k
+    for key, control in CONTROLS.items():
+        given = [(name, _control(control, body[name], name))
+                 for name in control.openai_names if body.get(name) is not None]
+        if len({value for _, value in given}) > 1:
+            names = [name for name, _ in given]
+            raise bad_request(f"{' and '.join(names)} differ (they are one control)",
+                              names[-1])
+        if given:
+            sampling[key] = given[0][1]
+        if key in UNIUN_SAMPLING and ext.get(key) is not None:
+            sampling[key] = _control(control, ext[key], f"uniun.{key}")
     return sampling
 
 
@@ -215,14 +188,14 @@ def _logprobs(body: Mapping[str, Any], *, chat: bool) -> int | None:
     if not chat:
         if asked is None:
             return None
-        if not _is_int(asked) or not 0 <= asked <= MAX_TOP_LOGPROBS:
+        if not is_int(asked) or not 0 <= asked <= MAX_TOP_LOGPROBS:
             raise bad_request(f"logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]",
                               "logprobs")
         return int(asked)
     if asked is not None and not isinstance(asked, bool):
         raise bad_request("logprobs must be a boolean", "logprobs")
     if top is not None:
-        if not _is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
+        if not is_int(top) or not 0 <= top <= MAX_TOP_LOGPROBS:
             raise bad_request(f"top_logprobs must be an integer in [0, {MAX_TOP_LOGPROBS}]",
                               "top_logprobs")
         if not asked:
@@ -237,7 +210,7 @@ def _max_tokens(body: Mapping[str, Any], default: int) -> int:
         value, name = body.get("max_tokens"), "max_tokens"
     if value is None:
         return default
-    if not _is_int(value) or value < 1:
+    if not is_int(value) or value < 1:
         raise bad_request(f"{name} must be an integer >= 1", name)
     return value
 
@@ -306,7 +279,7 @@ def _n(body: Mapping[str, Any]) -> int:
     n = body.get("n")
     if n is None:
         return 1
-    if not _is_int(n) or not 1 <= n <= MAX_N:
+    if not is_int(n) or not 1 <= n <= MAX_N:
         raise bad_request(f"n must be an integer in [1, {MAX_N}]", "n")
     return int(n)
 
@@ -328,7 +301,7 @@ def _scheduling(ext: Mapping[str, Any], now: float) -> dict[str, Any]:
         if ext.get(key) is not None:
             job[key] = ext[key]
     if ext.get("deadline_in_s") is not None:
-        if not _is_number(ext["deadline_in_s"]) or ext["deadline_in_s"] < 0:
+        if not is_number(ext["deadline_in_s"]) or ext["deadline_in_s"] < 0:
             raise bad_request("uniun.deadline_in_s must be a number >= 0", "uniun.deadline_in_s")
         job["deadline"] = now + float(ext["deadline_in_s"])
     return job

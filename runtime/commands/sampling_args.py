@@ -9,36 +9,39 @@ advised temperature) or ``none`` (greedy, no penalty: reproducible text).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 from typing import Any
+
+from uniun.protocol.sampling_fields import CONTROLS, DEFAULTS_MODES, Control
 
 __all__ = ["add_sampling_args", "sampling_map"]
 
-# flag -> sampling key, type
-_FLAGS: tuple[tuple[str, str, type, str], ...] = (
-    ("--temperature", "temperature", float, "0 = greedy"),
-    ("--top-p", "top_p", float, "nucleus mass kept, (0, 1]"),
-    ("--top-k", "top_k", int, "keep the K most likely tokens, 0 = off"),
-    ("--min-p", "min_p", float, "drop tokens below P x the top one's probability"),
-    ("--seed", "seed", int, "sampling seed (same seed, same text)"),
-    ("--repeat-penalty", "repetition_penalty", float,
-     "llama.cpp's repeat_penalty: divide the logit of a recent token by R (1 = off)"),
-    ("--repeat-last-n", "repeat_last_n", int,
-     "the window of --repeat-penalty, tokens (-1 = all, 0 = off; default 64)"),
-    ("--frequency-penalty", "frequency_penalty", float,
-     "OpenAI's: minus F per earlier occurrence in the answer, [-2, 2]"),
-    ("--presence-penalty", "presence_penalty", float,
-     "OpenAI's: minus P once a token occurred in the answer, [-2, 2]"),
-)
+
+def _checked(control: Control) -> Callable[[str], int | float]:
+    """The flag's argparse type: the value, or the range the wire would refuse it with
+    (argparse prints ``argument --top-p: must be a number in (0, 1] (1 = off)``)."""
+    def parse(text: str) -> int | float:
+        try:
+            value: int | float = int(text) if control.kind is int else float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(control.rule()) from None
+        if not control.admits(value):
+            raise argparse.ArgumentTypeError(control.rule())
+        return value
+
+    parse.__name__ = control.key
+    return parse
 
 
 def add_sampling_args(parser: argparse.ArgumentParser, *, defaults_help: str) -> None:
-    """Add the sampling flags; ``defaults_help`` says what ``--defaults`` is when omitted."""
+    """Add the sampling flags (one per control of ``protocol/sampling_fields.py``);
+    ``defaults_help`` says what ``--defaults`` is when omitted."""
     group = parser.add_argument_group("sampling (each flag left out follows --defaults)")
-    for flag, key, kind, text in _FLAGS:
-        names = [flag, "--repetition-penalty"] if key == "repetition_penalty" else [flag]
-        group.add_argument(*names, dest=f"s_{key}", type=kind, default=None, metavar="X",
-                           help=text)
-    group.add_argument("--defaults", choices=("model", "none"), default=None,
+    for key, control in CONTROLS.items():
+        group.add_argument(control.flag, *control.flag_aliases, dest=f"s_{key}",
+                           type=_checked(control), default=None, metavar="X",
+                           help=f"{control.help}: {control.bounds()}")
+    group.add_argument("--defaults", choices=DEFAULTS_MODES, default=None,
                        help="what a flag left out means: the model's chat defaults, or "
                             f"greedy with no penalty (default: {defaults_help})")
 
@@ -46,7 +49,7 @@ def add_sampling_args(parser: argparse.ArgumentParser, *, defaults_help: str) ->
 def sampling_map(args: argparse.Namespace, *, defaults: str) -> dict[str, Any]:
     """The job map's ``sampling`` for these flags: the keys given, and ``defaults: model``
     when ``--defaults`` (else ``defaults``, the command's own default) says so."""
-    out: dict[str, Any] = {key: getattr(args, f"s_{key}") for _, key, _, _ in _FLAGS
+    out: dict[str, Any] = {key: getattr(args, f"s_{key}") for key in CONTROLS
                            if getattr(args, f"s_{key}", None) is not None}
     if (args.defaults or defaults) == "model":
         out["defaults"] = "model"
