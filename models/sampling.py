@@ -99,7 +99,8 @@ class SamplingParams:
             mode = getattr(value, "defaults", None)
         if mode == "model" and model_defaults:
             given = {**{k: v for k, v in model_defaults.items() if k in FIELDS}, **given}
-        return cls(**{k: CONTROLS[k].typed(v) for k, v in given.items()})
+        typed: dict[str, Any] = {k: CONTROLS[k].typed(v) for k, v in given.items()}
+        return cls(**typed)
 
     def to_map(self) -> dict[str, Any]:
         return asdict(self)
