@@ -24,11 +24,12 @@ from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
+from uniun.actors.policy.tiers import TIER_LABELS, TIER_NAMES
+
 __all__ = ["Rates", "render_frame", "frame_text", "down_frame", "WIDE", "NARROW"]
 
 WIDE = 100  # columns from which tables sit side by side
 NARROW = 60  # columns below which tables become lines
-TIER_LABELS = ("T0 chat", "T1 foreground", "T2 extract", "T3 deadline", "T4 fair pool")
 NEXT_SHOWN = 3  # queued job ids shown per tier
 
 
@@ -138,8 +139,8 @@ def _queue_rows(status: dict[str, Any]) -> list[tuple[str, int, list[str]]]:
     queues = status.get("queues") or {}
     held = list(status.get("held") or [])
     rows = []
-    for i, label in enumerate(TIER_LABELS):
-        ids = [str(x) for x in queues.get(f"T{i}") or []]
+    for name, label in zip(TIER_NAMES, TIER_LABELS):
+        ids = [str(x) for x in queues.get(name) or []]
         rows.append((label, len(ids), ids))
     if held:
         rows.append(("held (background)", len(held), [str(x) for x in held]))

@@ -42,6 +42,7 @@ from uniun.actors.gateway.console_chaos import MIN_RESTARTS, ChaosRound
 from uniun.actors.gateway.console_hub import END, RESYNC, Hub, ResultsSource, TimelineSource
 from uniun.actors.gateway.errors import ApiError, bad_request, from_protocol
 from uniun.actors.gateway.gateway import Gateway
+from uniun.actors.policy.tiers import TIER_LABELS, TIER_NAMES
 from uniun.protocol.client import Client, ClientError, SchedulerUnavailable, Timeout
 
 __all__ = ["STATIC_DIR", "Console", "ConsoleSettings"]
@@ -119,6 +120,8 @@ class Console:
     def _extra(self) -> dict[str, Any]:
         s = self.settings
         return {"console": {"kinds": list(s.kinds), "chat_kind": s.chat_kind,
+                            "tiers": [{"name": name, "label": label}
+                                      for name, label in zip(TIER_NAMES, TIER_LABELS)],
                             "max_tokens_cap": s.max_tokens_cap,
                             "embeddings": self.gateway.settings.embed is not None},
                 "chaos": self.chaos.view()}

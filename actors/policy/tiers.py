@@ -25,7 +25,13 @@ from uniun.actors.policy.config import PolicyConfig
 from uniun.actors.policy.job import PolicyJob
 
 T0, T1, T2, T3, T4 = 0, 1, 2, 3, 4
-TIER_NAMES: tuple[str, ...] = ("T0", "T1", "T2", "T3", "T4")
+# The five tiers, declared once: the name the status's queues are keyed by, and what the
+# tier holds. ``top`` and the console (which gets them in its feed's snapshot) show both.
+TIERS: tuple[tuple[str, str], ...] = (("T0", "chat"), ("T1", "foreground"),
+                                      ("T2", "extract"), ("T3", "deadline"),
+                                      ("T4", "fair pool"))
+TIER_NAMES: tuple[str, ...] = tuple(name for name, _ in TIERS)
+TIER_LABELS: tuple[str, ...] = tuple(f"{name} {what}" for name, what in TIERS)
 
 
 def tier_of(job: PolicyJob, *, now: float, foreground: str | None,

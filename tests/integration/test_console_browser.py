@@ -20,6 +20,7 @@ import httpx
 import pytest
 
 from tests.wait import WAIT_S, wait_for
+from uniun.actors.policy.tiers import TIER_LABELS
 from uniun.runtime.bench.browser import browser, why_no_browser
 from uniun.runtime.runner_main import TOKEN_PACE_ENV
 
@@ -189,6 +190,8 @@ def test_controls_reach_the_scheduler_and_come_back_on_the_feed(
     try:
         page.select_option("#fg-kind", "extract")
         page.locator("#queues", has_text="foreground kind: extract").wait_for()
+        for label in TIER_LABELS:  # as the policy declares them: the feed carries them
+            page.locator("#queues .tier", has_text=label).wait_for()
         page.click("#lifecycle button[data-state='background']")
         page.locator("#summary", has_text="app background").wait_for()
         page.click("#lifecycle button[data-state='foreground']")

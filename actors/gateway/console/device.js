@@ -5,7 +5,7 @@
 // page shares the machine with the runtime it shows.
 
 import { postJSON } from "./api.js";
-import { el, fmtBytes, kindColor, TIER_NAMES } from "./util.js";
+import { el, fmtBytes, kindColor } from "./util.js";
 
 const SHOWN_IDS = 4; // job ids listed per tier
 const PROCESS_EVERY_MS = 2000; // the processes' CPU and RSS are redrawn at most this often
@@ -86,10 +86,11 @@ export class Device {
   }
 
   _queues(s) {
-    const rows = TIER_NAMES.map((name, t) => {
-      const ids = (s.queues || {})[`T${t}`] || [];
+    // The tiers' names and labels come from the server (actors/policy/tiers.py).
+    const rows = (this.live.console.tiers || []).map(({ name, label }) => {
+      const ids = (s.queues || {})[name] || [];
       const held = new Set(s.held || []);
-      return el("div", { class: "tier" }, el("span", {}, name), el("strong", {}, String(ids.length)),
+      return el("div", { class: "tier" }, el("span", {}, label), el("strong", {}, String(ids.length)),
         el("span", { class: "ids" }, ids.slice(0, SHOWN_IDS).map((id) =>
           el("span", { class: "jobid", title: held.has(id) ? "held by the background governor" : id },
             held.has(id) ? `${id} (held)` : id, this._cancelButton(id))),

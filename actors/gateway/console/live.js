@@ -27,7 +27,7 @@ export class Live extends EventTarget {
     this.connected = false;
     this.results = {};
     this.chaos = null;
-    this.console = { kinds: [], chat_kind: "chat", max_tokens_cap: 4096 };
+    this.console = { kinds: [], chat_kind: "chat", max_tokens_cap: 4096, tiers: [] };
     this.skews = [];
     this.skew = 0; // server clock minus this page's clock, seconds
     this.rate = null; // tokens/s of the running job

@@ -65,7 +65,5 @@ export function kindColor(kind) {
   return OTHER[h % OTHER.length];
 }
 
-export const TIER_NAMES = ["T0 chat", "T1 foreground", "T2 extract", "T3 deadline", "T4 fair pool"];
-
 /** Wall-clock now in seconds, with sub-millisecond precision. */
 export function nowS() { return (performance.timeOrigin + performance.now()) / 1000; }
