@@ -72,17 +72,19 @@ class Control:
             return False
         return top is None or value <= top
 
-    def bounds(self, *, high: float | None = None) -> str:
-        """The range in words: ``a number in (0, 1] (1 = off)``."""
+    def range_text(self, *, high: float | None = None) -> str:
+        """The range in words: ``a number in (0, 1]`` (docs/protocol.md's table)."""
         top = self.high if high is None else high
         what = "an integer" if self.kind is int else "a number"
         if self.span and high is None:
-            span = self.span
-        elif top is None:
-            span = f">= {self.low:g}"
-        else:
-            span = f"in {'(' if self.low_open else '['}{self.low:g}, {top:g}]"
-        return f"{what} {span}" + (f" ({self.note})" if self.note else "")
+            return f"{what} {self.span}"
+        if top is None:
+            return f"{what} >= {self.low:g}"
+        return f"{what} in {'(' if self.low_open else '['}{self.low:g}, {top:g}]"
+
+    def bounds(self, *, high: float | None = None) -> str:
+        """The range and what its special values mean: ``a number in (0, 1] (1 = off)``."""
+        return self.range_text(high=high) + (f" ({self.note})" if self.note else "")
 
     def rule(self, *, high: float | None = None) -> str:
         """The error message's rule: ``must be a number in (0, 1] (1 = off)``."""

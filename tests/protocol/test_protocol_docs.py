@@ -10,6 +10,7 @@ from typing import Any
 from tests import REPO
 from tests.protocol.protocol_fakes import FakeScheduler
 from uniun.protocol import messages as m, requests as rq
+from uniun.protocol.sampling_fields import CONTROLS
 
 DOC = REPO / "docs" / "protocol.md"
 RULES = rq.JobRules(default_model="smollm2-135m")
@@ -46,3 +47,17 @@ def test_the_raw_pyzmq_example_runs_against_a_scheduler(
     exec(compile(raw, "docs/protocol.md", "exec"), {})
     out = capsys.readouterr().out
     assert "Hello, world" in out and "done stop" in out
+
+
+def test_the_sampling_table_is_the_declared_one() -> None:
+    """Each control has a row giving its declared range and neutral value."""
+    text = DOC.read_text(encoding="utf-8")
+    table = text[text.index("| key | range | neutral | meaning |"):]
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]+) \| ([^|]+) \|", table.split("\n\n")[0], re.M)
+    shown = {key: (span.strip(), neutral.strip()) for key, span, neutral in rows}
+    assert set(shown) == {*CONTROLS, "defaults"}
+    for key, control in CONTROLS.items():
+        span, neutral = shown[key]
+        assert span == control.range_text(), key
+        value = "nil" if control.neutral is None else f"{control.neutral:g}"
+        assert neutral.split()[0] == value, key
