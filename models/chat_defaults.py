@@ -25,6 +25,8 @@ from typing import Any
 
 from loguru import logger
 
+from uniun.protocol.sampling_fields import CONTROLS, is_number
+
 __all__ = ["FALLBACK", "PER_MODEL", "chat_defaults"]
 
 FALLBACK: dict[str, Any] = {"repetition_penalty": 1.1, "repeat_last_n": 64}
@@ -47,12 +49,18 @@ def _from_generation_config(model_dir: Path) -> dict[str, Any]:
         return {}
     if not isinstance(config, dict):
         return {}
-    out = {k: config[k] for k in _GENERATION_KEYS
-           if isinstance(config.get(k), (int, float)) and not isinstance(config[k], bool)}
+    out: dict[str, Any] = {}
+    for key in _GENERATION_KEYS:
+        value, control = config.get(key), CONTROLS[key]
+        if not is_number(value):
+            continue
+        if not control.in_range(value):  # a job would be refused with it: not advice
+            logger.warning("{}: {} = {!r} is not {}; ignored", path, key, value,
+                           control.bounds())
+            continue
+        out[key] = control.typed(value)
     if config.get("do_sample") is False and "temperature" in out:
         out["temperature"] = 0.0  # transformers ignores the temperature without sampling
-    if out.get("top_k") is not None:
-        out["top_k"] = int(out["top_k"])
     return out
 
 

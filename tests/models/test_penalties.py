@@ -195,6 +195,12 @@ def test_chat_defaults_come_from_the_table_and_the_models_generation_config(
     assert chat_defaults("other", tmp_path) == {"repetition_penalty": 1.1,
                                                 "repeat_last_n": 64, "temperature": 0.6,
                                                 "top_k": 20}
+    # advice outside the declared ranges (protocol/sampling_fields.py) would make every
+    # chat of the model refused: it is left out, the rest kept
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"temperature": 12.0, "top_p": 0, "top_k": 20}))
+    assert chat_defaults("other", tmp_path) == {"repetition_penalty": 1.1,
+                                                "repeat_last_n": 64, "top_k": 20}
     # the job's own values win; a job that does not ask for them gets neutral settings
     given = SamplingParams.coerce({"defaults": "model", "temperature": 0.0}, tiny | {
         "temperature": 0.7})
