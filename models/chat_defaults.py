@@ -51,7 +51,8 @@ def _from_generation_config(model_dir: Path) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     for key in _GENERATION_KEYS:
-        value, control = config.get(key), CONTROLS[key]
+        value: Any = config.get(key)
+        control = CONTROLS[key]
         if not is_number(value):
             continue
         if not control.in_range(value):  # a job would be refused with it: not advice
