@@ -220,7 +220,7 @@ def test_models_run_and_bench_commands(tiny_model: str, tmp_path: Path) -> None:
     assert result["kv_bytes_per_token"] == 2 * 2 * 2 * 16 * 4  # 2 layers, 2 kv heads x 16
     bad = subprocess.run([*cmd, "run", tiny_model, "hi", "--top-p", "2"],
                          capture_output=True, text=True, timeout=300)
-    assert bad.returncode == 2 and "top_p" in bad.stderr
+    assert bad.returncode == 2 and "--top-p: must be a number in (0, 1]" in bad.stderr
 
 
 def test_an_interrupted_step_leaves_the_job_at_its_last_token_boundary(
