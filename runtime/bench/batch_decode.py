@@ -1,0 +1,115 @@
+"""What decoding several sequences per pass buys: tokens/s, a chat's step, ``n`` samples.
+
+usage: python -m uniun.runtime.bench.batch_decode MODEL_ID [THREADS] [--out OUT.json]
+
+MODEL_ID is looked up in the model store (``$UNIUN_MODELS``). Measured with
+:class:`~uniun.models.batch.DecodeBatch`, greedy, EOS ignored:
+
+* ``decode``: per batch size B (1 to 4, then 8), :data:`STEPS` decode steps of B
+  sequences with :data:`PROMPT_TOKENS`-token prompts already prefilled: ms per step,
+  aggregate tokens/s, and ``throughput_x`` (B's tokens/s over B=1's). A chat sharing a
+  batch with B-1 background sequences waits one such step per token, so ``step_x`` (B's
+  step time over B=1's) is that chat's time per token against decoding alone.
+* ``n``: ``n`` samples of one prompt (``DecodeBatch.join_group``: one prefill, the KV
+  copied per row, a seed each) for :data:`N_TOKENS` tokens each, wall time from start to
+  the last token, for n = 1 and 8 (``wall_x``: n=8 over n=1).
+
+Run it on a quiet machine for figures to compare; the result says the load it saw.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+__all__ = ["measure", "STEPS", "PROMPT_TOKENS", "N_TOKENS"]
+
+STEPS = 48
+PROMPT_TOKENS = 64
+N_TOKENS = 48
+SIZES = (1, 2, 3, 4, 8)
+
+
+def _prompt(session: Any, salt: int) -> list[int]:
+    text = f"Story {salt}: the quick brown fox jumps over the lazy dog. " * 12
+    return list(session.tokenizer(text, add_special_tokens=False)["input_ids"])[:PROMPT_TOKENS]
+
+
+def _decode(session: Any, size: int) -> dict[str, Any]:
+    from uniun.models.batch import DecodeBatch
+
+    batch = DecodeBatch(session, size=size, prefill_chunk=PROMPT_TOKENS)
+    for i in range(size):
+        batch.join(session.start(prompt_ids=_prompt(session, i), max_new_tokens=STEPS + 8,
+                                 ignore_eos=True))
+    while any(len(g.pending_ids()) > 1 or not g.generated_ids for g in batch.members):
+        batch.step()  # prefill, and each sequence's first token
+    batch.step()  # one warm batched step
+    t = time.perf_counter()
+    for _ in range(STEPS):
+        batch.step()
+    wall = time.perf_counter() - t
+    return {"batch": size, "ms_per_step": round(wall / STEPS * 1e3, 2),
+            "tokens_per_s": round(size * STEPS / wall, 1)}
+
+
+def _n_samples(session: Any, n: int) -> dict[str, Any]:
+    from uniun.models.batch import DecodeBatch
+
+    batch = DecodeBatch(session, size=n, prefill_chunk=PROMPT_TOKENS)
+    t = time.perf_counter()
+    gens = [session.start(prompt_ids=_prompt(session, 99), max_new_tokens=N_TOKENS,
+                          ignore_eos=True, sampling={"temperature": 0.8, "seed": 1000 + i})
+            for i in range(n)]
+    batch.join_group(gens)
+    while len(batch):
+        batch.step()
+    return {"n": n, "wall_s": round(time.perf_counter() - t, 3),
+            "tokens": sum(len(g.generated_ids) for g in gens)}
+
+
+def measure(model_dir: Path, threads: int = 2) -> dict[str, Any]:
+    from uniun.models.session import DecoderSession
+
+    session = DecoderSession.load(model_dir, threads=threads, prefix_cache_bytes=0)
+    load0 = os.getloadavg()[0]
+    decode = [_decode(session, size) for size in SIZES]
+    one = decode[0]
+    for row in decode:
+        row["throughput_x"] = round(row["tokens_per_s"] / one["tokens_per_s"], 2)
+        row["step_x"] = round(row["ms_per_step"] / one["ms_per_step"], 2)
+    n1, n8 = _n_samples(session, 1), _n_samples(session, 8)
+    return {"model": session.model_id, "threads": session.threads, "steps": STEPS,
+            "prompt_tokens": PROMPT_TOKENS, "decode": decode,
+            "n_samples": {"n1": n1, "n8": n8, "wall_x": round(n8["wall_s"] / n1["wall_s"], 2)},
+            "loadavg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
+            "cpus": os.cpu_count()}
+
+
+def main(argv: list[str]) -> int:
+    from uniun.models.store import ModelStore
+    from uniun.runtime.paths import models_dir
+
+    parser = argparse.ArgumentParser(prog="python -m uniun.runtime.bench.batch_decode")
+    parser.add_argument("model_id")
+    parser.add_argument("threads", nargs="?", type=int, default=2)
+    parser.add_argument("--out", type=Path, default=None,
+                        help="default: bench/results/batch-decode-MODEL_ID.json")
+    args = parser.parse_args(argv)
+    folder = ModelStore(models_dir()).path(args.model_id)
+    result = measure(folder, args.threads)
+    text = json.dumps(result, indent=2)
+    out = args.out or Path("bench/results") / f"batch-decode-{args.model_id}.json"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
