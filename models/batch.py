@@ -145,8 +145,8 @@ class DecodeBatch:
     # -- the step --------------------------------------------------------------------------
     def step(self) -> dict[Generation, TokenEvent | None]:
         """One unit of work for every member: a token each for the decoding ones (one
-        batched pass, first), then up to ``prefill_chunk`` prompt positions for joining
-        ones (their own passes, in row order); None for a member that got no token.
+        batched pass, first), then passes of their own for joining ones (in row order, until
+        ``prefill_chunk`` positions were fed this step); None for a member with no token.
 
         Finished members leave at the end of the step (their KV is dropped). A pass cut
         short by ``session.interrupt()``: the batched pass raises
@@ -162,12 +162,12 @@ class DecodeBatch:
         decoding = [r for r in live if len(self.members[r].pending_ids()) == 1]
         if decoding:
             self._decode(decoding, events)
-        budget = self.prefill_chunk
+        fed = 0  # each joining job's pass is cut as session.advance(gen, prefill_chunk) cuts
         for gen in [self.members[r] for r in live if r not in decoding]:
-            if budget <= 0:
+            if fed >= self.prefill_chunk:
                 break
             try:
-                budget -= self._advance_alone(self._row(gen), gen, budget, events)
+                fed += self._advance_alone(self._row(gen), gen, events)
             except Interrupted:
                 self.interrupted = True
                 break
@@ -181,12 +181,13 @@ class DecodeBatch:
             for r, gen in enumerate(self.members):
                 gen.kv = self.pool.view(r, self.pool.rows[r].written)
 
-    def _advance_alone(self, r: int, gen: Generation, budget: int,
+    def _advance_alone(self, r: int, gen: Generation,
                        events: dict[Generation, TokenEvent | None]) -> int:
-        """One pass of ``gen``'s own on its row, cut as ``session.advance`` cuts it: a
-        prefill chunk, or the prompt's final pass that samples (for it and its followers).
-        Returns the positions fed."""
-        s = self.session
+        """One pass of ``gen``'s own on its row, cut as ``session.advance(gen,
+        prefill_chunk)`` cuts it alone (where a form's logits depend on how a prompt is cut,
+        the same cut gives the same logits): a prefill chunk, or the prompt's final pass that
+        samples (for it and its followers). Returns the positions fed."""
+        s, budget = self.session, self.prefill_chunk
         chunked = len(gen.pending_ids()) > budget + 1
         fed = s._feed(gen, for_step=not chunked, budget=budget, max_passes=1)
         self._adopt(r, gen)
