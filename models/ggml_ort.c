@@ -144,10 +144,10 @@ static OrtStatus* attention_create(const OrtKernelInfo* info, void** out) {
 }
 
 typedef struct {
-  const float *q, *k, *v;
-  const int64_t* open;
+  const float *q, *k, *v; /* q: every row's queries, fp16-exact; k, v: present */
+  const int64_t *mask, *keys; /* [b][total]; [b]: each row's keys (row_keys) */
   float* out;
-  int tokens, heads, kv_heads, dim, keys, stride, past;
+  int tokens, heads, kv_heads, dim, total, stride;
   float scale;
   int rows; /* queries per task: a prefill's heads are split further, for 2+ threads */
   char* scratch;
@@ -156,14 +156,24 @@ typedef struct {
 
 #define ROWS_PER_TASK 16
 
+/* Task i: batch row i / per_row, then a head and a block of queries of that row. A task
+ * computes the same whatever the others are, so a row's result does not depend on the
+ * batch it is in. */
 static void head_task(void* data, size_t i) {
   const HeadTasks* t = data;
   const int blocks = (t->tokens + t->rows - 1) / t->rows;
-  const int h = (int)i / blocks, t0 = (int)i % blocks * t->rows;
+  const size_t per_row = (size_t)t->heads * blocks;
+  const size_t r = i / per_row;
+  const int j = (int)(i % per_row);
+  const int h = j / blocks, t0 = j % blocks * t->rows;
   const int t1 = t0 + t->rows < t->tokens ? t0 + t->rows : t->tokens;
-  uniun_ggml_attention(t->q, t->k, t->v, t->open, t->out, t->tokens, t->heads, t->kv_heads,
-                       t->dim, t->keys, t->stride, t->past, t->scale, h, h + 1, t0, t1,
-                       t->scratch + i * t->scratch_each);
+  const size_t qrow = (size_t)t->tokens * t->heads * t->dim;
+  const size_t kvrow = (size_t)t->kv_heads * t->stride * t->dim;
+  const int keys = (int)t->keys[r];
+  uniun_ggml_attention(t->q + r * qrow, t->k + r * kvrow, t->v + r * kvrow,
+                       t->mask + r * t->total, t->out + r * qrow, t->tokens, t->heads,
+                       t->kv_heads, t->dim, keys, t->stride, keys - t->tokens, t->scale, h,
+                       h + 1, t0, t1, t->scratch + i * t->scratch_each);
 }
 
 /* one row's new [s, kv_heads * dim] -> positions past .. past + s - 1 of its present
@@ -238,26 +248,25 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
         memcpy((float*)presents[i] + r * out_cap * dim, (const float*)pasts[i] + r * cap * dim,
                sizeof(float) * past * dim);
   const size_t each = uniun_ggml_attention_scratch((int)total, (int)dim);
-  const size_t qbytes = sizeof(float) * s * heads * dim;
+  const size_t qbytes = sizeof(float) * b * s * heads * dim, kbytes = sizeof(int64_t) * b;
   const int rows = s < ROWS_PER_TASK ? (int)s : ROWS_PER_TASK;
-  const size_t tasks = (size_t)heads * (size_t)((s + rows - 1) / rows);
-  char* scratch = ort_scratch(qbytes + each * tasks);
+  const size_t tasks = (size_t)b * heads * (size_t)((s + rows - 1) / rows);
+  char* scratch = ort_scratch(qbytes + kbytes + each * tasks);
   if (!scratch) return ort_status(ORT_FAIL, "uniun.GgmlAttention: out of memory");
-  OrtStatus* st = NULL;
-  for (int64_t i = 0; i < b && !st; i++) {
-    const int64_t keys = row_keys(mask + i * total, total), row_past = keys - s;
-    float* rk = (float*)ok + i * kvh * out_cap * dim;
-    float* rv = (float*)ov + i * kvh * out_cap * dim;
-    store_new((const float*)kt.data + i * s * kvh * dim, rk, s, kvh, dim, out_cap, row_past);
-    store_new((const float*)vt.data + i * s * kvh * dim, rv, s, kvh, dim, out_cap, row_past);
-    float* q16 = (float*)scratch;
-    uniun_ggml_round_half((const float*)qt.data + i * s * heads * dim, q16, s * heads * dim);
-    HeadTasks t = {q16, rk, rv, mask + i * total, (float*)y + i * s * heads * dim, (int)s,
-                   (int)heads, (int)kvh, (int)dim, (int)keys, (int)out_cap, (int)row_past,
-                   scale, rows, scratch + qbytes, each};
-    st = ort_parallel_for(ctx, head_task, tasks, &t);
+  int64_t* keys = (int64_t*)(scratch + qbytes);
+  for (int64_t i = 0; i < b; i++) {
+    keys[i] = row_keys(mask + i * total, total);
+    const int64_t row_past = keys[i] - s;
+    store_new((const float*)kt.data + i * s * kvh * dim, (float*)ok + i * kvh * out_cap * dim,
+              s, kvh, dim, out_cap, row_past);
+    store_new((const float*)vt.data + i * s * kvh * dim, (float*)ov + i * kvh * out_cap * dim,
+              s, kvh, dim, out_cap, row_past);
   }
-  return st;
+  uniun_ggml_round_half(qt.data, (float*)scratch, b * s * heads * dim);
+  HeadTasks t = {(const float*)scratch, ok, ov, mask, keys, y, (int)s, (int)heads, (int)kvh,
+                 (int)dim, (int)total, (int)out_cap, scale, rows, scratch + qbytes + kbytes,
+                 each};
+  return ort_parallel_for(ctx, head_task, tasks, &t);
 }
 
 const OpSpec op_ggml_attention =
