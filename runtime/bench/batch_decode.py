@@ -7,12 +7,13 @@ MODEL_ID is looked up in the model store (``$UNIUN_MODELS``). Measured with
 
 * ``decode``: per batch size B (1 to 4, then 8), :data:`STEPS` decode steps of B
   sequences with :data:`PROMPT_TOKENS`-token prompts already prefilled: ms per step,
-  aggregate tokens/s, and ``throughput_x`` (B's tokens/s over B=1's). A chat sharing a
+  aggregate tokens/s, and ``throughput_x`` (B's tokens/s over B=1's); the median of
+  :data:`ROUNDS` rounds, each round measuring every size in turn. A chat sharing a
   batch with B-1 background sequences waits one such step per token, so ``step_x`` (B's
   step time over B=1's) is that chat's time per token against decoding alone.
 * ``n``: ``n`` samples of one prompt (``DecodeBatch.join_group``: one prefill, the KV
   copied per row, a seed each) for :data:`N_TOKENS` tokens each, wall time from start to
-  the last token, for n = 1 and 8 (``wall_x``: n=8 over n=1).
+  the last token, for n = 1 and 8 (``wall_x``: n=8 over n=1), in the same rounds.
 
 Run it on a quiet machine for figures to compare; the result says the load it saw.
 """
@@ -22,16 +23,18 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import statistics
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["measure", "STEPS", "PROMPT_TOKENS", "N_TOKENS"]
+__all__ = ["measure", "STEPS", "ROUNDS", "PROMPT_TOKENS", "N_TOKENS"]
 
-STEPS = 48
+STEPS = 24  # decode steps per batch size and round
+ROUNDS = 3
 PROMPT_TOKENS = 64
-N_TOKENS = 48
+N_TOKENS = 32
 SIZES = (1, 2, 3, 4, 8)
 
 
@@ -40,25 +43,22 @@ def _prompt(session: Any, salt: int) -> list[int]:
     return list(session.tokenizer(text, add_special_tokens=False)["input_ids"])[:PROMPT_TOKENS]
 
 
-def _decode(session: Any, size: int) -> dict[str, Any]:
+def _ready_batch(session: Any, size: int) -> Any:
+    """A batch of ``size`` sequences, prompts fed and a first batched step taken."""
     from uniun.models.batch import DecodeBatch
 
     batch = DecodeBatch(session, size=size, prefill_chunk=PROMPT_TOKENS)
     for i in range(size):
-        batch.join(session.start(prompt_ids=_prompt(session, i), max_new_tokens=STEPS + 8,
-                                 ignore_eos=True))
+        batch.join(session.start(prompt_ids=_prompt(session, i),
+                                 max_new_tokens=ROUNDS * STEPS + 8, ignore_eos=True))
     while any(len(g.pending_ids()) > 1 or not g.generated_ids for g in batch.members):
-        batch.step()  # prefill, and each sequence's first token
-    batch.step()  # one warm batched step
-    t = time.perf_counter()
-    for _ in range(STEPS):
         batch.step()
-    wall = time.perf_counter() - t
-    return {"batch": size, "ms_per_step": round(wall / STEPS * 1e3, 2),
-            "tokens_per_s": round(size * STEPS / wall, 1)}
+    batch.step()
+    return batch
 
 
-def _n_samples(session: Any, n: int) -> dict[str, Any]:
+def _n_samples(session: Any, n: int) -> float:
+    """Seconds from start to the last of ``n`` samples' :data:`N_TOKENS` tokens."""
     from uniun.models.batch import DecodeBatch
 
     batch = DecodeBatch(session, size=n, prefill_chunk=PROMPT_TOKENS)
@@ -69,24 +69,39 @@ def _n_samples(session: Any, n: int) -> dict[str, Any]:
     batch.join_group(gens)
     while len(batch):
         batch.step()
-    return {"n": n, "wall_s": round(time.perf_counter() - t, 3),
-            "tokens": sum(len(g.generated_ids) for g in gens)}
+    return time.perf_counter() - t
 
 
 def measure(model_dir: Path, threads: int = 2) -> dict[str, Any]:
+    """Every figure is the median of :data:`ROUNDS` rounds, and each round measures every
+    batch size (and n) in turn, so a change of load hits them alike."""
     from uniun.models.session import DecoderSession
 
     session = DecoderSession.load(model_dir, threads=threads, prefix_cache_bytes=0)
     load0 = os.getloadavg()[0]
-    decode = [_decode(session, size) for size in SIZES]
-    one = decode[0]
-    for row in decode:
-        row["throughput_x"] = round(row["tokens_per_s"] / one["tokens_per_s"], 2)
-        row["step_x"] = round(row["ms_per_step"] / one["ms_per_step"], 2)
-    n1, n8 = _n_samples(session, 1), _n_samples(session, 8)
+    batches = {size: _ready_batch(session, size) for size in SIZES}
+    step_s: dict[int, list[float]] = {size: [] for size in SIZES}
+    n_s: dict[int, list[float]] = {1: [], 8: []}
+    for _ in range(ROUNDS):
+        for size, batch in batches.items():
+            t = time.perf_counter()
+            for _ in range(STEPS):
+                batch.step()
+            step_s[size].append((time.perf_counter() - t) / STEPS)
+        for n in n_s:
+            n_s[n].append(_n_samples(session, n))
+    one = statistics.median(step_s[1])
+    decode = []
+    for size in SIZES:
+        ms = statistics.median(step_s[size])
+        decode.append({"batch": size, "ms_per_step": round(ms * 1e3, 2),
+                       "tokens_per_s": round(size / ms, 1),
+                       "throughput_x": round(size * one / ms, 2), "step_x": round(ms / one, 2)})
+    n1, n8 = statistics.median(n_s[1]), statistics.median(n_s[8])
     return {"model": session.model_id, "threads": session.threads, "steps": STEPS,
-            "prompt_tokens": PROMPT_TOKENS, "decode": decode,
-            "n_samples": {"n1": n1, "n8": n8, "wall_x": round(n8["wall_s"] / n1["wall_s"], 2)},
+            "rounds": ROUNDS, "prompt_tokens": PROMPT_TOKENS, "decode": decode,
+            "n_samples": {"tokens_each": N_TOKENS, "n1_wall_s": round(n1, 3),
+                          "n8_wall_s": round(n8, 3), "wall_x": round(n8 / n1, 2)},
             "loadavg_1m": [round(load0, 2), round(os.getloadavg()[0], 2)],
             "cpus": os.cpu_count()}
 

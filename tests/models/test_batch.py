@@ -28,7 +28,6 @@ from uniun.models.convert.recipes import ensure_model
 from uniun.models.generate import Generation
 from uniun.models.session import DecoderSession
 
-
 SHARED_PREFIX = 20  # tokens of the prompt prefix some requests share
 
 
