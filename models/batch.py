@@ -23,7 +23,9 @@ the same logits with their own sampler.
 
 A sequence in a batch is still an ordinary generation: :meth:`DecodeBatch.leave` hands it
 back with its KV copied out of the row (it can step alone or join another batch), and
-:meth:`DecodeBatch.park` gives what :meth:`DecoderSession.park` gives.
+:meth:`DecodeBatch.park` gives what :meth:`DecoderSession.park` gives. While it is in
+the batch its ``kv`` is a view of a row the batch reuses once it leaves: park it with
+:meth:`DecodeBatch.park`, not ``session.park``, and keep no view of it.
 """
 
 from __future__ import annotations

@@ -167,6 +167,28 @@ def _check_n_samples(session: DecoderSession, n: int = 4) -> None:
     assert len({tuple(g.generated_ids) for g in gens}) > 1  # the seeds do matter
 
 
+def test_followers_lead_themselves_when_their_leader_is_parked_early(
+        tiny: DecoderSession) -> None:
+    """The leader of ``n`` samples parked before its prompt is fed: the others feed the
+    prompt themselves, and every sample still equals its single run."""
+    prompt = list(range(5, 45))
+    specs = [{"prompt_ids": prompt, "max_new_tokens": 6,
+              "sampling": {"temperature": 1.0, "seed": 70 + i}} for i in range(3)]
+    want = [_alone(tiny, spec, 8)[0] for spec in specs]
+    batch = DecodeBatch(tiny, size=3, prefill_chunk=8)
+    gens = [tiny.start(**spec, ignore_eos=True) for spec in specs]
+    batch.join_group(gens)
+    batch.step()  # one chunk of the leader's prompt
+    assert gens[0].kv_length == 8 and not gens[1].kv_length
+    parked = batch.park(gens[0])
+    while len(batch):
+        batch.step()
+    lead = tiny.resume(parked)
+    while not lead.finished:
+        tiny.step(lead)
+    assert [lead.generated_ids, gens[1].generated_ids, gens[2].generated_ids] == want
+
+
 # -- the graph forms ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
