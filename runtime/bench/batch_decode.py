@@ -8,7 +8,9 @@ MODEL_ID is looked up in the model store (``$UNIUN_MODELS``). Measured with
 * ``decode``: per batch size B (1 to 4, then 8), :data:`STEPS` decode steps of B
   sequences with :data:`PROMPT_TOKENS`-token prompts already prefilled: ms per step,
   aggregate tokens/s, and ``throughput_x`` (B's tokens/s over B=1's); the median of
-  :data:`ROUNDS` rounds, each round measuring every size in turn. A chat sharing a
+  :data:`ROUNDS` rounds, each round measuring every size in turn. ``cpu_ms_per_step`` and
+  ``cpu_throughput_x`` are the same in the process's CPU time, which the neighbours of a
+  loaded machine move less than wall time (spinning pool threads count in it too). A chat sharing a
   batch with B-1 background sequences waits one such step per token, so ``step_x`` (B's
   step time over B=1's) is that chat's time per token against decoding alone.
 * ``n``: ``n`` samples of one prompt (``DecodeBatch.join_group``: one prefill, the KV
@@ -81,22 +83,26 @@ def measure(model_dir: Path, threads: int = 2) -> dict[str, Any]:
     load0 = os.getloadavg()[0]
     batches = {size: _ready_batch(session, size) for size in SIZES}
     step_s: dict[int, list[float]] = {size: [] for size in SIZES}
+    cpu_s: dict[int, list[float]] = {size: [] for size in SIZES}
     n_s: dict[int, list[float]] = {1: [], 8: []}
     for _ in range(ROUNDS):
         for size, batch in batches.items():
-            t = time.perf_counter()
+            t, c = time.perf_counter(), time.process_time()
             for _ in range(STEPS):
                 batch.step()
             step_s[size].append((time.perf_counter() - t) / STEPS)
+            cpu_s[size].append((time.process_time() - c) / STEPS)
         for n in n_s:
             n_s[n].append(_n_samples(session, n))
-    one = statistics.median(step_s[1])
+    one, cpu_one = statistics.median(step_s[1]), statistics.median(cpu_s[1])
     decode = []
     for size in SIZES:
-        ms = statistics.median(step_s[size])
+        ms, cpu = statistics.median(step_s[size]), statistics.median(cpu_s[size])
         decode.append({"batch": size, "ms_per_step": round(ms * 1e3, 2),
                        "tokens_per_s": round(size / ms, 1),
-                       "throughput_x": round(size * one / ms, 2), "step_x": round(ms / one, 2)})
+                       "throughput_x": round(size * one / ms, 2), "step_x": round(ms / one, 2),
+                       "cpu_ms_per_step": round(cpu * 1e3, 2),
+                       "cpu_throughput_x": round(size * cpu_one / cpu, 2)})
     n1, n8 = statistics.median(n_s[1]), statistics.median(n_s[8])
     return {"model": session.model_id, "threads": session.threads, "steps": STEPS,
             "rounds": ROUNDS, "prompt_tokens": PROMPT_TOKENS, "decode": decode,
