@@ -99,6 +99,8 @@ class DecodeBatch:
     def _check_joinable(self, gens: list[Generation]) -> None:
         if len(gens) > self.free:
             raise ValueError(f"the batch has {self.free} free rows, not {len(gens)}")
+        if len({id(g) for g in gens}) != len(gens):
+            raise ValueError("a generation is named twice")
         for gen in gens:
             gen.check_live()
             if gen.progress.model_id and gen.progress.model_id != self.session.model_id:
