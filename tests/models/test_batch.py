@@ -189,6 +189,26 @@ def test_followers_lead_themselves_when_their_leader_is_parked_early(
     assert [lead.generated_ids, gens[1].generated_ids, gens[2].generated_ids] == want
 
 
+def test_the_kv_pool_grows_under_running_sequences(tiny: DecoderSession) -> None:
+    """A long prompt joins while another sequence decodes: the pool grows past its first
+    256 positions (every row copied once) and both still equal their single runs."""
+    specs = [{"prompt_ids": [9, 8, 7, 6], "max_new_tokens": 40, "sampling": None},
+             {"prompt_ids": [(5 * i) % 500 + 3 for i in range(300)], "max_new_tokens": 20,
+              "sampling": {"temperature": 0.9, "seed": 3}}]
+    want = [_alone(tiny, spec, 64)[0] for spec in specs]
+    batch = DecodeBatch(tiny, size=2, prefill_chunk=64)
+    first, second = (tiny.start(**spec, ignore_eos=True) for spec in specs)
+    batch.join(first)
+    for _ in range(5):
+        batch.step()
+    capacity = batch.pool.capacity
+    batch.join(second)
+    while len(batch):
+        batch.step()
+    assert batch.pool.capacity > capacity
+    assert [first.generated_ids, second.generated_ids] == want
+
+
 # -- the graph forms ------------------------------------------------------------------------
 
 @pytest.fixture(scope="module")
