@@ -13,6 +13,11 @@
  * the past buffer when the session binds one buffer as both past and present (past longer
  * than attention_mask: its capacity), and concatenates otherwise.
  *
+ * Rows of a batch may differ in length (models/batch.py): a row's keys end at its mask's
+ * last open position, its s new positions are the last s of those, and trailing zeros are
+ * padding up to the widest row. So each row is computed exactly as it would be alone
+ * (the same keys at the same positions, the same one- or many-query path).
+ *
  * Scalars arrive as one-element float inputs (initializers), not attributes: every
  * onnxruntime reads those the same way, and only int64 attributes are read here.
  */
@@ -139,10 +144,10 @@ static OrtStatus* attention_create(const OrtKernelInfo* info, void** out) {
 }
 
 typedef struct {
-  const float *q, *k, *v;
-  const int64_t* open;
+  const float *q, *k, *v; /* q: every row's queries, fp16-exact; k, v: present */
+  const int64_t *mask, *keys; /* [b][total]; [b]: each row's keys (row_keys) */
   float* out;
-  int tokens, heads, kv_heads, dim, keys, stride, past;
+  int tokens, heads, kv_heads, dim, total, stride;
   float scale;
   int rows; /* queries per task: a prefill's heads are split further, for 2+ threads */
   char* scratch;
@@ -151,25 +156,39 @@ typedef struct {
 
 #define ROWS_PER_TASK 16
 
+/* Task i: batch row i / per_row, then a head and a block of queries of that row. A task
+ * computes the same whatever the others are, so a row's result does not depend on the
+ * batch it is in. */
 static void head_task(void* data, size_t i) {
   const HeadTasks* t = data;
   const int blocks = (t->tokens + t->rows - 1) / t->rows;
-  const int h = (int)i / blocks, t0 = (int)i % blocks * t->rows;
+  const size_t per_row = (size_t)t->heads * blocks;
+  const size_t r = i / per_row;
+  const int j = (int)(i % per_row);
+  const int h = j / blocks, t0 = j % blocks * t->rows;
   const int t1 = t0 + t->rows < t->tokens ? t0 + t->rows : t->tokens;
-  uniun_ggml_attention(t->q, t->k, t->v, t->open, t->out, t->tokens, t->heads, t->kv_heads,
-                       t->dim, t->keys, t->stride, t->past, t->scale, h, h + 1, t0, t1,
-                       t->scratch + i * t->scratch_each);
+  const size_t qrow = (size_t)t->tokens * t->heads * t->dim;
+  const size_t kvrow = (size_t)t->kv_heads * t->stride * t->dim;
+  const int keys = (int)t->keys[r];
+  uniun_ggml_attention(t->q + r * qrow, t->k + r * kvrow, t->v + r * kvrow,
+                       t->mask + r * t->total, t->out + r * qrow, t->tokens, t->heads,
+                       t->kv_heads, t->dim, keys, t->stride, keys - t->tokens, t->scale, h,
+                       h + 1, t0, t1, t->scratch + i * t->scratch_each);
 }
 
-/* new [b, s, kv_heads * dim] -> rows past .. past + s - 1 of present [b, kv_heads, cap, dim],
- * rounded to fp16 as llama.cpp's cache stores them */
-static void store_new(const float* x, float* present, int64_t b, int64_t s, int64_t kvh,
-                      int64_t dim, int64_t cap, int64_t past) {
-  for (int64_t i = 0; i < b; i++)
-    for (int64_t t = 0; t < s; t++)
-      for (int64_t h = 0; h < kvh; h++)
-        uniun_ggml_round_half(x + ((i * s + t) * kvh + h) * dim,
-                              present + ((i * kvh + h) * cap + past + t) * dim, dim);
+/* one row's new [s, kv_heads * dim] -> positions past .. past + s - 1 of its present
+ * [kv_heads, cap, dim], rounded to fp16 as llama.cpp's cache stores them */
+static void store_new(const float* x, float* present, int64_t s, int64_t kvh, int64_t dim,
+                      int64_t cap, int64_t past) {
+  for (int64_t t = 0; t < s; t++)
+    for (int64_t h = 0; h < kvh; h++)
+      uniun_ggml_round_half(x + (t * kvh + h) * dim, present + (h * cap + past + t) * dim, dim);
+}
+
+/* A row's keys: up to its mask's last open position (trailing zeros pad a shorter row). */
+static int64_t row_keys(const int64_t* mask, int64_t total) {
+  while (total > 0 && mask[total - 1] == 0) total--;
+  return total;
 }
 
 static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
@@ -206,6 +225,13 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
   if (cap < past)
     return ort_status(ORT_INVALID_ARGUMENT,
                       "uniun.GgmlAttention: past holds fewer positions than attention_mask says");
+  const int64_t* mask = mt.data;
+  for (int64_t i = 0; i < b; i++)
+    if (row_keys(mask + i * total, total) < s)
+      return ort_status(ORT_INVALID_ARGUMENT,
+                        "uniun.GgmlAttention: a row of attention_mask opens fewer positions "
+                        "than the pass feeds");
+
   /* in place (a preallocated buffer: capacity >= total) or concatenated */
   const int64_t out_cap = cap >= total ? cap : total;
   const int64_t present_dims[4] = {b, kvh, out_cap, dim};
@@ -221,26 +247,26 @@ static OrtStatus* attention_compute(void* kernel, OrtKernelContext* ctx) {
       for (int64_t r = 0; r < b * kvh; r++)
         memcpy((float*)presents[i] + r * out_cap * dim, (const float*)pasts[i] + r * cap * dim,
                sizeof(float) * past * dim);
-  store_new(kt.data, ok, b, s, kvh, dim, out_cap, past);
-  store_new(vt.data, ov, b, s, kvh, dim, out_cap, past);
-
   const size_t each = uniun_ggml_attention_scratch((int)total, (int)dim);
-  const size_t qbytes = sizeof(float) * s * heads * dim;
+  const size_t qbytes = sizeof(float) * b * s * heads * dim, kbytes = sizeof(int64_t) * b;
   const int rows = s < ROWS_PER_TASK ? (int)s : ROWS_PER_TASK;
-  const size_t tasks = (size_t)heads * (size_t)((s + rows - 1) / rows);
-  char* scratch = ort_scratch(qbytes + each * tasks);
+  const size_t tasks = (size_t)b * heads * (size_t)((s + rows - 1) / rows);
+  char* scratch = ort_scratch(qbytes + kbytes + each * tasks);
   if (!scratch) return ort_status(ORT_FAIL, "uniun.GgmlAttention: out of memory");
-  OrtStatus* st = NULL;
-  for (int64_t i = 0; i < b && !st; i++) {
-    float* q16 = (float*)scratch;
-    uniun_ggml_round_half((const float*)qt.data + i * s * heads * dim, q16, s * heads * dim);
-    HeadTasks t = {q16, (const float*)ok + i * kvh * out_cap * dim,
-                   (const float*)ov + i * kvh * out_cap * dim, (const int64_t*)mt.data + i * total,
-                   (float*)y + i * s * heads * dim, (int)s, (int)heads, (int)kvh, (int)dim,
-                   (int)total, (int)out_cap, (int)past, scale, rows, scratch + qbytes, each};
-    st = ort_parallel_for(ctx, head_task, tasks, &t);
+  int64_t* keys = (int64_t*)(scratch + qbytes);
+  for (int64_t i = 0; i < b; i++) {
+    keys[i] = row_keys(mask + i * total, total);
+    const int64_t row_past = keys[i] - s;
+    store_new((const float*)kt.data + i * s * kvh * dim, (float*)ok + i * kvh * out_cap * dim,
+              s, kvh, dim, out_cap, row_past);
+    store_new((const float*)vt.data + i * s * kvh * dim, (float*)ov + i * kvh * out_cap * dim,
+              s, kvh, dim, out_cap, row_past);
   }
-  return st;
+  uniun_ggml_round_half(qt.data, (float*)scratch, b * s * heads * dim);
+  HeadTasks t = {(const float*)scratch, ok, ov, mask, keys, y, (int)s, (int)heads, (int)kvh,
+                 (int)dim, (int)total, (int)out_cap, scale, rows, scratch + qbytes + kbytes,
+                 each};
+  return ort_parallel_for(ctx, head_task, tasks, &t);
 }
 
 const OpSpec op_ggml_attention =

@@ -149,6 +149,17 @@ class KVBuffer:
         self.ort_values = [wrap(a) for a in self.arrays] if wrap is not None else None
         self.written = 0  # positions [0, written) hold data; the rest is free
 
+    @classmethod
+    def over(cls, arrays: list[np.ndarray], wrap: Any = None) -> KVBuffer:
+        """A buffer over arrays that already exist (C-contiguous [1, kv_heads, capacity,
+        head_dim] each, e.g. one row of a batch's KV pool, models/batch.py), written from 0."""
+        buf = cls.__new__(cls)
+        buf.capacity = int(arrays[0].shape[2])
+        buf.arrays = list(arrays)
+        buf.ort_values = [wrap(a) for a in buf.arrays] if wrap is not None else None
+        buf.written = 0
+        return buf
+
     @property
     def nbytes(self) -> int:
         return sum(a.nbytes for a in self.arrays)
