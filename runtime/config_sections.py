@@ -331,11 +331,20 @@ class DeviceConfig:
     yield_signal: bool = field(default=True, metadata=_doc(
         "publish 'interactive work in flight' from the scheduler; the embedding workers "
         "and the background-Gana process start no new batch while it is on (default true)"))
-    background_priority: str = field(default="idle", metadata=_doc(
-        "CPU priority of the producers, the embedding pool and its workers: idle "
-        "(SCHED_IDLE, else nice), nice, or none (default idle)"))
+    background_priority: str = field(default="nice", metadata=_doc(
+        "CPU priority of the producers (extract, nataraj, gana, background-gana): nice "
+        "(background_nice), idle (SCHED_IDLE, else nice: yields to every program on the "
+        "machine, not only to the user's), or none (default nice)"))
     background_nice: int = field(default=10, metadata=_doc(
-        "nice value used when SCHED_IDLE is not allowed or priority is nice (default 10)"))
+        "the producers' nice value, also used when SCHED_IDLE is not allowed "
+        "(default 10)"))
+    embed_priority: str = field(default="nice", metadata=_doc(
+        "CPU priority of the embedding pool and its workers, which answer the user's own "
+        "apps: nice (embed_nice), idle or none; the yield signal keeps them out of a "
+        "chat's way (default nice)"))
+    embed_nice: int = field(default=2, metadata=_doc(
+        "the embedding pool's nice value: a little below the runner, never starved by "
+        "an unrelated busy program (default 2)"))
     thread_budget: bool = field(default=True, metadata=_doc(
         "choose the runner's, the embedding workers' and the background-Gana session's "
         "ONNX Runtime threads together from the core count; false: runner.intra_op_threads "
