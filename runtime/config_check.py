@@ -223,3 +223,7 @@ def check_device(values: dict[str, Any], source: Path | None) -> None:
     for key in ("background_nice", "embed_nice"):
         if not 0 <= values.get(key, 0) <= 19:
             raise ConfigError("must be 0..19", key=f"device.{key}", source=source)
+    if not values.get("power_poll_s", 5.0) > 0:
+        raise ConfigError("must be > 0", key="device.power_poll_s", source=source)
+    if "sysfs_root" in values and not values["sysfs_root"]:
+        raise ConfigError("must not be empty", key="device.sysfs_root", source=source)

@@ -356,6 +356,14 @@ class DeviceConfig:
         "the runner's intra-op threads under the budget; 0 = chosen (default 0)"))
     embed_threads: int = field(default=0, metadata=_doc(
         "threads of each embedding worker under the budget; 0 = chosen (default 0)"))
+    power_watch: bool = field(default=True, metadata=_doc(
+        "read the charger, battery level and thermal state from sysfs and let them "
+        "steer background work (docs/device.md, 'Power and heat') (default true)"))
+    sysfs_root: str = field(default="/sys", metadata=_doc(
+        "where the power watch reads class/power_supply and class/thermal; a test or "
+        "a bench points it at a fake tree (default /sys)"))
+    power_poll_s: float = field(default=5.0, metadata=_doc(
+        "seconds between two readings of the power facts (default 5.0)"))
     runner_spinning: bool = field(default=True, metadata=_doc(
         "let the runner's idle ONNX Runtime threads spin (faster decode; the background "
         "runs at idle priority, so it is not starved of anything it was owed) "

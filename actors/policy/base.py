@@ -186,6 +186,10 @@ class PolicyBase(ABC):
             self.power_notes.append((None, f"{self.power.mode}: {self.power.reason}"))
         return changed
 
+    def power_status(self) -> dict[str, Any]:
+        """The governor's mode, its reason, the background share and what is saved up."""
+        return self.power.status(self._clock())
+
     def take_power_notes(self) -> list[tuple[str | None, str]]:
         """The governor's decisions since the last call (for the timeline)."""
         notes, self.power_notes = self.power_notes, []

@@ -374,5 +374,4 @@ class UniunPolicy(PolicyBase):
             "t2_blocked": blocked,
             "swaps": self.swaps,
             "preemptions": self.preemptions,
-            "power_governor": self.power.status(now),
         }

@@ -189,6 +189,6 @@ class PowerWatch:
         while not self._stop.is_set():
             try:
                 self.poll()
-            except Exception:  # noqa: BLE001 - a reader bug must not kill the scheduler
+            except Exception:
                 logger.exception("power watch: read failed; trying again")
             self._stop.wait(self.poll_s)

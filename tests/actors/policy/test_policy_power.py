@@ -110,7 +110,7 @@ def test_a_running_background_job_is_paused_when_it_gets_hot_and_resumes_when_co
     assert isinstance(decision, Preempt) and decision.reason == "budget"
     runner.run_for(5.0)
     assert runner.running is None
-    assert policy.status()["power_governor"]["mode"] == "paused"
+    assert policy.power_status()["mode"] == "paused"
     policy.set_power(CHARGER)
     assert isinstance(runner.decide(), Run)
     notes = [why for _, why in policy.take_power_notes()]
@@ -126,7 +126,7 @@ def test_the_same_facts_change_nothing_and_bad_input_is_refused() -> None:
     assert policy.set_power(BATTERY) is False
     with pytest.raises(PolicyError):
         policy.set_power({"on_battery": True})  # type: ignore[arg-type]
-    assert policy.status()["power_governor"]["mode"] == "budget"
+    assert policy.power_status()["mode"] == "budget"
     with pytest.raises(ValueError, match="warm_duty"):
         PolicyConfig(warm_duty=0.0)
     with pytest.raises(ValueError, match="power_resume_s"):
