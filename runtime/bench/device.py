@@ -7,8 +7,9 @@ One runtime (scheduler and runner; producers and pool off) reads a fake sysfs tr
 (``[device] sysfs_root``) that the bench rewrites: on the charger, on battery at 60 % and
 at 15 %, warm (a passive trip point reached) and critical. In each state a raw client
 keeps long background (``gana``) jobs queued for ``S`` seconds and counts what they got:
-tokens, and runner-seconds (the stretches between two of their tokens less than 0.5 s
-apart, i.e. time they held the runner). Against that it checks the governor: 15 % gets
+tokens, and runner-seconds as the scheduler recorded them (the timeline's run segments
+in ``journal.db``; the stretches between two tokens less than 0.5 s apart, seen by the
+client, are beside them as ``token_stretches_s``). Against that it checks the governor: 15 % gets
 at most 5 % of the charger's tokens; 60 % and warm get their share of the time (the
 bucket's ``power_burst_s`` plus ``share * S``) within 10 %; critical gets none. A few
 chats in each state give the chat TTFT against chats on the charger with nothing else
@@ -28,6 +29,7 @@ import contextlib
 import itertools
 import json
 import os
+import sqlite3
 import statistics
 import subprocess
 import sys
@@ -138,6 +140,16 @@ def _runner_seconds(times: list[float]) -> float:
     return sum(b - a for a, b in itertools.pairwise(times) if b - a < RUN_GAP_S)
 
 
+def _journal_runner_s(home: Path, start: float, end: float) -> float:
+    """Runner-seconds of background jobs between two unix times, as the scheduler
+    recorded them (the timeline's run segments in ``journal.db``, read-only)."""
+    uri = f"file:{home / 'journal.db'}?mode=ro"
+    with closing(sqlite3.connect(uri, uri=True)) as db:
+        rows = db.execute("SELECT start, end FROM segments WHERE lane = 'run' AND "
+                          "kind != 'chat' AND end > ? AND start < ?", (start, end)).fetchall()
+    return sum(min(b, end) - max(a, start) for a, b in rows)
+
+
 def _set_state(sysfs: Path, battery: int | None, charging: bool, temp_c: float) -> None:
     write_power(sysfs, battery=battery, charging=charging)
     write_thermal(sysfs, temp_c=temp_c)
@@ -146,6 +158,7 @@ def _set_state(sysfs: Path, battery: int | None, charging: bool, temp_c: float) 
 def _measure_state(s: _Session, seconds: float, chats: int) -> dict[str, Any]:
     s.bg_tokens.clear()
     start = time.monotonic()
+    wall_start = time.time()
     ttfts: list[float] = []
     gap = seconds / (chats + 1)
     for _ in range(chats):
@@ -155,7 +168,9 @@ def _measure_state(s: _Session, seconds: float, chats: int) -> dict[str, Any]:
     while time.monotonic() - start < seconds:
         s.keep_background()
         s.pump(min(1.0, seconds - (time.monotonic() - start)))
-    return {"tokens": len(s.bg_tokens), "runner_s": round(_runner_seconds(s.bg_tokens), 2),
+    return {"tokens": len(s.bg_tokens),
+            "token_stretches_s": round(_runner_seconds(s.bg_tokens), 2),
+            "wall": (wall_start, time.time()),
             "chat_ttft_s": ttfts, "chat_ttft_median_s": statistics.median(ttfts)}
 
 
@@ -186,8 +201,10 @@ def measure_power(model: str, seconds: float, chats: int,
                         raise RuntimeError(f"the governor never reached {mode}")
                 power = dict(s.ask_status()["power"])
                 row = _measure_state(s, seconds, chats)
+                s.cancel_background()  # their run segments are in the journal after this
+                row["runner_s"] = round(_journal_runner_s(home, *row.pop("wall")), 2)
                 share = power.get("background_share")
-                if share is not None:
+                if mode in ("budget", "duty") and share is not None:
                     row["expected_runner_s"] = round(cfg.power_burst_s + share * seconds, 2)
                 row.update(mode=mode, power=power)
                 row["chat_ttft_vs_idle"] = row["chat_ttft_median_s"] / result[
@@ -196,7 +213,6 @@ def measure_power(model: str, seconds: float, chats: int,
                 log(f"device: {name}: {row['tokens']} background tokens, "
                     f"{row['runner_s']} runner-s (expected {row.get('expected_runner_s')}), "
                     f"chat TTFT x{row['chat_ttft_vs_idle']:.2f}")
-                s.cancel_background()
             events = [e for e in s.ask_status().get("events", []) if e["what"] == "power"]
             result["power_marks"] = len(events)
     st = result["states"]
