@@ -338,13 +338,13 @@ class DeviceConfig:
     background_nice: int = field(default=10, metadata=_doc(
         "the producers' nice value, also used when SCHED_IDLE is not allowed "
         "(default 10)"))
-    embed_priority: str = field(default="nice", metadata=_doc(
+    embed_priority: str = field(default="none", metadata=_doc(
         "CPU priority of the embedding pool and its workers, which answer the user's own "
-        "apps: nice (embed_nice), idle or none; the yield signal keeps them out of a "
-        "chat's way (default nice)"))
+        "apps: none (normal: an unrelated busy program cannot starve them; the yield "
+        "signal keeps them out of a chat's way), nice (embed_nice) or idle (default none)"))
     embed_nice: int = field(default=2, metadata=_doc(
-        "the embedding pool's nice value: a little below the runner, never starved by "
-        "an unrelated busy program (default 2)"))
+        "the embedding pool's nice value where embed_priority is nice, or idle is "
+        "refused (default 2)"))
     thread_budget: bool = field(default=True, metadata=_doc(
         "choose the runner's, the embedding workers' and the background-Gana session's "
         "ONNX Runtime threads together from the core count; false: runner.intra_op_threads "
@@ -366,8 +366,8 @@ class DeviceConfig:
         "seconds between two readings of the power facts (default 5.0)"))
     runner_spinning: bool = field(default=True, metadata=_doc(
         "let the runner's idle ONNX Runtime threads spin (faster decode; the background "
-        "runs at idle priority, so it is not starved of anything it was owed) "
-        "(default true)"))
+        "runs below the runner and yields to chat, so it is not starved of anything it "
+        "was owed) (default true)"))
 
 
 SECTIONS: Mapping[str, type] = MappingProxyType({

@@ -8,8 +8,9 @@ Two things the kernel and ONNX Runtime do better than any signal of ours:
   producers' own Python below the user's programs, not below every program. The
   producers (``extract``, ``nataraj``, ``gana``, ``background-gana``) run at ``nice 10``
   by default (``device.background_priority``); the embedding pool and its workers, which
-  answer the user's own apps, at ``nice 2`` (``device.embed_priority``), so an unrelated
-  ``make`` cannot starve the pool's start or a request. ``SCHED_IDLE`` stays available
+  answer the user's own apps, at normal priority (``device.embed_priority``), so an
+  unrelated ``make`` cannot starve the pool's start or a request (the yield signal keeps
+  them out of a chat's way). ``SCHED_IDLE`` stays available
   (``idle``) for a machine with nothing else on it. If lowering is refused the process
   says so and runs at normal priority. The scheduler, the runner, the gateway and the
   supervisor keep normal priority. :func:`describe` reads any process's priority back,
@@ -99,9 +100,9 @@ def thread_budget(cores: int, *, embed_workers: int, runner_spinning: bool = Tru
     the embedding workers share what is left, one thread each at least; an explicit
     (non-zero) figure wins. On 2 cores: runner 2, each worker 1, background-Gana 1.
 
-    Why the runner gets every core even though the workers need some: the workers run
-    at low priority and yield to interactive work, so while a chat runs the cores are
-    the runner's; when it does not, the kernel hands idle cores to the workers.
+    Why the runner gets every core even though the workers need some: the workers
+    yield to interactive work (and the producers run niced), so while a chat runs the
+    cores are the runner's; when it does not, the kernel hands idle cores to the workers.
     """
     cores = max(1, cores)
     runner = runner_threads or (cores if cores <= 4 else min(8, cores - 2))

@@ -40,7 +40,7 @@ def test_each_process_class_has_its_own_priority_and_none_is_idle_by_default() -
         == ["producer", "producer", "embed", None]
     cfg = load_config_text("")
     assert (cfg.device.background_priority, cfg.device.background_nice) == ("nice", 10)
-    assert (cfg.device.embed_priority, cfg.device.embed_nice) == ("nice", 2)
+    assert cfg.device.embed_priority == "none"  # the pool answers the user's apps
     with pytest.raises(ConfigError, match="embed_priority"):
         load_config_text("[device]\nembed_priority = \"low\"\n")
     with pytest.raises(ConfigError, match="power_poll_s"):
