@@ -1,7 +1,7 @@
 """The embedding pool beside a CPU hog (part of ``bench --device``; docs/device.md).
 
 The pool is started alone, the way the supervisor starts it
-(``python -m uniun.runtime.process embed``), with its default priority class and, for
+(``python -m uniun.runtime.process embed``), at its class's default priority and, for
 comparison, with ``embed_priority = "idle"`` (SCHED_IDLE). Measured: seconds from the
 spawn until every worker is ready, and one request of 8 texts, quiet and beside two
 nice-0 busy loops (``while :; do :; done``, one per core of a 2-core machine). The hog
@@ -39,13 +39,15 @@ def cpu_hog(loops: int = 2) -> Iterator[list[int]]:
             p.wait()
 
 
-def _pool_once(priority: str) -> dict[str, Any]:
+def _pool_once(priority: str | None) -> dict[str, Any]:
+    """One pool: ``priority`` is its ``embed_priority`` (None: the default)."""
     with tempfile.TemporaryDirectory(prefix="ub-") as tmp:  # short: ipc paths are short
         home = Path(tmp)
         endpoint = f"ipc://{home}/embed.sock"
         (home / "uniun.toml").write_text(
             f'[embed]\nenabled = true\nworkers = 2\nendpoint = "{endpoint}"\n'
-            f'[device]\nyield_signal = false\nembed_priority = "{priority}"\n')
+            "[device]\nyield_signal = false\n"
+            + (f'embed_priority = "{priority}"\n' if priority else ""))
         env = {k: v for k, v in os.environ.items() if k != "UNIUN_CONFIG"}
         env["UNIUN_HOME"] = str(home)
         started = time.monotonic()
@@ -53,7 +55,7 @@ def _pool_once(priority: str) -> dict[str, Any]:
                                  "--config", str(home / "uniun.toml")],
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=subprocess.DEVNULL, env=env)
-        out: dict[str, Any] = {"priority": priority}
+        out: dict[str, Any] = {"priority": priority or "default"}
         try:
             with EmbedClient(endpoint, timeout=READY_CAP_S, connect_timeout=READY_CAP_S) as c:
                 ready = None
@@ -82,10 +84,10 @@ def _pool_once(priority: str) -> dict[str, Any]:
 
 
 def embed_with_and_without_hog(log: Callable[[str], None]) -> dict[str, Any]:
-    result: dict[str, Any] = {"quiet": _pool_once("nice")}
+    result: dict[str, Any] = {"quiet": _pool_once(None)}
     log(f"device: pool quiet {result['quiet']}")
     with cpu_hog():
-        result["hog"] = _pool_once("nice")
+        result["hog"] = _pool_once(None)
         log(f"device: pool beside the hog {result['hog']}")
         result["hog_sched_idle"] = _pool_once("idle")
         log(f"device: pool beside the hog at SCHED_IDLE {result['hog_sched_idle']}")
