@@ -201,6 +201,7 @@ def measure_power(model: str, seconds: float, chats: int,
                         raise RuntimeError(f"the governor never reached {mode}")
                 power = dict(s.ask_status()["power"])
                 row = _measure_state(s, seconds, chats)
+                row["saved_s_at_end"] = (s.ask_status().get("power") or {}).get("saved_s")
                 s.cancel_background()  # their run segments are in the journal after this
                 row["runner_s"] = round(_journal_runner_s(home, *row.pop("wall")), 2)
                 share = power.get("background_share")
@@ -222,10 +223,19 @@ def measure_power(model: str, seconds: float, chats: int,
         "battery_60_runner_s_vs_budget": (st["battery_60"]["runner_s"]
                                          / st["battery_60"]["expected_runner_s"]),
         "warm_runner_s_vs_duty": st["warm"]["runner_s"] / st["warm"]["expected_runner_s"],
+        # What was allowed but not used is still in the bucket at the end (at most
+        # power_resume_s: a job starts only once that much is saved).
+        "battery_60_used_plus_saved_vs_budget": _used_plus_saved(st["battery_60"]),
+        "warm_used_plus_saved_vs_duty": _used_plus_saved(st["warm"]),
         "critical_tokens": st["critical"]["tokens"],
         "chat_ttft_vs_idle_worst": max(r["chat_ttft_vs_idle"] for r in st.values()),
     }
     return result
+
+
+def _used_plus_saved(row: dict[str, Any]) -> float:
+    return (row["runner_s"] + max(0.0, row.get("saved_s_at_end") or 0.0)) / row[
+        "expected_runner_s"]
 
 
 def measure_watch(polls: int = 400) -> dict[str, Any]:
