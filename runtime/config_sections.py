@@ -356,6 +356,10 @@ class DeviceConfig:
         "the runner's intra-op threads under the budget; 0 = chosen (default 0)"))
     embed_threads: int = field(default=0, metadata=_doc(
         "threads of each embedding worker under the budget; 0 = chosen (default 0)"))
+    freeze_embed_workers: bool = field(default=False, metadata=_doc(
+        "the embedding pool also stops its workers outright (SIGSTOP) while interactive "
+        "work is in flight and continues them (SIGCONT) after, so the micro-batch in "
+        "flight does not share the cores with a chat's prefill (default false)"))
     power_watch: bool = field(default=True, metadata=_doc(
         "read the charger, battery level and thermal state from sysfs and let them "
         "steer background work (docs/device.md, 'Power and heat') (default true)"))
