@@ -39,7 +39,8 @@ __all__ = [
 Lane = Literal["run", "wait"]
 # The instants on the timeline. preempt, resume and swap happen on the runner's track;
 # the others concern the whole process (PROCESS_MARKS).
-MarkKind = Literal["preempt", "resume", "swap", "runner_lost", "runner_up", "scheduler_start"]
+MarkKind = Literal["preempt", "resume", "swap", "runner_lost", "runner_up", "scheduler_start",
+                   "power"]
 MARK_KINDS: tuple[MarkKind, ...] = get_args(MarkKind)
 PROCESS_MARKS: frozenset[MarkKind] = frozenset({"runner_lost", "runner_up", "scheduler_start"})
 

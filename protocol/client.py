@@ -161,9 +161,12 @@ class Client(DealerConnection):
         """Tell the scheduler which job kind the user is looking at (None: none)."""
         self._request(m.req_foreground(self._next_id(), kind), timeout)
 
-    def lifecycle(self, state: str, *, timeout: float | None = None) -> None:
-        """``"foreground"`` or ``"background"``: whether the app is in front."""
-        self._request(m.req_lifecycle(self._next_id(), state), timeout)
+    def lifecycle(self, state: str | None, *, power: dict[str, Any] | None = None,
+                  timeout: float | None = None) -> None:
+        """``"foreground"`` or ``"background"``: whether the app is in front; ``power``:
+        the device's facts as the app's OS reports them (``on_battery``, ``percent``,
+        ``thermal``, ``user_idle``; docs/device.md). ``state=None`` sends power only."""
+        self._request(m.req_lifecycle(self._next_id(), state, power), timeout)
 
     def status(self, *, timeout: float | None = None) -> dict[str, Any]:
         """The scheduler's ``status`` body (policy, queues, running, processes, ...)."""

@@ -152,6 +152,18 @@ class YieldGate(_GateState):
                 self._cond.wait(0.1)
         return self._waited(started)
 
+    def wait_change(self, last: bool, timeout: float) -> bool:
+        """Block until ``interactive`` differs from ``last``, or ``timeout`` seconds;
+        return it (woken by every record, so a change is seen as soon as it is heard)."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while True:
+                now = time.monotonic()
+                state = self._closed(now)
+                if state != last or now >= deadline:
+                    return state
+                self._cond.wait(min(0.1, deadline - now))
+
     def _listen(self) -> None:
         sock = self._ctx.socket(zmq.SUB)
         sock.setsockopt(zmq.LINGER, 0)

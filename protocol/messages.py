@@ -119,10 +119,20 @@ def req_foreground(msg_id: str, kind: str | None) -> dict[str, Any]:
     return envelope(FOREGROUND, id=msg_id, kind=kind)
 
 
-def req_lifecycle(msg_id: str, state: str) -> dict[str, Any]:
-    if state not in LIFECYCLE_STATES:
+def req_lifecycle(msg_id: str, state: str | None,
+                  power: dict[str, Any] | None = None) -> dict[str, Any]:
+    """``lifecycle``: the app's state, and optionally the device's ``power`` facts
+    (``protocol/power_state.py``); at least one of the two."""
+    if state is None and power is None:
+        raise ValueError("lifecycle needs a state, power facts, or both")
+    if state is not None and state not in LIFECYCLE_STATES:
         raise ValueError(f"lifecycle state must be one of {LIFECYCLE_STATES}, not {state!r}")
-    return envelope(LIFECYCLE, id=msg_id, state=state)
+    fields: dict[str, Any] = {}
+    if state is not None:
+        fields["state"] = state
+    if power is not None:
+        fields["power"] = power
+    return envelope(LIFECYCLE, id=msg_id, **fields)
 
 
 def req_status(msg_id: str) -> dict[str, Any]:

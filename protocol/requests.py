@@ -47,6 +47,7 @@ from uniun.protocol.messages import (
     WATCH,
     _is_int,
 )
+from uniun.protocol.power_state import PowerState, parse_power
 from uniun.protocol.schema_bounds import check_schema_bounds
 
 # --- typed requests --------------------------------------------------------------
@@ -79,7 +80,8 @@ class Foreground:
 @dataclass(frozen=True)
 class Lifecycle:
     id: str
-    state: str  # "foreground" or "background"
+    state: str | None  # "foreground" or "background"; None: unchanged (power facts only)
+    power: PowerState | None = None  # the app's device facts (docs/device.md), if sent
 
 
 @dataclass(frozen=True)
@@ -208,9 +210,11 @@ def parse_request(msg: Any, rules: JobRules, *,
         return Foreground(mid, kind)
     if mtype == LIFECYCLE:
         state = msg.get("state")
-        if state not in LIFECYCLE_STATES:
-            raise InvalidField("state", f"must be one of {', '.join(LIFECYCLE_STATES)}")
-        return Lifecycle(mid, state)
+        power = parse_power(msg["power"]) if msg.get("power") is not None else None
+        if state not in LIFECYCLE_STATES and not (state is None and power is not None):
+            raise InvalidField("state", f"must be one of {', '.join(LIFECYCLE_STATES)} "
+                                        "(or left out when power is given)")
+        return Lifecycle(mid, state, power)
     if mtype == STATUS:
         return StatusRequest(mid)
     if mtype == PING:

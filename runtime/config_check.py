@@ -126,12 +126,8 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
         check_queue_shares(values, source)
     if section == "journal" and values.get("synchronous", "full") not in ("full", "normal"):
         raise ConfigError("must be full or normal", key="journal.synchronous", source=source)
-    if section == "device" and values.get("background_priority", "idle") not in (
-            "idle", "nice", "none"):
-        raise ConfigError("must be idle, nice or none", key="device.background_priority",
-                          source=source)
-    if section == "device" and not 0 <= values.get("background_nice", 10) <= 19:
-        raise ConfigError("must be 0..19", key="device.background_nice", source=source)
+    if section == "device":
+        check_device(values, source)
     if section == "models":
         for key in ("chat_model", "embed_model"):
             if key in values and not values[key]:
@@ -216,3 +212,18 @@ def check_endpoint(key: str, endpoint: str, source: Path | None) -> None:
                               key=key, source=source)
     else:
         raise ConfigError("must start with ipc:// or tcp://", key=key, source=source)
+
+
+def check_device(values: dict[str, Any], source: Path | None) -> None:
+    """The ``[device]`` keys whose range the type alone does not say."""
+    for key in ("background_priority", "embed_priority"):
+        if values.get(key, "nice") not in ("idle", "nice", "none"):
+            raise ConfigError("must be idle, nice or none", key=f"device.{key}",
+                              source=source)
+    for key in ("background_nice", "embed_nice"):
+        if not 0 <= values.get(key, 0) <= 19:
+            raise ConfigError("must be 0..19", key=f"device.{key}", source=source)
+    if not values.get("power_poll_s", 5.0) > 0:
+        raise ConfigError("must be > 0", key="device.power_poll_s", source=source)
+    if "sysfs_root" in values and not values["sysfs_root"]:
+        raise ConfigError("must not be empty", key="device.sysfs_root", source=source)

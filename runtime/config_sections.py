@@ -331,11 +331,20 @@ class DeviceConfig:
     yield_signal: bool = field(default=True, metadata=_doc(
         "publish 'interactive work in flight' from the scheduler; the embedding workers "
         "and the background-Gana process start no new batch while it is on (default true)"))
-    background_priority: str = field(default="idle", metadata=_doc(
-        "CPU priority of the producers, the embedding pool and its workers: idle "
-        "(SCHED_IDLE, else nice), nice, or none (default idle)"))
+    background_priority: str = field(default="nice", metadata=_doc(
+        "CPU priority of the producers (extract, nataraj, gana, background-gana): nice "
+        "(background_nice), idle (SCHED_IDLE, else nice: yields to every program on the "
+        "machine, not only to the user's), or none (default nice)"))
     background_nice: int = field(default=10, metadata=_doc(
-        "nice value used when SCHED_IDLE is not allowed or priority is nice (default 10)"))
+        "the producers' nice value, also used when SCHED_IDLE is not allowed "
+        "(default 10)"))
+    embed_priority: str = field(default="none", metadata=_doc(
+        "CPU priority of the embedding pool and its workers, which answer the user's own "
+        "apps: none (normal: an unrelated busy program cannot starve them; the yield "
+        "signal keeps them out of a chat's way), nice (embed_nice) or idle (default none)"))
+    embed_nice: int = field(default=2, metadata=_doc(
+        "the embedding pool's nice value where embed_priority is nice, or idle is "
+        "refused (default 2)"))
     thread_budget: bool = field(default=True, metadata=_doc(
         "choose the runner's, the embedding workers' and the background-Gana session's "
         "ONNX Runtime threads together from the core count; false: runner.intra_op_threads "
@@ -347,10 +356,22 @@ class DeviceConfig:
         "the runner's intra-op threads under the budget; 0 = chosen (default 0)"))
     embed_threads: int = field(default=0, metadata=_doc(
         "threads of each embedding worker under the budget; 0 = chosen (default 0)"))
+    freeze_embed_workers: bool = field(default=False, metadata=_doc(
+        "the embedding pool also stops its workers outright (SIGSTOP) while interactive "
+        "work is in flight and continues them (SIGCONT) after, so the micro-batch in "
+        "flight does not share the cores with a chat's prefill (default false)"))
+    power_watch: bool = field(default=True, metadata=_doc(
+        "read the charger, battery level and thermal state from sysfs and let them "
+        "steer background work (docs/device.md, 'Power and heat') (default true)"))
+    sysfs_root: str = field(default="/sys", metadata=_doc(
+        "where the power watch reads class/power_supply and class/thermal; a test or "
+        "a bench points it at a fake tree (default /sys)"))
+    power_poll_s: float = field(default=5.0, metadata=_doc(
+        "seconds between two readings of the power facts (default 5.0)"))
     runner_spinning: bool = field(default=True, metadata=_doc(
         "let the runner's idle ONNX Runtime threads spin (faster decode; the background "
-        "runs at idle priority, so it is not starved of anything it was owed) "
-        "(default true)"))
+        "runs below the runner and yields to chat, so it is not starved of anything it "
+        "was owed) (default true)"))
 
 
 SECTIONS: Mapping[str, type] = MappingProxyType({

@@ -2,12 +2,19 @@
 
 Two things the kernel and ONNX Runtime do better than any signal of ours:
 
-- **CPU priority.** Every background process (the producers, the embedding pool and its
-  workers, the background-Gana process) lowers itself at start: ``SCHED_IDLE`` where the
-  kernel allows it (such a process runs only when a core would otherwise idle), else
-  ``nice``; if neither is allowed it says so and runs at normal priority. The scheduler,
-  the runner, the gateway and the supervisor keep normal priority. :func:`describe`
-  reads any process's priority back, for ``status``.
+- **CPU priority, per process class** (:func:`priority_class`). A background process
+  yields to the *user*, not to the world: the scheduler already preempts background
+  generation for chat at the next token, so the OS priority only has to keep the
+  producers' own Python below the user's programs, not below every program. The
+  producers (``extract``, ``nataraj``, ``gana``, ``background-gana``) run at ``nice 10``
+  by default (``device.background_priority``); the embedding pool and its workers, which
+  answer the user's own apps, at normal priority (``device.embed_priority``), so an
+  unrelated ``make`` cannot starve the pool's start or a request (the yield signal keeps
+  them out of a chat's way). ``SCHED_IDLE`` stays available
+  (``idle``) for a machine with nothing else on it. If lowering is refused the process
+  says so and runs at normal priority. The scheduler, the runner, the gateway and the
+  supervisor keep normal priority. :func:`describe` reads any process's priority back,
+  for ``status``.
 - **Thread budget.** The runner's intra-op threads, each embedding worker's threads and
   the background-Gana session's threads are chosen together from the core count
   (:func:`thread_budget`, pure), so the sessions never ask for more threads than there
@@ -21,11 +28,23 @@ from dataclasses import dataclass
 
 from loguru import logger
 
-__all__ = ["BACKGROUND", "lower_priority", "describe", "ThreadBudget", "thread_budget"]
+__all__ = ["BACKGROUND", "EMBED", "PRODUCERS", "lower_priority", "priority_class",
+           "describe", "ThreadBudget", "thread_budget"]
 
-# Process names (base names, see runtime.process.base_name) that run at low priority.
-BACKGROUND = frozenset({"extract", "nataraj", "gana", "background-gana", "embed"})
+# Process names (base names, see runtime.process.base_name) by priority class.
+PRODUCERS = frozenset({"extract", "nataraj", "gana", "background-gana"})
+EMBED = frozenset({"embed"})
+BACKGROUND = PRODUCERS | EMBED  # every process that runs below the runner
 PRIORITIES = ("idle", "nice", "none")
+
+
+def priority_class(name: str) -> str | None:
+    """``"producer"``, ``"embed"`` or ``None`` (normal priority) for a process base name."""
+    if name in PRODUCERS:
+        return "producer"
+    if name in EMBED:
+        return "embed"
+    return None
 
 
 def lower_priority(mode: str = "idle", nice: int = 10) -> str:
@@ -81,9 +100,9 @@ def thread_budget(cores: int, *, embed_workers: int, runner_spinning: bool = Tru
     the embedding workers share what is left, one thread each at least; an explicit
     (non-zero) figure wins. On 2 cores: runner 2, each worker 1, background-Gana 1.
 
-    Why the runner gets every core even though the workers need some: the workers run
-    at low priority and yield to interactive work, so while a chat runs the cores are
-    the runner's; when it does not, the kernel hands idle cores to the workers.
+    Why the runner gets every core even though the workers need some: the workers
+    yield to interactive work (and the producers run niced), so while a chat runs the
+    cores are the runner's; when it does not, the kernel hands idle cores to the workers.
     """
     cores = max(1, cores)
     runner = runner_threads or (cores if cores <= 4 else min(8, cores - 2))

@@ -18,11 +18,12 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+from uniun.actors.embedding.freezer import Freezer
 from uniun.actors.embedding.pool import EmbedPool, PoolSettings
 from uniun.actors.embedding.worker import DEFAULT_MICRO_BATCH
 from uniun.models.convert.embedding import MODEL_ID
 from uniun.models.store import ModelStore
-from uniun.protocol.device_state import device_endpoint
+from uniun.protocol.device_state import YieldGate, device_endpoint
 from uniun.protocol.endpoints import EMBED, default_endpoint
 from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
@@ -67,9 +68,16 @@ def main(config: RuntimeConfig) -> int:
     pool = EmbedPool(settings)
     # Beat only while the loop turns (it ticks every 0.1 s): a hung pool gets restarted.
     process.set_health_check(lambda: time.monotonic() - pool.last_tick < HUNG_AFTER_S)
+    freezer = None
+    if config.device.freeze_embed_workers and settings.device_state:
+        freezer = Freezer(YieldGate(settings.device_state),
+                          lambda: [w.pid for w in pool.workers if w.pid is not None])
+        process.on_stop(freezer.stop_soon)  # the shutdown meets running workers
     try:
         return pool.run(stop)
     finally:
+        if freezer is not None:
+            freezer.close()
         if security is not None:  # also when the pool never reached its shutdown
             security.stop()
 

@@ -184,13 +184,19 @@ def run(name: str, config: RuntimeConfig) -> int:
 
 
 def _lower_priority(name: str, config: RuntimeConfig) -> None:
-    """Background processes run below the runner and the scheduler (docs/device.md);
-    the embedding pool's workers inherit the pool's priority."""
-    from uniun.runtime.device import BACKGROUND, lower_priority
+    """Background processes run below the runner and the scheduler, each class at its
+    own priority (docs/device.md); the embedding pool's workers inherit the pool's."""
+    from uniun.runtime.device import lower_priority, priority_class
 
-    if base_name(name) in BACKGROUND:
-        got = lower_priority(config.device.background_priority, config.device.background_nice)
-        logger.info("CPU priority: {}", got)
+    klass = priority_class(base_name(name))
+    device = config.device
+    if klass == "producer":
+        got = lower_priority(device.background_priority, device.background_nice)
+    elif klass == "embed":
+        got = lower_priority(device.embed_priority, device.embed_nice)
+    else:
+        return
+    logger.info("CPU priority ({} class): {}", klass, got)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -43,10 +43,19 @@ from uniun.actors.scheduler.crash_marker import CRASH_MARKER_FILE, CrashMarker
 from uniun.actors.scheduler.device_signal import DevicePublisher
 from uniun.actors.scheduler.front import FrontActor
 from uniun.actors.scheduler.front_messages import OpenFront, Stopping
-from uniun.actors.scheduler.host import Drain, Quiet, Replay, RunnerLane, SchedulerHost, Wire
+from uniun.actors.scheduler.host import (
+    Drain,
+    PowerRead,
+    Quiet,
+    Replay,
+    RunnerLane,
+    SchedulerHost,
+    Wire,
+)
 from uniun.actors.scheduler.inbox_order import Interactive
 from uniun.actors.scheduler.journal import Journal, JournalEntry
 from uniun.actors.scheduler.model_ids import ModelIds
+from uniun.actors.scheduler.power_reader import PowerWatch
 from uniun.actors.scheduler.runner_link import OpenLink, RunnerLinkActor
 from uniun.models.grammar_sandbox import GrammarSandbox
 from uniun.models.store import ModelStore
@@ -148,6 +157,11 @@ def main(config: RuntimeConfig) -> int:
     host = SchedulerHost.start(core=core, journal=journal, clock=clock,
                                observe=sink.apply if sink is not None else None, lane=lane,
                                device=publisher.set if publisher is not None else None)
+    watch = None
+    if config.device.power_watch:  # docs/device.md, "Power and heat"
+        watch = PowerWatch(Path(config.device.sysfs_root),
+                           lambda state: host.tell(PowerRead(state)),
+                           poll_s=config.device.power_poll_s)
     pcfg = policy.config
     endpoint = config.front.endpoint or default_endpoint()
     security = server_security(endpoint, "front")  # CURVE on tcp; refuses an open tcp front
@@ -167,6 +181,8 @@ def main(config: RuntimeConfig) -> int:
     try:
         host.tell(Wire(front=front, link=link))
         host.tell(Replay(replayed))
+        if watch is not None:
+            watch.start()  # after Wire: its first reading may lead to marks
         link.tell(OpenLink())
         bound = front.ask(OpenFront(), timeout=30)
         logger.info("scheduler serving on {} with policy {}", bound, config.policy.name)
@@ -181,6 +197,8 @@ def main(config: RuntimeConfig) -> int:
         logger.exception("an actor died during start-up")
         rc = 1
     finally:
+        if watch is not None:
+            watch.stop()
         pykka.ActorRegistry.stop_all(timeout=5)
         if publisher is not None:
             publisher.close()

@@ -70,7 +70,7 @@ def chrome_trace(segments: Iterable[Segment], marks: Iterable[Mark], *,
                        "dur": round(max(0.0, seg.end - seg.start) * 1e6, 1), "pid": 1,
                        "tid": tid, "args": args})
     for mark in marks:
-        scope = "p" if mark.what in PROCESS_MARKS else "t"
+        scope = "p" if mark.what in PROCESS_MARKS or not mark.job_id else "t"
         label = mark.what if not mark.job_id else f"{mark.what} {mark.job_id}"
         events.append({"name": label, "cat": mark.what, "ph": "i", "s": scope,
                        "ts": us(mark.at), "pid": 1, "tid": RUNNER_TID,

@@ -117,7 +117,18 @@ def _header(status: dict[str, Any], endpoint: str, now: float) -> RenderableType
                  f"{status.get('foreground') or 'none'} · jobs "
                  f"{status.get('jobs', 0)}/{status.get('queue_cap', '-')}")
     line3 = Text(f"model {status.get('loaded_model') or '-'} · runner {up}")
-    return Group(line1, line2, line3)
+    power = status.get("power")  # absent from an older scheduler's status: no line
+    return Group(line1, line2, line3, *([Text(power_line(power))] if power else []))
+
+
+def power_line(power: dict[str, Any]) -> str:
+    """``power battery 15 % · nominal · background deadline_only (battery 15 % < 20 %)``."""
+    battery = power.get("on_battery")
+    where = "unknown" if battery is None else "battery" if battery else "charger"
+    if power.get("percent") is not None:
+        where += f" {power['percent']:.0f} %"
+    return (f"power {where} · {power.get('thermal') or 'thermal unknown'} · background "
+            f"{power.get('mode', '-')} ({power.get('reason', '-')})")
 
 
 def _running(status: dict[str, Any], rates: Rates | None) -> RenderableType:

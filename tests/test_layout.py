@@ -37,7 +37,8 @@ from tests import REPO as ROOT
 
 CODE_ROOMS = ("protocol", "models", "actors", "runtime")
 # The protocol modules without I/O (no zmq): what the policy may lean on.
-PURE_PROTOCOL = {"codec", "messages", "requests", "jobmap", "errors", "runner_records", "home"}
+PURE_PROTOCOL = {"codec", "messages", "requests", "jobmap", "errors", "runner_records", "home",
+                 "power_state"}
 # Standard-library names that do not exist on Python 3.10, the oldest we declare.
 NEWER_THAN_310_MODULES = {"tomllib", "wsgiref.types"}
 NEWER_THAN_310_NAMES = {

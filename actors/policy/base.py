@@ -34,8 +34,10 @@ from uniun.actors.policy.job import (
     PolicyJob,
     UnknownJob,
 )
+from uniun.actors.policy.power import PowerGovernor
 from uniun.protocol.errors import InvalidField
 from uniun.protocol.jobmap import JobSpec
+from uniun.protocol.power_state import PowerState
 
 Clock = Callable[[], float]
 LIFECYCLES = ("foreground", "background")
@@ -63,6 +65,10 @@ class PolicyBase(ABC):
         self.preemptions = 0
         # Live jobs per (kind, foreground_hint): interactive() in O(1) under any backlog.
         self._kinds: dict[tuple[str, bool], int] = {}
+        # The power governor (docs/device.md), and what it decided since the host last
+        # looked: (job_id or None, why), drained into timeline marks by the scheduler.
+        self.power = PowerGovernor(self.config, self._clock())
+        self.power_notes: list[tuple[str | None, str]] = []
 
     # --- the subclass's part ---------------------------------------------------------------
     @abstractmethod
@@ -169,6 +175,25 @@ class PolicyBase(ABC):
 
     def _lifecycle_changed(self, state: str) -> None:
         """Hook: the lifecycle changed."""
+
+    def set_power(self, state: PowerState) -> bool:
+        """The device's power facts (charger, battery, heat); return whether the
+        governor's mode changed (a note says so, with the reason)."""
+        if not isinstance(state, PowerState):
+            raise PolicyError("power must be a PowerState")
+        changed = self.power.set_state(state, self._clock())
+        if changed:
+            self.power_notes.append((None, f"{self.power.mode}: {self.power.reason}"))
+        return changed
+
+    def power_status(self) -> dict[str, Any]:
+        """The governor's mode, its reason, the background share and what is saved up."""
+        return self.power.status(self._clock())
+
+    def take_power_notes(self) -> list[tuple[str | None, str]]:
+        """The governor's decisions since the last call (for the timeline)."""
+        notes, self.power_notes = self.power_notes, []
+        return notes
 
     # --- runner reports --------------------------------------------------------------------
     def on_model_loaded(self, model_id: str) -> None:

@@ -70,10 +70,27 @@ class PolicyConfig:
     # the background. Default 0.25.
     background_grant: float = 0.25
 
+    # --- rule 9: power governor (docs/device.md) --------------------------------------------
+    # Runner-seconds per hour that background work (every job but chat and the foreground
+    # kind) may use while the device runs on its battery. Default 600.0 (a share of 1/6).
+    battery_runner_s_per_h: float = 600.0
+    # Battery percent below which, on battery, only jobs with a deadline run. Default 20.0.
+    low_battery_percent: float = 20.0
+    # Share (0..1] of time background work may hold the runner while the device is warm
+    # (a passive trip point reached). Default 0.5.
+    warm_duty: float = 0.5
+    # Runner-seconds background work may save up under a battery budget or a duty cycle.
+    # Default 5.0.
+    power_burst_s: float = 5.0
+    # Runner-seconds saved up before a throttled background job runs again (fewer, longer
+    # runs: each pause parks a snapshot). Default 2.0; at most power_burst_s.
+    power_resume_s: float = 2.0
+
     def __post_init__(self) -> None:
-        positive = ("slice_s", "halving_period_s", "t2_window_s", "default_weight")
+        positive = ("slice_s", "halving_period_s", "t2_window_s", "default_weight",
+                    "power_burst_s", "power_resume_s")
         non_negative = ("granularity_s", "flow_return_s", "chat_idle_gap_s", "starvation_s",
-                        "t2_hysteresis")
+                        "t2_hysteresis", "battery_runner_s_per_h", "low_battery_percent")
         for name in positive:
             value = getattr(self, name)
             if not _finite(value) or value <= 0:
@@ -82,7 +99,12 @@ class PolicyConfig:
             value = getattr(self, name)
             if not _finite(value) or value < 0:
                 raise ValueError(f"{name} must be a number >= 0 (got {value!r})")
-        for name in ("t2_share_max", "background_grant"):
+        if self.battery_runner_s_per_h > 3600 or self.low_battery_percent > 100:
+            raise ValueError("battery_runner_s_per_h must be <= 3600 and "
+                             "low_battery_percent <= 100")
+        if self.power_resume_s > self.power_burst_s:
+            raise ValueError("power_resume_s must not exceed power_burst_s")
+        for name in ("t2_share_max", "background_grant", "warm_duty"):
             value = getattr(self, name)
             if not _finite(value) or not 0 < value <= 1:
                 raise ValueError(f"{name} must be in (0, 1] (got {value!r})")

@@ -28,6 +28,11 @@ max_new_tokens); a job that used its grant is HELD (snapshot kept) until lifecyc
 foreground again, then it goes to the front of its tier. A non-chat job that was
 dispatched with a full budget when the app went to the background is paused (reason
 ``budget``) and re-queued at the front, so it continues under a grant.
+
+Power (``power.py``, docs/device.md): a background job (not chat, not T1) is offered only
+while the governor lets it start, and a running one is paused (reason ``power``, on the
+wire ``budget``) when the governor says stop; the wake timer is set for the moment its
+bucket refills or empties. Each such decision is a power note (a timeline mark).
 """
 
 from __future__ import annotations
@@ -50,18 +55,19 @@ RANK_TIER = (0, 1, 2, 3, 4, 2, 2, 4, 2)
 # The pause reasons the policy asks for; "lifecycle" (the app went to the background
 # during a full-budget dispatch) is "budget" on the wire.
 _WIRE_REASON = {"preempted": "preempted", "slice": "slice", "budget": "budget",
-                "lifecycle": "budget"}
+                "lifecycle": "budget", "power": "budget"}
 
 
 class _Survey:
     """Best candidate per rank at one moment, and the times at which that may change."""
 
-    __slots__ = ("best", "wakes", "has_t2")
+    __slots__ = ("best", "wakes", "has_t2", "throttled")
 
     def __init__(self) -> None:
         self.best: list[tuple[tuple[float, ...], PolicyJob] | None] = [None] * 9
         self.wakes: list[float] = []
         self.has_t2 = False
+        self.throttled = 0  # background candidates the power governor held back
 
     def offer(self, rank: int, sort_key: tuple[float, ...], job: PolicyJob) -> None:
         current = self.best[rank]
@@ -94,6 +100,7 @@ class UniunPolicy(PolicyBase):
         self._budget = T2Budget(self.config)
         self._last_chat_at = -math.inf
         self._last_chat_model: str | None = None
+        self._power_holding = False  # the last survey held background work back
 
     # --- the question ---------------------------------------------------------------------
     def decide(self) -> Decision:
@@ -115,6 +122,10 @@ class UniunPolicy(PolicyBase):
                 and run.kind != self.config.chat_kind):
             # Dispatched in the foreground: pause it, it comes back with a grant.
             return self._preempt(run, None, "lifecycle", now, survey)
+        if self._governed(run) and not self.power.may_continue(
+                now, run_s, has_deadline=run.deadline_at is not None):
+            self.power_notes.append((run.job_id, f"pause: {self.power.reason}"))
+            return self._preempt(run, None, "power", now, survey)
         tier = self.tier(run, now)
         if pick is not None:
             rank, job = pick
@@ -145,6 +156,9 @@ class UniunPolicy(PolicyBase):
         gap_end = self._last_chat_at + cfg.chat_idle_gap_s
         gap = loaded is not None and loaded == self._last_chat_model and now < gap_end
         survey = _Survey()
+        power = self.power
+        governed = power.mode != "normal"
+        deadline_only = power.mode == "deadline_only"
         for bkey, bucket in self._index.buckets.items():
             kind = bkey.kind
             front = bucket.front()
@@ -153,6 +167,10 @@ class UniunPolicy(PolicyBase):
                 continue
             if kind == fg and (kind != extract or bkey.hint):
                 survey.offer(R_FG, (front.key,), front)
+                continue
+            if governed and not power.may_start(
+                    now, has_deadline=front.deadline_at is not None):
+                survey.throttled += 1
                 continue
             same = bkey.model == loaded
             if not same:
@@ -177,13 +195,32 @@ class UniunPolicy(PolicyBase):
         for kind in self._index.deadline_kinds():
             if kind in (chat, extract) or kind == fg:
                 continue
-            job = self._index.earliest_overdue(kind, now)
+            # Low battery runs deadline work only: then any deadline counts, due or not.
+            job = self._index.earliest_overdue(kind, math.inf if deadline_only else now)
             if job is not None:
+                if governed and not power.may_start(now, has_deadline=True):
+                    survey.throttled += 1
+                    continue
                 survey.offer(R_DEADLINE, (job.deadline_at or 0.0, job.key), job)
         promotion = self._index.next_promotion(now)
         if promotion is not None:
             survey.wakes.append(promotion)
+        holding = survey.throttled > 0
+        if holding != self._power_holding:
+            self._power_holding = holding
+            self.power_notes.append((None, f"hold background: {power.reason}" if holding
+                                     else f"release background: {power.reason}"))
         return survey
+
+    def _governed(self, job: PolicyJob) -> bool:
+        """Is ``job`` background work the power governor may throttle (not chat, not the
+        foreground kind's T1 work)?"""
+        cfg = self.config
+        if job.kind == cfg.chat_kind:
+            return False
+        fg = self.foreground
+        return not (job.kind == fg and (fg != cfg.extract_kind
+                                        or bool(job.spec.foreground_hint)))
 
     def _within_first_slice(self, run: PolicyJob, pick_tier: int, tier: int,
                             now: float) -> bool:
@@ -218,6 +255,12 @@ class UniunPolicy(PolicyBase):
             change = self._budget.next_change(now, run_s, run_t2, run is not None)
             if change is not None:
                 times.append(change)
+        governed_run = run is not None and self._governed(run)
+        if survey.throttled or governed_run:
+            change = self.power.next_change(now, run_s if governed_run else 0.0,
+                                            governed_run)
+            if change is not None:
+                times.append(change)
         later = [t for t in times if t > now]
         return min(later) if later else None
 
@@ -229,6 +272,9 @@ class UniunPolicy(PolicyBase):
             share = math.ceil(self.config.background_grant * job.spec.max_new_tokens)
             grant = max(1, min(share, job.spec.max_new_tokens - job.tokens))
         resume = job.dispatches > 0
+        if self.power.mode != "normal" and self._governed(job):
+            self.power_notes.append((job.job_id, f"run: {self.power.reason}, "
+                                                 f"{self.power.level(now):.1f} s saved"))
         swap = self._dispatched(job, now, tier, grant)
         # The survey from before the pick still gives safe wake times: nothing new can
         # fall due before the host reports on_started and asks again, and an early
@@ -269,6 +315,8 @@ class UniunPolicy(PolicyBase):
         if self._fair(job):
             self._pool.account(job.flow, runner_s)
         self._budget.charge(now, runner_s, job.dispatch_tier == T2)
+        if self._governed(job):
+            self.power.charge(runner_s, now)
 
     def _ended(self, job: PolicyJob, now: float) -> None:
         if self._fair(job):

@@ -59,6 +59,10 @@ from uniun.models.store import ModelStore
 
 NAME = "background-gana"
 RUNNER = "background"
+# Power modes in which this process, which computes outside the runner, fires nothing:
+# the scheduler holds its own background work then too (docs/device.md). Fires have no
+# deadline field, so a low battery holds them like any other background work.
+HELD_BY_POWER = frozenset({"paused", "deadline_only"})
 
 
 @dataclass(frozen=True)
@@ -130,6 +134,8 @@ class BackgroundGana:
         if self.lifecycle.current(now) != BACKGROUND:
             self.sessions.unload()
             return
+        if self.lifecycle.power_mode in HELD_BY_POWER:
+            return  # too hot, or a low battery: fires wait (the scheduler's own rule)
         ganas = self.file.load()
         lease = self.settings.lease_s
         for fire in adopt_expired(self.store, OWNER_BACKGROUND, lease_s=lease, now=now):

@@ -32,19 +32,24 @@ class LifecycleWatch:
         self.state: str | None = initial
         self.fresh = False  # whether the last poll reached the scheduler
         self._next_poll = float("-inf")
+        # The power governor's mode from the same status (docs/device.md, "Power and
+        # heat"); None: an older scheduler, or not yet known.
+        self.power_mode: str | None = None
 
     def current(self, now: float, *, force: bool = False) -> str | None:
         """The lifecycle, polling the scheduler if ``poll_s`` passed (or ``force``)."""
         if force or now >= self._next_poll:
             self._next_poll = now + self.poll_s
             try:
-                state = self._status().get("lifecycle")
+                status = self._status()
+                state = status.get("lifecycle")
             except Exception as err:  # noqa: BLE001 - unreachable, timed out, refused: keep what we knew
                 if self.fresh:
                     logger.warning("cannot read the lifecycle from the scheduler ({}); "
                                    "keeping {!r}", err, self.state)
                 self.fresh = False
                 return self.state
+            self.power_mode = (status.get("power") or {}).get("mode")
             if state in (FOREGROUND, BACKGROUND):
                 if state != self.state:
                     logger.info("lifecycle is {}", state)

@@ -39,6 +39,7 @@ from loguru import logger
 
 from uniun.actors.policy.decision import Idle, Preempt, ReportOutcome, Run
 from uniun.actors.policy.job import PolicyError
+from uniun.actors.scheduler.core_power import PowerInputs
 from uniun.actors.scheduler.core_requests import ClientRequests
 from uniun.actors.scheduler.core_state import cancelled_event
 from uniun.actors.scheduler.effects import Effects, JPaused, JStarted, JToken
@@ -54,7 +55,7 @@ MAX_DECISIONS_PER_PUMP = 8  # a Run or Preempt changes state; a few rounds reach
 POISON_AFTER_DEATHS = 3  # runner deaths in a row while one job ran (no token between)
 
 
-class SchedulerCore(ClientRequests):
+class SchedulerCore(ClientRequests, PowerInputs):
     """See the module docstring; the client requests are in ``core_requests.py``, the
     state and the end of a job in ``core_state.py``."""
 
@@ -296,6 +297,7 @@ class SchedulerCore(ClientRequests):
                 self._preempt(fx, decision)
             if isinstance(decision, Idle):
                 break
+        self.power_marks(fx)
         fx.wake_at = _earliest(_earliest(decision.wake_at, self.rec.depths(fx, self.policy)),
                                self.watchers.due)
         return fx

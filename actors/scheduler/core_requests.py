@@ -188,7 +188,11 @@ class ClientRequests(CoreState):
         fx.sends.append(Send(conn, m.reply_ok(req.id)))
 
     def _lifecycle(self, fx: Effects, conn: bytes, req: rq.Lifecycle, _owner: object) -> None:
-        self.policy.set_lifecycle(req.state)
+        if req.state is not None:
+            self.policy.set_lifecycle(req.state)
+        if req.power is not None:  # an app's device facts (docs/device.md)
+            pushed = self.power_from_app(req.power)  # type: ignore[attr-defined]
+            fx.journal.extend(pushed.journal)
         fx.sends.append(Send(conn, m.reply_ok(req.id)))
 
     def _status(self, fx: Effects, conn: bytes, req: rq.StatusRequest,
@@ -239,7 +243,8 @@ class ClientRequests(CoreState):
                            queue_cap=self.queue_cap, quarantined=self.quarantined,
                            dead_letters=self.dead_letters.status())
         body.update(self.rec.status_extra(), process_info=procs[2],
-                    t2_share_max=self.policy.config.t2_share_max)
+                    t2_share_max=self.policy.config.t2_share_max,
+                    power=self.power_status())  # type: ignore[attr-defined]
         self._status_cache = (now, self.changes, body)
         return body
 

@@ -56,6 +56,7 @@ from uniun.actors.scheduler.runner_link import (
     ToRunner,
 )
 from uniun.protocol import requests as rq
+from uniun.protocol.power_state import PowerState
 
 __all__ = ["SchedulerHost", "Wire", "Replay", "Drain", "Quiet", "RunnerLane"]
 
@@ -107,6 +108,13 @@ class Replay:
     """The journal's jobs after a restart (told once, before any traffic)."""
 
     entries: list[JournalEntry]
+
+
+@dataclass(frozen=True)
+class PowerRead:
+    """The power watch read new device facts (``power_reader.py``)."""
+
+    state: PowerState
 
 
 @dataclass(frozen=True)
@@ -180,6 +188,8 @@ class SchedulerHost(pykka.ThreadingActor):
             self._apply(core.client_gone(message.conn))
         elif isinstance(message, _Wake):
             self._wake_at, self._timer = None, None
+        elif isinstance(message, PowerRead):
+            self._apply(core.power_from_sysfs(message.state))
         elif isinstance(message, Drain):
             self._apply(core.drain())
         elif isinstance(message, Quiet):

@@ -131,10 +131,26 @@ def register(sub: argparse._SubParsersAction) -> None:
                               "tool-calls")
     dialect.add_argument("--tool-requests", type=int, default=100, metavar="N",
                          help="tool_choice: required requests over HTTP (default 100)")
+    device = parser.add_argument_group("the device's power facts (--device)")
+    device.add_argument("--device", action="store_true",
+                        help="instead of the end-to-end bench: a runtime on a fake sysfs tree "
+                             "in each power state (charger, battery 60 %% and 15 %%, warm, "
+                             "critical): background tokens and runner-seconds, chat TTFT vs "
+                             "idle; the embedding pool beside a CPU hog vs quiet; the power "
+                             "watch's CPU per hour (runtime/bench/device.py; default --out "
+                             "bench/results/device-power.json)")
+    device.add_argument("--device-seconds", type=float, default=60.0, metavar="S",
+                        help="with --device: seconds per power state (default 60)")
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.device:
+        from uniun.runtime.bench.device import DEFAULT_OUT as DEVICE_OUT, main as run_device
+
+        out = args.out or DEVICE_OUT
+        return run_device(["--model", args.model, "--seconds", str(args.device_seconds),
+                           "--out", str(out)])
     if args.dialect:
         from uniun.runtime.commands.bench_dialect import run_dialect
 

@@ -47,6 +47,21 @@ def test_every_client_request_type_parses_into_its_typed_form() -> None:
     assert rq.parse_request(_req("ping"), RULES) == rq.Ping("r1")
 
 
+def test_lifecycle_may_carry_the_devices_power_facts_and_v1_stays_as_it_was() -> None:
+    from uniun.protocol.power_state import PowerState
+
+    plain = rq.parse_request(_req("lifecycle", state="foreground"), RULES)
+    assert plain == rq.Lifecycle("r1", "foreground", None)
+    both = rq.parse_request(_req("lifecycle", state="background", power={
+        "on_battery": True, "percent": 15, "thermal": "warm", "future_key": 1}), RULES)
+    assert both == rq.Lifecycle("r1", "background", PowerState(
+        on_battery=True, percent=15.0, thermal="warm"))
+    only = rq.parse_request(m.req_lifecycle("r1", None, {"thermal": "hot"}), RULES)
+    assert only == rq.Lifecycle("r1", None, PowerState(thermal="hot"))
+    with pytest.raises(ValueError):
+        m.req_lifecycle("r1", None)
+
+
 def test_request_builders_produce_what_the_validator_accepts() -> None:
     built = [m.req_submit("a", JOB), m.req_cancel("b", "j1"), m.req_attach("c", "j1", 3),
              m.req_foreground("d", None), m.req_lifecycle("e", "foreground"),
@@ -142,6 +157,13 @@ def test_reply_to_finds_an_address_only_in_a_valid_id() -> None:
     (_req("foreground", kind=3), "kind"),
     (_req("lifecycle"), "state"),
     (_req("lifecycle", state="asleep"), "state"),
+    (_req("lifecycle", state="background", power=[1]), "power"),
+    (_req("lifecycle", power={"percent": 120}), "power.percent"),
+    (_req("lifecycle", power={"percent": "full"}), "power.percent"),
+    (_req("lifecycle", power={"on_battery": 1}), "power.on_battery"),
+    (_req("lifecycle", power={"thermal": "toasty"}), "power.thermal"),
+    (_req("lifecycle", power={"user_idle": "yes"}), "power.user_idle"),
+    (_req("lifecycle", state="asleep", power={"percent": 50}), "state"),
 ])
 def test_invalid_bodies_are_invalid_field_naming_the_field(msg: dict[str, Any],
                                                             field: str) -> None:

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from uniun.runtime.config import ConfigError, load_config_text
-from uniun.runtime.device import describe, thread_budget
+from uniun.runtime.device import describe, priority_class, thread_budget
 
 
 def test_two_cores_give_the_runner_both_and_each_worker_one() -> None:
@@ -33,6 +33,18 @@ def test_the_device_section_is_checked() -> None:
         load_config_text("[device]\nbackground_priority = \"low\"\n")
     off = load_config_text("[device]\nthread_budget = false\n[runner]\nintra_op_threads = 3\n")
     assert off.budget().runner_threads == 3
+
+
+def test_each_process_class_has_its_own_priority_and_none_is_idle_by_default() -> None:
+    assert [priority_class(n) for n in ("extract", "background-gana", "embed", "runner")] \
+        == ["producer", "producer", "embed", None]
+    cfg = load_config_text("")
+    assert (cfg.device.background_priority, cfg.device.background_nice) == ("nice", 10)
+    assert cfg.device.embed_priority == "none"  # the pool answers the user's apps
+    with pytest.raises(ConfigError, match="embed_priority"):
+        load_config_text("[device]\nembed_priority = \"low\"\n")
+    with pytest.raises(ConfigError, match="power_poll_s"):
+        load_config_text("[device]\npower_poll_s = 0\n")
 
 
 @pytest.mark.parametrize("mode", ["idle", "nice"])

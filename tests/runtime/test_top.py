@@ -52,6 +52,14 @@ def test_the_frame_says_what_a_user_looks_for() -> None:
         assert expected in text, expected
 
 
+def test_the_header_says_what_the_power_governor_does() -> None:
+    status = {**STATUS, "power": {"on_battery": True, "percent": 15.0, "thermal": "warm",
+                                  "mode": "deadline_only", "reason": "battery 15 % < 20 %"}}
+    text = frame_text(status, endpoint=ENDPOINT, width=100, now=NOW)
+    assert ("power battery 15 % · warm · background deadline_only (battery 15 % < 20 %)"
+            in text)
+
+
 def test_live_rates_come_from_successive_frames_and_restarts_become_events() -> None:
     rates = Rates()
     first = json.loads(json.dumps(STATUS))

@@ -49,7 +49,8 @@ export class Device {
     const rate = this.live.rate === null ? null : this.live.rate.toFixed(1);
     this._card("running", JSON.stringify([s.running, rate, s.runner && s.runner.up, s.loaded_model]),
                () => this._running(s));
-    this._card("queues", JSON.stringify([s.queues, s.held, s.foreground, s.lifecycle, s.dead_letters]),
+    this._card("queues", JSON.stringify([s.queues, s.held, s.foreground, s.lifecycle, s.dead_letters,
+                                         s.power]),
                () => this._queues(s));
     this._card("parking", JSON.stringify([s.snapshots, s.parking, s.t2_share, s.t2_share_max,
                                           s.t2_blocked, s.vruntime, s.min_vruntime]),
@@ -98,7 +99,17 @@ export class Device {
     });
     const fg = s.foreground ? `foreground kind: ${s.foreground}` : "no foreground kind";
     return [el("h3", {}, "Queues"), ...rows, el("p", { class: "muted" }, `${fg}; app ${s.lifecycle}`),
-      this._deadLetters(s.dead_letters)];
+      this._power(s.power), this._deadLetters(s.dead_letters)];
+  }
+
+  // The device's power facts and what the governor lets background work do
+  // (docs/device.md, "Power and heat"); chat is never throttled by them.
+  _power(p) {
+    if (!p) return null;
+    const where = p.on_battery === null ? "power unknown" : p.on_battery ? "on battery" : "on the charger";
+    const level = p.percent === null ? "" : ` ${Math.round(p.percent)} %`;
+    return el("p", { class: "muted", "data-testid": "power" },
+      `${where}${level}, ${p.thermal || "thermal unknown"}; background ${p.mode} (${p.reason})`);
   }
 
   // Accepted jobs a restart could not bring back (a kind no longer configured, an

@@ -259,3 +259,32 @@ def test_a_broken_ganas_toml_keeps_the_previous_ganas(store: ResultsStore,
     ganas.write_text('[[gana]]\nid = "a"\nprompt = "hi"\nevery_minutes = -1\nxx\n')
     cron.step(60.0)
     assert len(client.submits) == 2
+
+
+def test_background_gana_fires_nothing_while_the_power_governor_holds_background_work(
+        store: ResultsStore, tmp_path: Path) -> None:
+    from uniun.actors.producers.background_gana import (
+        BackgroundGana,
+        BackgroundSettings,
+        SessionCache,
+    )
+
+    ganas = tmp_path / "ganas.toml"
+    ganas.write_text('[[gana]]\nid = "a"\nprompt = "hi"\nevery_minutes = 1\n')
+    loads: list[str] = []
+
+    def fake_loader(_store: object, model_id: str, _threads: int) -> object:
+        loads.append(model_id)
+        raise RuntimeError("a fake loader: the test only asks whether a fire started")
+
+    reply = {"lifecycle": "background", "power": {"mode": "paused"}}
+    watch = LifecycleWatch(lambda: reply, poll_s=0.0)
+    sessions = SessionCache(None, loader=fake_loader)  # type: ignore[arg-type]
+    bg = BackgroundGana(BackgroundSettings(ganas_file=ganas, default_model="m"), store,
+                        watch, sessions, now=1000.0)
+    for t in range(1000, 1200):
+        bg.step(float(t))
+    assert watch.power_mode == "paused" and loads == [] and fires(store) == []
+    reply["power"] = {"mode": "normal"}
+    bg.step(1200.0)  # the due slot fires once the heat is gone (the fake load fails it)
+    assert loads == ["m"] and len(fires(store)) == 1
