@@ -19,9 +19,9 @@ free, the first non-empty rank runs. With a job running, the running job is rank
 candidate of a better tier *and* a better rank preempts it (a chat yields only to another
 client's chat, below; a T2 candidate waits until a running T4 job has had one slice); a
 running T2 job over budget yields to anything that can run without a swap (or is starved or
-swap-worthy); a running T4 job is re-examined at every slice boundary and yields if another flow's vruntime is lower by
-more than the granularity. The policy never asks twice: after a Preempt the job is STOPPING
-until the runner reports.
+swap-worthy); a running T4 job is re-examined at every slice boundary and yields if another
+flow's vruntime is lower by more than the granularity. The policy never asks twice: after a
+Preempt the job is STOPPING until the runner reports.
 
 Background lifecycle: every non-chat dispatch carries a token grant (25 % of
 max_new_tokens); a job that used its grant is HELD (snapshot kept) until lifecycle is

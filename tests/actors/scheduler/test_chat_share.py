@@ -8,6 +8,8 @@ is the one it would have been without the pause.
 
 from __future__ import annotations
 
+import itertools
+
 from tests.actors.scheduler.driver import Driver, msgs, text_of
 from uniun.actors.policy import PolicyConfig
 from uniun.protocol import runner_records as rp
@@ -54,7 +56,7 @@ def test_two_connections_chatting_at_once_take_turns() -> None:
     d.run()
     runs = [c.job_id for c in d.runner.received if isinstance(c, (rp.Start, rp.Resume))]
     assert len(runs) >= 40 * 2 // QUANTUM - 2
-    assert all(x != y for x, y in zip(runs, runs[1:]))  # alternating
+    assert all(x != y for x, y in itertools.pairwise(runs))  # alternating
     for conn, job in ((A, "a-0"), (B, "b-0")):
         assert streamed(d, conn, job) == "".join(text_of(s) for s in range(40))
 
