@@ -24,9 +24,8 @@ Models", OSDI'24):
   so what is kept is bounded by the clients active now and those ahead of ``floor``.
 
 The quantum against thrashing (``chat_quantum_tokens``) is the policy's, not this
-object's: :class:`~uniun.actors.policy.uniun.UniunPolicy` lets another client take the
-runner from a running chat only after the running client has had that many tokens since
-it took the runner over.
+object's: :class:`~uniun.actors.policy.uniun.UniunPolicy` lets a client that took the
+runner by pausing another client's chat keep it for that many tokens.
 
 This object only orders clients; it does not know about runners or steps, so a batching
 runner can hand out its batch slots with it as well (the k clients with the smallest

@@ -29,11 +29,12 @@ class PolicyConfig:
     extract_kind: str = "extract"
 
     # --- T0: fair shares between the clients that chat (chatshare.py) -----------------
-    # Tokens a client's chats may generate, after the client took the runner from another
-    # client's chat, before a chat of a client with less service may take it back. Default
-    # 16: each switch costs a pause and a resume (about a decode step each), so smaller
-    # means finer alternation and more of them; it does not delay a client arriving while
-    # another has held the runner longer than that (it takes the runner at the next token).
+    # Tokens a client's chats may generate, after the client took the runner by pausing
+    # another client's chat, before a chat of a client with less service may take it
+    # back. Default 16: each switch costs a pause and a resume (about a decode step each),
+    # so smaller means finer alternation and more of them. A client that found the runner
+    # free of other clients' chats has no such turn: a new client takes the runner from
+    # it at the next token.
     chat_quantum_tokens: int = 16
     # What one prompt token adds to its client's counter, in generated tokens. Default 0.5
     # (a prompt token is computed in a batch with the others, a generated one in a step of

@@ -28,6 +28,14 @@ max_new_tokens); a job that used its grant is HELD (snapshot kept) until lifecyc
 foreground again, then it goes to the front of its tier. A non-chat job that was
 dispatched with a full budget when the app went to the background is paused (reason
 ``budget``) and re-queued at the front, so it continues under a grant.
+
+Chats of different clients (T0): the chat of the client with the least service goes
+first (virtual token counters, :mod:`~uniun.actors.policy.chatshare`). A running chat is
+paused (reason ``slice``, re-queued at the front of its client's chats, never ended) for
+the chat of a client that goes before it (chatshare.py's order); a client that took the
+runner by pausing another client's chat keeps it for ``chat_quantum_tokens`` tokens
+first (against thrashing), one that found it free of other clients' chats does not. A
+client's own chats never preempt each other.
 """
 
 from __future__ import annotations
@@ -99,8 +107,11 @@ class UniunPolicy(PolicyBase):
         self._share = ChatShare(self.config)
         # The client whose chats hold the runner, and the tokens they got since it took
         # the runner from another client (the quantum against thrashing).
+        # A turn won by pausing another client's chat is protected for the quantum; a
+        # client that found the runner free of other chats is not (nothing to thrash).
         self._chat_holder: str | None = None
         self._held_tokens = 0
+        self._switching = False  # a chat is being paused for another client's
 
     # --- the question ---------------------------------------------------------------------
     def decide(self) -> Decision:
@@ -261,7 +272,9 @@ class UniunPolicy(PolicyBase):
         resume = job.dispatches > 0
         client = job.client if job.kind == self.config.chat_kind else None
         if client != self._chat_holder:
-            self._chat_holder, self._held_tokens = client, 0
+            self._chat_holder = client
+            self._held_tokens = 0 if self._switching else self.config.chat_quantum_tokens
+        self._switching = False
         swap = self._dispatched(job, now, tier, grant)
         # The survey from before the pick still gives safe wake times: nothing new can
         # fall due before the host reports on_started and asks again, and an early
@@ -273,6 +286,7 @@ class UniunPolicy(PolicyBase):
                  now: float, survey: _Survey) -> Preempt:
         run.move("preempt")
         run.stop_reason = reason
+        self._switching = reason == "chat_share"
         self.preemptions += 1
         return Preempt(running_job_id=run.job_id,
                        for_job_id=None if for_job is None else for_job.job_id,
