@@ -223,3 +223,23 @@ def test_status_counts_chatting_clients_without_naming_them() -> None:
 def test_the_quantum_must_be_a_positive_integer(bad: object) -> None:
     with pytest.raises(ValueError, match="chat_quantum_tokens"):
         PolicyConfig(chat_quantum_tokens=bad)  # type: ignore[arg-type]
+
+
+def test_a_third_client_waits_at_most_the_quantum_of_a_turn_just_won() -> None:
+    policy, clock = uniun()
+    runner = FakeRunner(policy, clock)
+    policy.submit(chat("a-0", "a", 200))
+    runner.decide()
+    for _ in range(30):
+        runner.step()
+    policy.submit(chat("b-0", "b", 200))  # b pauses a: its turn is protected
+    runner.decide()
+    runner.step()
+    runner.step()
+    assert runner.running == "b-0"
+    policy.submit(chat("c-0", "c", 5))
+    runner.decide()
+    while runner.running != "c-0":
+        runner.step()
+    assert runner.produced["b-0"] <= QUANTUM + 1  # c took the runner at b's turn's end
+    assert runner.produced["b-0"] >= QUANTUM  # ...not before
