@@ -29,7 +29,7 @@ _KNOWN_KEYS = frozenset({
     "job_id", "kind", "model_id", "messages", "prompt", "max_new_tokens", "deadline",
     "foreground_hint", "flow", "stream", "sampling",
     # extensions (docs/protocol.md): optional, a v1 peer may omit them
-    "stop", "format", "logprobs", "tools", "tool_choice", "cache_prompt",
+    "stop", "format", "logprobs", "tools", "tool_choice", "cache_prompt", "client",
 })
 MAX_STOP_STRINGS = 4  # as OpenAI's ``stop``
 MAX_STOP_CHARS = 256
@@ -84,6 +84,7 @@ class JobSpec:
     # alternatives (0-20); None = none
     tools: ToolSpec | None = None  # extension: functions the model may call
     cache_prompt: bool = False  # extension: keep the whole prompt's KV for siblings
+    client: str = ""  # extension: the end client a producer submits for (chat fair shares)
 
     def to_map(self) -> dict[str, Any]:
         """Back to a wire job map (used by the journal and for idempotency checks)."""
@@ -108,6 +109,8 @@ class JobSpec:
             out["tool_choice"] = self.tools.choice_map()
         if self.cache_prompt:
             out["cache_prompt"] = True
+        if self.client:
+            out["client"] = self.client
         return out
 
 
@@ -330,6 +333,9 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
         cache_prompt = raw.get("cache_prompt", False)
         if not isinstance(cache_prompt, bool):
             raise InvalidField("cache_prompt", "must be a boolean")
+        client = ""
+        if raw.get("client") is not None:
+            client = _check_str(raw, "client", max_chars=128)
     except InvalidField as err:
         err.job_id = job_id
         raise
@@ -338,4 +344,4 @@ def validate_job(raw: Any, *, default_model: str, kinds: tuple[str, ...] = DEFAU
                    deadline=None if deadline is None else float(deadline),
                    foreground_hint=hint, flow=flow, stream=stream, sampling=sampling,
                    stop=stop, format=fmt, logprobs=logprobs, tools=tools,
-                   cache_prompt=cache_prompt)
+                   cache_prompt=cache_prompt, client=client)

@@ -11,6 +11,13 @@ shared by every client that has it. None of this holds off a hostile local progr
 can fetch as many cookies as it likes, and on loopback without a key it may do anything
 the user can); it keeps a busy or buggy client from crowding out the others.
 
+**Fair shares.** The scheduler shares the runner between the clients that chat
+(docs/scheduling.md, T0), but every HTTP client reaches it through the gateway's pool of
+connections, so the gateway names the client in each job's ``client`` field
+(:func:`job_client`): the address and a digest of the cookie, never the cookie itself
+(the scheduler's log, journal and status are read by others). A client's many
+connections, requests and ``n`` choices are one client there.
+
 **Open requests** (:class:`OpenRequests`): jobs and embedding requests open through the
 gateway, each holding a worker thread, are bounded in all (``[http] max_open_requests``)
 and per client (``max_open_requests_per_client``), so one client cannot take every
@@ -23,6 +30,7 @@ Counts are read and written on the event loop only: no lock.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from dataclasses import dataclass
@@ -33,7 +41,8 @@ from starlette.responses import Response
 
 from uniun.actors.gateway.errors import ApiError
 
-__all__ = ["COOKIE", "Caps", "OpenRequests", "Ticket", "client_of", "give_cookie", "shown"]
+__all__ = ["COOKIE", "Caps", "OpenRequests", "Ticket", "client_of", "give_cookie",
+           "job_client", "shown"]
 
 COOKIE = "uniun_client"  # the console session cookie: a random name for one browser
 COOKIE_SHAPE = re.compile(r"[A-Za-z0-9_-]{16,64}")  # what the gateway issues (and accepts)
@@ -45,6 +54,15 @@ def client_of(conn: HTTPConnection) -> str:
     address = conn.client.host if conn.client is not None else NO_ADDRESS
     cookie = conn.cookies.get(COOKIE, "")
     return f"{address} {cookie}" if COOKIE_SHAPE.fullmatch(cookie) else address
+
+
+def job_client(client: str) -> str:
+    """The name the scheduler gets for ``client`` (a job's ``client`` field): the address,
+    and the cookie as a digest that tells browsers apart without revealing the cookie."""
+    address, _, cookie = client.partition(" ")
+    if not cookie:
+        return f"http {address}"
+    return f"http {address} {hashlib.sha256(cookie.encode()).hexdigest()[:16]}"
 
 
 def shown(client: str) -> str:

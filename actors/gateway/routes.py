@@ -34,7 +34,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from uniun.actors.gateway import openai_map as om, openai_responses as orsp
 from uniun.actors.gateway.body import carriable, parse_json
 from uniun.actors.gateway.choices import Choice
-from uniun.actors.gateway.clients import Ticket, client_of
+from uniun.actors.gateway.clients import Ticket, client_of, job_client
 from uniun.actors.gateway.errors import ApiError, from_protocol
 from uniun.actors.gateway.gateway import Gateway
 from uniun.actors.gateway.link import JobRun, Outcome
@@ -99,6 +99,7 @@ async def _start(gateway: Gateway, ticket: Ticket, job: dict[str, Any]
     """Take a slot on ``ticket`` (429 at a bound) and submit; return the run and its
     ``accepted`` reply, or raise the refusal (the slot given back)."""
     gateway.check_open()
+    job = {**job, "client": job_client(ticket.client)}  # whose share it is (T0)
     carriable(job)
     ticket.take()
     run = gateway.link.start_job(job)

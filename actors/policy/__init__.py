@@ -12,7 +12,8 @@ How a host drives it::
 
     # inputs (client messages); each may raise InvalidField (naming the field) and then
     # changes nothing
-    tier = policy.submit(spec: JobSpec, *, arrival=None, deadline_at=None) -> int
+    tier = policy.submit(spec: JobSpec, *, arrival=None, deadline_at=None,
+                         client=None) -> int   # client: T0's fair-share key
     policy.cancel(job_id) -> CancelOutcome     # REMOVED | STOP_RUNNING | NOT_FOUND
     policy.set_foreground(kind: str | None)
     policy.set_lifecycle("foreground" | "background")
@@ -22,7 +23,7 @@ How a host drives it::
 
     # runner reports (runner_seconds: seconds consumed since the previous report)
     policy.on_model_loaded(model_id)
-    policy.on_started(job_id)
+    policy.on_started(job_id, prompt_tokens=0)
     policy.on_tokens(job_id, n_new_tokens, runner_seconds)
     policy.on_paused(job_id, runner_seconds, reason) -> ReportOutcome
     policy.on_finished(job_id, runner_seconds)
@@ -41,9 +42,11 @@ Contract with the host:
   with reason ``"budget"`` and comes back with a grant).
 - ``Preempt``: ask the runner to pause at the next token boundary. The job stays running
   until ``on_paused`` (or ``on_finished``, if it finished first); ``decide()`` will not
-  ask again. Chat is never preempted.
-- ``on_paused`` of a chat (anything but its own cancel) ends it:
-  ``ReportOutcome.CHAT_INTERRUPTED`` -> send the client a retryable error, never re-run.
+  ask again. A chat is preempted only for another client's chat (reason ``"slice"``).
+- ``on_paused`` of a chat the policy paused for another client's chat re-queues it
+  (``REQUEUED``: it resumes from its snapshot); any other pause of a chat (but its own
+  cancel) ends it: ``ReportOutcome.CHAT_INTERRUPTED`` -> send the client a retryable
+  error, never re-run.
 - ``cancel`` of a running job returns ``STOP_RUNNING``: tell the runner, then report
   ``on_cancelled`` (``on_paused`` counts as cancelled too).
 - Reports for a job that is not on the runner raise :class:`IllegalTransition` or

@@ -100,6 +100,14 @@ class PolicyBase(ABC):
     def _ended(self, job: PolicyJob, now: float) -> None:
         """Hook: ``job`` reached a terminal status."""
 
+    def _served(self, job: PolicyJob, prompt_tokens: int, tokens: int) -> None:
+        """Hook: the runner served ``job`` that much prompt and that many new tokens."""
+
+    def _requeue_chat(self, job: PolicyJob) -> bool:
+        """Hook: does this pause of a chat put it back in the queue (the policy asked for
+        it, to give the runner to another client's chat) instead of ending it?"""
+        return False
+
     def _hold(self, job: PolicyJob, reason: str) -> bool:
         """Hook: should this pause hold the job (background governor) instead of
         re-queueing it?"""
@@ -117,12 +125,15 @@ class PolicyBase(ABC):
 
     # --- commands ------------------------------------------------------------------------
     def submit(self, spec: JobSpec, *, arrival: float | None = None,
-               deadline_at: float | None = None) -> int:
+               deadline_at: float | None = None, client: str | None = None) -> int:
         """Accept a validated job; return its tier now.
 
         ``arrival``: policy-clock time it arrived (default now; a journal replay passes
         the original). ``deadline_at``: the deadline on the policy clock, if the host
         converted it itself; otherwise ``spec.deadline`` (unix seconds) is converted.
+        ``client``: who the job is served for, the key of T0's fair shares (the host
+        knows the submitter; default ``spec.client``, and jobs without one are one
+        client).
         Raises :class:`InvalidField` (naming the field; :class:`DuplicateJob` for a live
         ``job_id``) and changes nothing.
         """
@@ -136,8 +147,11 @@ class PolicyBase(ABC):
             deadline_at = now + (spec.deadline - self._wall())
         if deadline_at is not None and not _finite(deadline_at):
             raise InvalidField("deadline", "must be a finite time", job_id=spec.job_id)
+        if client is not None and not isinstance(client, str):
+            raise InvalidField("client", "must be a string", job_id=spec.job_id)
         job = PolicyJob(spec=spec, arrival=now if arrival is None else float(arrival),
-                        deadline_at=deadline_at, key=0, waiting_since=now)
+                        deadline_at=deadline_at, key=0, waiting_since=now,
+                        client=spec.client if client is None else client)
         self._jobs[spec.job_id] = job
         key = (spec.kind, bool(spec.foreground_hint))
         self._kinds[key] = self._kinds.get(key, 0) + 1
@@ -202,11 +216,17 @@ class PolicyBase(ABC):
             raise PolicyError("model_id must be a non-empty string")
         self.loaded_model = model_id
 
-    def on_started(self, job_id: str) -> None:
-        """The runner began work on the job it was told to run (after any swap)."""
+    def on_started(self, job_id: str, prompt_tokens: int = 0) -> None:
+        """The runner began work on the job it was told to run (after any swap).
+        ``prompt_tokens``: the prompt's length, charged to the job's client once."""
         job = self._on_runner(job_id, "started")
+        if not isinstance(prompt_tokens, int) or prompt_tokens < 0:
+            raise PolicyError(f"prompt_tokens must be an int >= 0 (got {prompt_tokens!r})")
         now = self._clock()
         job.segment_start = job.last_report_at = now
+        if prompt_tokens and not job.prompt_charged:
+            job.prompt_charged = True
+            self._served(job, prompt_tokens, 0)
 
     def on_tokens(self, job_id: str, n_new_tokens: int, runner_seconds: float) -> None:
         """``n_new_tokens`` more tokens; ``runner_seconds`` consumed since the last report."""
@@ -221,6 +241,8 @@ class PolicyBase(ABC):
             job.first_token_at = now
         job.tokens += n_new_tokens
         job.dispatch_tokens += n_new_tokens
+        if n_new_tokens:
+            self._served(job, 0, n_new_tokens)
         self._charge(job, seconds, now)
 
     def on_paused(self, job_id: str, runner_seconds: float, reason: str) -> ReportOutcome:
@@ -237,7 +259,7 @@ class PolicyBase(ABC):
             job.move("pause")
             self._end(job, now)
             return ReportOutcome.CANCELLED
-        if job.kind == self.config.chat_kind:
+        if job.kind == self.config.chat_kind and not self._requeue_chat(job):
             job.move("fail")
             self._end(job, now)
             return ReportOutcome.CHAT_INTERRUPTED

@@ -23,10 +23,23 @@ class PolicyConfig:
     """The defaults of docs/scheduling.md. Times are seconds of the policy clock."""
 
     # --- kinds (rules: T0 admits chat, T2 admits extract) -------------------------------
-    # Kind that is T0 (never preempted, never fair-pooled). Default "chat".
+    # Kind that is T0 (preempted only by another client's chat; no budget). Default "chat".
     chat_kind: str = "chat"
     # Kind that is T2 (budgeted); in T1 only with foreground_hint. Default "extract".
     extract_kind: str = "extract"
+
+    # --- T0: fair shares between the clients that chat (chatshare.py) -----------------
+    # Tokens a client's chats may generate, after the client took the runner by pausing
+    # another client's chat, before a chat of a client with less service may take it
+    # back. Default 16: each switch costs a pause and a resume (about a decode step each),
+    # so smaller means finer alternation and more of them. A client that found the runner
+    # free of other clients' chats has no such turn: a new client takes the runner from
+    # it at the next token.
+    chat_quantum_tokens: int = 16
+    # What one prompt token adds to its client's counter, in generated tokens. Default 0.5
+    # (a prompt token is computed in a batch with the others, a generated one in a step of
+    # its own).
+    chat_prompt_weight: float = 0.5
 
     # --- rule 4: fair pool (CFS) ---------------------------------------------------------
     # Seconds of runner time a running T4 job may use before it is re-examined. Default 2.0.
@@ -89,8 +102,9 @@ class PolicyConfig:
     def __post_init__(self) -> None:
         positive = ("slice_s", "halving_period_s", "t2_window_s", "default_weight",
                     "power_burst_s", "power_resume_s")
-        non_negative = ("granularity_s", "flow_return_s", "chat_idle_gap_s", "starvation_s",
-                        "t2_hysteresis", "battery_runner_s_per_h", "low_battery_percent")
+        non_negative = ("chat_prompt_weight", "granularity_s", "flow_return_s",
+                        "chat_idle_gap_s", "starvation_s", "t2_hysteresis",
+                        "battery_runner_s_per_h", "low_battery_percent")
         for name in positive:
             value = getattr(self, name)
             if not _finite(value) or value <= 0:
@@ -104,6 +118,10 @@ class PolicyConfig:
                              "low_battery_percent <= 100")
         if self.power_resume_s > self.power_burst_s:
             raise ValueError("power_resume_s must not exceed power_burst_s")
+        quantum = self.chat_quantum_tokens
+        if not isinstance(quantum, int) or isinstance(quantum, bool) or quantum < 1:
+            # 0 would let two clients with equal counters trade the runner without a token
+            raise ValueError(f"chat_quantum_tokens must be an integer >= 1 (got {quantum!r})")
         for name in ("t2_share_max", "background_grant", "warm_duty"):
             value = getattr(self, name)
             if not _finite(value) or not 0 < value <= 1:

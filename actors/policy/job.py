@@ -127,6 +127,8 @@ class PolicyJob:
     dispatch_tokens: int = 0     # tokens produced in this dispatch
     first_token_at: float | None = None
     stop_reason: str | None = None  # reason of the pending Preempt
+    client: str = ""             # who it is served for: T0's fair-share key (chatshare.py)
+    prompt_charged: bool = False  # its prompt is on its client's counter (once per job)
 
     @property
     def job_id(self) -> str:

@@ -3,7 +3,8 @@
 A job's tier depends on the moment (foreground kind, whether its deadline has passed),
 so it is computed, never stored. What is stored is an index that does not depend on the
 moment: waiting jobs are kept in *buckets* of jobs that always share a tier and a model,
-keyed by (kind, flow, model, foreground_hint). A bucket is a FIFO (the front is what it
+keyed by (kind, flow, model, foreground_hint, client); the client only for chats, whose
+order across clients is their fair share (chatshare.py). A bucket is a FIFO (the front is what it
 would give next). There are few buckets (kinds x flows x models), so a pick looks at
 bucket fronts, never at every job: with 10,000 queued jobs a pick costs what a few dozen
 fronts cost. Overdue jobs (deadline passed) are found through one earliest-deadline heap
@@ -54,6 +55,7 @@ class BucketKey(NamedTuple):
     flow: str
     model: str
     hint: bool
+    client: str = ""  # a chat's client; "" for every other kind
 
 
 class Bucket:
@@ -115,11 +117,13 @@ class TierIndex:
     def __contains__(self, job_id: object) -> bool:
         return job_id in self._where
 
-    def add(self, job: PolicyJob, *, front: bool, extract_kind: str) -> None:
+    def add(self, job: PolicyJob, *, front: bool, extract_kind: str,
+            chat_kind: str = "chat") -> None:
         """Queue ``job`` at the back of its bucket, or at the front (a paused job)."""
         job.key = next(self._front) if front else next(self._back)
         hint = job.spec.foreground_hint and job.spec.kind == extract_kind
-        bkey = BucketKey(job.spec.kind, job.flow, job.model_id, hint)
+        client = job.client if job.spec.kind == chat_kind else ""
+        bkey = BucketKey(job.spec.kind, job.flow, job.model_id, hint, client)
         bucket = self.buckets.get(bkey)
         if bucket is None:
             bucket = self.buckets[bkey] = Bucket(bkey)

@@ -16,12 +16,12 @@ still runs rather than leave the runner idle, and rather than pay a swap for a f
 that has not yet waited out the starvation bound (a swap for one small job would cost more
 than the budget is worth; after the bound, a batch of them goes at once). With the runner
 free, the first non-empty rank runs. With a job running, the running job is ranked too: a
-candidate of a better tier *and* a better rank preempts it (chat is never preempted; a T2
-candidate waits until a running T4 job has had one slice); a running T2 job over budget
-yields to anything that can run without a swap (or is starved or swap-worthy); a running T4
-job is re-examined at every slice boundary and yields if another flow's vruntime is lower by
-more than the granularity. The policy never asks twice: after a Preempt the job is STOPPING
-until the runner reports.
+candidate of a better tier *and* a better rank preempts it (a chat yields only to another
+client's chat, below; a T2 candidate waits until a running T4 job has had one slice); a
+running T2 job over budget yields to anything that can run without a swap (or is starved or
+swap-worthy); a running T4 job is re-examined at every slice boundary and yields if another
+flow's vruntime is lower by more than the granularity. The policy never asks twice: after a
+Preempt the job is STOPPING until the runner reports.
 
 Background lifecycle: every non-chat dispatch carries a token grant (25 % of
 max_new_tokens); a job that used its grant is HELD (snapshot kept) until lifecycle is
@@ -33,6 +33,14 @@ Power (``power.py``, docs/device.md): a background job (not chat, not T1) is off
 while the governor lets it start, and a running one is paused (reason ``power``, on the
 wire ``budget``) when the governor says stop; the wake timer is set for the moment its
 bucket refills or empties. Each such decision is a power note (a timeline mark).
+
+Chats of different clients (T0): the chat of the client with the least service goes
+first (virtual token counters, :mod:`~uniun.actors.policy.chatshare`). A running chat is
+paused (reason ``slice``, re-queued at the front of its client's chats, never ended) for
+the chat of a client that goes before it (chatshare.py's order); a client that took the
+runner by pausing another client's chat keeps it for ``chat_quantum_tokens`` tokens
+first (against thrashing), one that found it free of other clients' chats does not. A
+client's own chats never preempt each other.
 """
 
 from __future__ import annotations
@@ -43,19 +51,21 @@ from typing import Any
 
 from uniun.actors.policy.base import Clock, PolicyBase
 from uniun.actors.policy.budget import T2Budget
+from uniun.actors.policy.chatshare import ChatShare
 from uniun.actors.policy.config import PolicyConfig
 from uniun.actors.policy.decision import Decision, Idle, Preempt, Run
 from uniun.actors.policy.fairpool import FairPool
 from uniun.actors.policy.job import JobStatus, PolicyJob
-from uniun.actors.policy.tiers import T2, T3, T4, TIER_NAMES, TierIndex, tier_of
+from uniun.actors.policy.tiers import T0, T2, T3, T4, TIER_NAMES, TierIndex, tier_of
 
 (R_CHAT, R_FG, R_T2, R_DEADLINE, R_FAIR, R_T2_SWAP, R_T2_OVER, R_FAIR_SWAP,
  R_T2_OVER_SWAP) = range(9)
 RANK_TIER = (0, 1, 2, 3, 4, 2, 2, 4, 2)
 # The pause reasons the policy asks for; "lifecycle" (the app went to the background
 # during a full-budget dispatch) is "budget" on the wire.
+# "chat_share" (the runner goes to another client's chat) is "slice": a fair share.
 _WIRE_REASON = {"preempted": "preempted", "slice": "slice", "budget": "budget",
-                "lifecycle": "budget", "power": "budget"}
+                "lifecycle": "budget", "power": "budget", "chat_share": "slice"}
 
 
 class _Survey:
@@ -101,6 +111,14 @@ class UniunPolicy(PolicyBase):
         self._last_chat_at = -math.inf
         self._last_chat_model: str | None = None
         self._power_holding = False  # the last survey held background work back
+        self._share = ChatShare(self.config)
+        # The client whose chats hold the runner, and the tokens they got since it took
+        # the runner from another client (the quantum against thrashing).
+        # A turn won by pausing another client's chat is protected for the quantum; a
+        # client that found the runner free of other chats is not (nothing to thrash).
+        self._chat_holder: str | None = None
+        self._held_tokens = 0
+        self._switching = False  # a chat is being paused for another client's
 
     # --- the question ---------------------------------------------------------------------
     def decide(self) -> Decision:
@@ -116,7 +134,12 @@ class UniunPolicy(PolicyBase):
                 return Idle(self._wake(now, survey))
             rank, job = pick
             return self._dispatch(job, RANK_TIER[rank], now, survey)
-        if run.status is not JobStatus.RUNNING or run.kind == self.config.chat_kind:
+        if run.kind == self.config.chat_kind:
+            rival = self._chat_rival(run) if run.status is JobStatus.RUNNING else None
+            if rival is not None:
+                return self._preempt(run, rival, "chat_share", now, survey)
+            return Idle(self._wake(now, survey))
+        if run.status is not JobStatus.RUNNING:
             return Idle(self._wake(now, survey))
         if (self.lifecycle == "background" and run.grant is None
                 and run.kind != self.config.chat_kind):
@@ -163,7 +186,7 @@ class UniunPolicy(PolicyBase):
             kind = bkey.kind
             front = bucket.front()
             if kind == chat:
-                survey.offer(R_CHAT, (front.key,), front)
+                survey.offer(R_CHAT, (*self._share.order(bkey.client), front.key), front)
                 continue
             if kind == fg and (kind != extract or bkey.hint):
                 survey.offer(R_FG, (front.key,), front)
@@ -222,6 +245,24 @@ class UniunPolicy(PolicyBase):
         return not (job.kind == fg and (fg != cfg.extract_kind
                                         or bool(job.spec.foreground_hint)))
 
+    def _chat_rival(self, run: PolicyJob) -> PolicyJob | None:
+        """The chat the running chat gives the runner to: the first chat of the other
+        client that goes before the running client (chatshare.py's order), once the
+        running client has had its quantum. (Not the survey's pick, which may be the
+        running client's own next chat.)"""
+        if self._held_tokens < self.config.chat_quantum_tokens:
+            return None
+        chat, best = self.config.chat_kind, None
+        limit = self._share.order(run.client)
+        for bkey, bucket in self._index.buckets.items():
+            if bkey.kind != chat or bkey.client == run.client:
+                continue
+            front = bucket.front()
+            order = (*self._share.order(bkey.client), front.key)
+            if order[:2] < limit and (best is None or order < best[0]):
+                best = (order, front)
+        return None if best is None else best[1]
+
     def _within_first_slice(self, run: PolicyJob, pick_tier: int, tier: int,
                             now: float) -> bool:
         """A fair-pool job runs at least one slice before T2 takes the runner back, so
@@ -275,6 +316,11 @@ class UniunPolicy(PolicyBase):
         if self.power.mode != "normal" and self._governed(job):
             self.power_notes.append((job.job_id, f"run: {self.power.reason}, "
                                                  f"{self.power.level(now):.1f} s saved"))
+        client = job.client if job.kind == self.config.chat_kind else None
+        if client != self._chat_holder:
+            self._chat_holder = client
+            self._held_tokens = 0 if self._switching else self.config.chat_quantum_tokens
+        self._switching = False
         swap = self._dispatched(job, now, tier, grant)
         # The survey from before the pick still gives safe wake times: nothing new can
         # fall due before the host reports on_started and asks again, and an early
@@ -286,6 +332,7 @@ class UniunPolicy(PolicyBase):
                  now: float, survey: _Survey) -> Preempt:
         run.move("preempt")
         run.stop_reason = reason
+        self._switching = reason == "chat_share"
         self.preemptions += 1
         return Preempt(running_job_id=run.job_id,
                        for_job_id=None if for_job is None else for_job.job_id,
@@ -297,7 +344,8 @@ class UniunPolicy(PolicyBase):
         return job.kind not in (self.config.chat_kind, self.config.extract_kind)
 
     def _enqueue(self, job: PolicyJob, *, front: bool) -> None:
-        self._index.add(job, front=front, extract_kind=self.config.extract_kind)
+        self._index.add(job, front=front, extract_kind=self.config.extract_kind,
+                        chat_kind=self.config.chat_kind)
 
     def _dequeue(self, job: PolicyJob) -> None:
         if job.status is JobStatus.HELD:
@@ -310,6 +358,16 @@ class UniunPolicy(PolicyBase):
             self._pool.place(job.flow, now)
         elif job.kind == self.config.chat_kind:
             self._last_chat_at, self._last_chat_model = now, job.model_id
+            self._share.arrive(job.client)
+
+    def _served(self, job: PolicyJob, prompt_tokens: int, tokens: int) -> None:
+        if job.kind == self.config.chat_kind:
+            self._share.charge(job.client, prompt_tokens=prompt_tokens, tokens=tokens)
+            if job.client == self._chat_holder:
+                self._held_tokens += tokens
+
+    def _requeue_chat(self, job: PolicyJob) -> bool:
+        return job.stop_reason == "chat_share"
 
     def _charged(self, job: PolicyJob, runner_s: float, now: float) -> None:
         if self._fair(job):
@@ -323,6 +381,7 @@ class UniunPolicy(PolicyBase):
             self._pool.leave(job.flow, now)
         elif job.kind == self.config.chat_kind:
             self._last_chat_at, self._last_chat_model = now, job.model_id
+            self._share.leave(job.client)
 
     def _hold(self, job: PolicyJob, reason: str) -> bool:
         # Held only when the runner stopped at the end of a background grant.
@@ -343,6 +402,10 @@ class UniunPolicy(PolicyBase):
             self._enqueue(job, front=True)
         self._held.clear()
 
+    def chat_counters(self) -> dict[str, float]:
+        """Each client's virtual token counter (T0's fair shares), for tests and tools."""
+        return dict(self._share.counter)
+
     # --- status ------------------------------------------------------------------------------
     def status(self) -> dict[str, Any]:
         now = self._clock()
@@ -350,8 +413,10 @@ class UniunPolicy(PolicyBase):
         tiers: list[list[tuple[tuple[float, ...], str]]] = [[] for _ in TIER_NAMES]
         for job in self._index.jobs():
             tier = self.tier(job, now)
-            if tier == T3:
-                order: tuple[float, ...] = (job.deadline_at or 0.0, job.key)
+            if tier == T0:
+                order: tuple[float, ...] = (*self._share.order(job.client), job.key)
+            elif tier == T3:
+                order = (job.deadline_at or 0.0, job.key)
             elif tier == T4:
                 order = (self._pool.key(job.flow), job.key)
             else:
@@ -370,6 +435,8 @@ class UniunPolicy(PolicyBase):
             "held": list(self._held),
             "vruntime": dict(self._pool.vruntime),
             "min_vruntime": self._pool.min_vruntime,
+            # how many clients have chats live (their names stay out: they are addresses)
+            "chat_clients": self._share.active(),
             "t2_share": self._budget.share(now, run_s, run_t2),
             "t2_blocked": blocked,
             "swaps": self.swaps,

@@ -14,6 +14,13 @@ and then every chat, the one thing the runtime promises to answer at once, is re
   key counts together), else its connection (the ZeroMQ routing id). Chats do not count
   against it: they have the reserve.
 
+**Whose chat it is** (:func:`chat_client`): the policy shares the runner between the
+clients that chat (docs/scheduling.md, T0). A producer that serves many end clients (the
+HTTP gateway: one pool of connections for every HTTP client) names the one it submits
+for in the job's ``client`` field; the name is taken within the submitter's CURVE key, so
+a key can split only its own share. Without a name, a client is its key or, failing
+that, its connection, as for the queue's bounds.
+
 "Open" is accepted and not ended. :class:`Occupancy` keeps the counts as jobs come and
 go (the job table calls it), so a check costs O(1) whatever is queued.
 """
@@ -25,7 +32,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 __all__ = ["CHAT_RESERVE_SHARE", "CLIENT_SHARE", "Holder", "Occupancy", "QueueBounds",
-           "holder_of"]
+           "chat_client", "holder_of"]
 
 CHAT_RESERVE_SHARE = 0.1  # of queue_cap, only chats may take (limits.chat_reserve_share)
 CLIENT_SHARE = 0.5  # of the background room, one client may hold (limits.client_share)
@@ -38,6 +45,18 @@ def holder_of(owner: str | None, conn: bytes | None) -> Holder | None:
     """Who a job counts against: its CURVE key, else its connection (None: neither, a
     job replayed from the journal without a key)."""
     return owner if owner is not None else conn
+
+
+def chat_client(owner: str | None, conn: bytes | None, named: str) -> str:
+    """The client a job is served for, as T0's fair shares key it (module docstring):
+    ``named`` (the job's ``client`` field) within the CURVE key, else the key, else the
+    connection; "" for a job replayed from the journal with none of them."""
+    key = f"key {owner}" if owner is not None else ""
+    if named:
+        return f"{key} client {named}".lstrip()
+    if key:
+        return key
+    return f"conn {conn.hex()}" if conn is not None else ""
 
 
 @dataclass(frozen=True)

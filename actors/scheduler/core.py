@@ -39,6 +39,7 @@ from loguru import logger
 
 from uniun.actors.policy.decision import Idle, Preempt, ReportOutcome, Run
 from uniun.actors.policy.job import PolicyError
+from uniun.actors.scheduler.admission import chat_client
 from uniun.actors.scheduler.core_power import PowerInputs
 from uniun.actors.scheduler.core_requests import ClientRequests
 from uniun.actors.scheduler.core_state import cancelled_event
@@ -85,7 +86,8 @@ class SchedulerCore(ClientRequests, PowerInputs):
                     "the scheduler restarted during this chat; retry", retryable=True))
                 continue
             try:
-                record.tier = self.policy.submit(e.spec, arrival=now - (wall - e.accepted_at))
+                record.tier = self.policy.submit(e.spec, arrival=now - (wall - e.accepted_at),
+                                                 client=chat_client(e.owner, None, e.spec.client))
             except Exception as err:  # noqa: BLE001 - one bad row must not crash-loop the scheduler
                 logger.bind(job=e.spec.job_id).exception("cannot replay this job")
                 self._end(fx, record, m.event_error(e.spec.job_id, ErrorCode.INTERNAL,
@@ -190,7 +192,7 @@ class SchedulerCore(ClientRequests, PowerInputs):
         return fx
 
     def _started(self, fx: Effects, record: JobRecord, rep: rp.Started) -> None:
-        self.policy.on_started(record.job_id)
+        self.policy.on_started(record.job_id, rep.prompt_tokens)
         now = self._wall()
         record.prompt_tokens = rep.prompt_tokens
         if record.started_at is None or record.seed != rep.seed:

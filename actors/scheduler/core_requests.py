@@ -16,7 +16,7 @@ from loguru import logger
 
 from uniun.actors.policy.decision import CancelOutcome
 from uniun.actors.policy.tiers import T1
-from uniun.actors.scheduler.admission import holder_of
+from uniun.actors.scheduler.admission import chat_client, holder_of
 from uniun.actors.scheduler.core_state import CoreState, cancelled_event
 from uniun.actors.scheduler.effects import Effects, JAccept, JCancelAsked, Send
 from uniun.actors.scheduler.jobs import JobRecord
@@ -91,7 +91,8 @@ class ClientRequests(CoreState):
             self._subscribe(fx, conn, req.id, known, after_seq=-1 if fresh else None)
             return
         self._admit(spec.job_id, spec.kind, holder_of(owner, conn))
-        tier = self.policy.submit(spec)  # validates; raises InvalidField, changes nothing
+        # validates; raises InvalidField, changes nothing
+        tier = self.policy.submit(spec, client=chat_client(owner, conn, spec.client))
         now = self._wall()
         record = JobRecord(spec=spec, accepted_at=now, subscribers={conn}, tier=tier,
                            owner=owner, conn=conn)

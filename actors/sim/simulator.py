@@ -255,7 +255,7 @@ class Simulation:
             return
         if not seg.started and self.now >= seg.compute_start:
             seg.started = True
-            self.policy.on_started(seg.job_id)
+            self.policy.on_started(seg.job_id, self.result.jobs[seg.job_id].prompt_tokens)
         if seg.started and self.now >= seg.end_at:
             self._finish_segment(seg)
 

@@ -113,3 +113,12 @@ def test_a_call_is_read_back_from_the_text_and_anything_else_is_not() -> None:
     for not_a_call in ("The weather is fine.", text[:-5], text + " and more", " " + text,
                        '<tool_call>\n{"name": 3}\n</tool_call>'):
         assert parse_tool_calls(not_a_call, "j") is None
+
+
+def test_the_client_field_round_trips_and_is_checked() -> None:
+    job = _submit(client="http 127.0.0.1").job
+    assert job.client == "http 127.0.0.1"
+    assert validate_job(job.to_map(), default_model="tiny-1") == job  # journal and replay
+    assert _submit().job.client == "" and "client" not in _submit().job.to_map()
+    assert _field(client=7) == "client"
+    assert _field(client="x" * 129) == "client"

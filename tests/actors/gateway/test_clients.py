@@ -292,3 +292,12 @@ def test_background_requests_at_their_share_leave_room_for_a_chat(tmp_path: Path
             await call.close()
         assert gateway.requests.total == 0
     _serve(tmp_path, test, max_open_requests=5, chat_reserve=2)
+
+
+def test_the_scheduler_gets_a_client_name_that_tells_browsers_apart_without_the_cookie() -> None:
+    from uniun.actors.gateway.clients import job_client
+    cookie_a, cookie_b = "a" * 24, "b" * 24
+    a, b = job_client(f"127.0.0.1 {cookie_a}"), job_client(f"127.0.0.1 {cookie_b}")
+    assert a != b and a == job_client(f"127.0.0.1 {cookie_a}")  # stable per browser
+    assert cookie_a not in a and cookie_b not in b  # the cookie is a secret
+    assert job_client("127.0.0.1") == "http 127.0.0.1"  # a program without a cookie

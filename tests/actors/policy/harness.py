@@ -53,7 +53,7 @@ class FakeRunner:
     """Drives ``policy`` like a host: one decode step produces ``tokens_per_step`` tokens
     in ``step_s`` seconds; a pending Preempt/cancel takes effect at the next step (the
     next token boundary); a job finishes after ``target[job_id]`` tokens (default its
-    max_new_tokens)."""
+    max_new_tokens); its start reports ``prompts[job_id]`` prompt tokens (default 0)."""
 
     policy: Any
     clock: FakeClock
@@ -68,6 +68,7 @@ class FakeRunner:
     decisions: list[Decision] = field(default_factory=list)
     outcomes: dict[str, str] = field(default_factory=dict)
     produced: dict[str, int] = field(default_factory=dict)
+    prompts: dict[str, int] = field(default_factory=dict)  # prompt tokens, per job
 
     def decide(self) -> Decision:
         decision = self.policy.decide()
@@ -78,7 +79,7 @@ class FakeRunner:
             self.grant_left = decision.token_grant
             self.stop = None
             self.timeline.append(Segment(decision.job_id, self.clock.t))
-            self.policy.on_started(decision.job_id)
+            self.policy.on_started(decision.job_id, self.prompts.get(decision.job_id, 0))
         elif isinstance(decision, Preempt):
             assert self.running == decision.running_job_id
             assert self.stop is None, "asked to preempt twice"

@@ -4,7 +4,9 @@ checks, after every step, what a user would notice if it broke:
 
 - every job ends exactly once (done, cancelled or failed), none runs twice at once, and
   when the inputs stop every job drains (nothing is lost);
-- a queued chat is always what runs next (preempting anything but a chat);
+- a queued chat is always what runs next (preempting anything but a chat), a client's
+  own chats in the order they came; a chat is preempted only for another client's chat
+  and is then re-queued, not ended;
 - over any window T2 takes at most its share of runner time while other work that could
   run was waiting (slack: one report step plus one ledger slot);
 - no job waits for affinity past the starvation bound;
@@ -50,6 +52,8 @@ class Job:
     target: int
     waiting_since: float
     hint: bool = False       # foreground_hint: the note the user has open
+    client: str = ""         # a chat's client (T0's fair shares)
+    number: int = 0          # submission order
     state: str = "waiting"   # waiting | held | running | ended
     produced: int = 0
 
@@ -85,7 +89,10 @@ class PolicyMachine(RuleBasedStateMachine):
             assert self.running is None, "Run while another job is on the runner"
             assert job.state == "waiting", f"Run of a {job.state} job"
             if waiting_chats:
-                assert job is waiting_chats[0], "the oldest queued chat must run next"
+                assert job.kind == "chat", "a queued chat must run next"
+                mine = [j for j in waiting_chats if j.client == job.client]
+                assert job is min(mine, key=lambda j: j.number), \
+                    "a client's chats must run in the order they came"
             if not decision.swap:
                 self.check_starvation(before, decision)
             job.state = "running"
@@ -97,7 +104,12 @@ class PolicyMachine(RuleBasedStateMachine):
         elif isinstance(decision, Preempt):
             assert self.running == decision.running_job_id
             assert self.stop is None, "asked to preempt twice"
-            assert self.jobs[self.running].kind != "chat", "chat was preempted"
+            run = self.jobs[self.running]
+            if run.kind == "chat":
+                rival = self.jobs[decision.for_job_id or ""]
+                assert decision.reason == "slice" and rival.kind == "chat", \
+                    "a chat was preempted for something else than another client's chat"
+                assert rival.client != run.client, "a client's chat preempted its own"
             self.stop, self.stop_reason = "pause", decision.reason
         else:
             assert isinstance(decision, Idle)
@@ -156,13 +168,16 @@ class PolicyMachine(RuleBasedStateMachine):
         job_id = f"{kind}-{self.count}"
         fields: dict = {"model_id": model, "max_new_tokens": tokens,
                         "foreground_hint": hint}
-        if flow is not None:
+        if flow is not None and kind == "chat":
+            fields["client"] = flow  # chats of clients a and b
+        elif flow is not None:
             fields["flow"] = f"{kind}:{flow}"
         if deadline is not None:
             fields["deadline"] = self.clock.t + deadline
         tier = self.policy.submit(spec(job_id, kind, **fields))
         assert 0 <= tier <= 4
-        self.jobs[job_id] = Job(job_id, kind, model, tokens, self.clock.t, hint)
+        self.jobs[job_id] = Job(job_id, kind, model, tokens, self.clock.t, hint,
+                                client=fields.get("client", ""), number=self.count)
 
     @precondition(lambda self: any(j.state != "ended" for j in self.jobs.values()))
     @rule(data=st.data())
@@ -250,16 +265,17 @@ class PolicyMachine(RuleBasedStateMachine):
             reason = self.stop_reason if self.stop == "pause" else "budget"
             outcome = self.policy.on_paused(job_id, 0.0, reason)
             self.running = None
-            self.after_pause(job, outcome)
+            self.after_pause(job, outcome, reason)
 
-    def after_pause(self, job: Job, outcome: ReportOutcome) -> None:
+    def after_pause(self, job: Job, outcome: ReportOutcome, reason: str) -> None:
         if outcome is ReportOutcome.CHAT_INTERRUPTED:
             assert job.kind == "chat"
             self.end(job.job_id)
         elif outcome is ReportOutcome.HELD:
             job.state = "held"
         else:
-            assert outcome is ReportOutcome.REQUEUED and job.kind != "chat"
+            assert outcome is ReportOutcome.REQUEUED
+            assert job.kind != "chat" or reason == "slice", "a chat paused by the runner"
             job.state, job.waiting_since = "waiting", self.clock.t
 
     @precondition(lambda self: self.running is not None)
@@ -283,7 +299,7 @@ class PolicyMachine(RuleBasedStateMachine):
         job = self.jobs[self.running]  # type: ignore[index]
         outcome = self.policy.on_paused(job.job_id, 0.0, "swap")
         self.running = None
-        self.after_pause(job, outcome)
+        self.after_pause(job, outcome, "swap")
         self.decide()
 
     @precondition(lambda self: self.running is None and self.last_wake is not None)
