@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from uniun.protocol.power_state import THERMAL_STATES
 from uniun.runtime.commands.common import add_connection_args, client_command, connect
 
 
@@ -27,8 +28,23 @@ def register(sub: argparse._SubParsersAction) -> None:
     life = sub.add_parser(
         "lifecycle", help="tell the scheduler whether the app is in front or in background",
         description="background: each non-chat dispatch gets 25%% of its max_new_tokens, "
-                    "then pauses until the app returns; foreground: full budgets.")
-    life.add_argument("state", choices=("foreground", "background"))
+                    "then pauses until the app returns; foreground: full budgets. The power "
+                    "flags push the device's facts as an app would from its OS (they win "
+                    "over what the scheduler reads from sysfs; docs/device.md); with them, "
+                    "STATE may be left out.")
+    life.add_argument("state", nargs="?", choices=("foreground", "background"))
+    power = life.add_mutually_exclusive_group()
+    power.add_argument("--battery", dest="on_battery", action="store_const", const=True,
+                       help="the device runs from its battery")
+    power.add_argument("--charger", dest="on_battery", action="store_const", const=False,
+                       help="the device is on its charger")
+    life.add_argument("--percent", type=float, metavar="0-100", help="the battery level")
+    life.add_argument("--thermal", choices=THERMAL_STATES, help="the device's thermal state")
+    idle = life.add_mutually_exclusive_group()
+    idle.add_argument("--user-idle", dest="user_idle", action="store_const", const=True,
+                      help="the user is away (screen off, session idle)")
+    idle.add_argument("--user-active", dest="user_idle", action="store_const", const=False,
+                      help="the user is at the device")
     add_connection_args(life)
     life.set_defaults(func=run_lifecycle)
 
@@ -52,7 +68,16 @@ def run_foreground(args: argparse.Namespace) -> int:
 
 @client_command
 def run_lifecycle(args: argparse.Namespace) -> int:
+    power = {name: getattr(args, name) for name in ("on_battery", "percent", "thermal",
+                                                    "user_idle")
+             if getattr(args, name) is not None}
+    if args.state is None and not power:
+        raise SystemExit("error: lifecycle needs STATE (foreground|background), "
+                         "a power flag (--battery, --charger, --percent, --thermal, "
+                         "--user-idle, --user-active), or both")
     with connect(args) as client:
-        client.lifecycle(args.state)
-    print(f"lifecycle: {args.state}")
+        client.lifecycle(args.state, power=power or None)
+    said = [f"lifecycle: {args.state}"] if args.state else []
+    said += [f"power: {k}={v}" for k, v in power.items()]
+    print(", ".join(said))
     return 0

@@ -24,13 +24,18 @@ from .harness import BASE_CONFIG, Runtime, chat_job
 pytestmark = pytest.mark.integration
 
 
-def _status_json(rt: Runtime) -> dict:
-    """``uniun-runtime status --json``, as a user runs it."""
+def _cli(rt: Runtime, *args: str) -> str:
+    """``uniun-runtime ARGS`` against ``rt``, as a user runs it; its standard output."""
     env = dict(os.environ, UNIUN_HOME=str(rt.home))
     env.pop("UNIUN_CONFIG", None)
-    out = subprocess.run([sys.executable, "-m", "uniun.runtime", "status", "--json"],
+    out = subprocess.run([sys.executable, "-m", "uniun.runtime", *args],
                          env=env, capture_output=True, text=True, timeout=120, check=True)
-    return json.loads(out.stdout)
+    return out.stdout
+
+
+def _status_json(rt: Runtime) -> dict:
+    """``uniun-runtime status --json``."""
+    return json.loads(_cli(rt, "status", "--json"))
 
 
 def test_status_shows_power_from_the_tree_and_a_low_battery_holds_background_work(
@@ -59,7 +64,7 @@ def test_status_shows_power_from_the_tree_and_a_low_battery_holds_background_wor
         assert w.end("bg")["type"] == "done"  # on the charger it runs
         assert _status_json(rt)["power"]["mode"] == "normal"
 
-        w.request("lifecycle", power={"thermal": "hot"})
+        assert "power: thermal=hot" in _cli(rt, "lifecycle", "--thermal", "hot")
         power = _status_json(rt)["power"]
         assert (power["thermal"], power["mode"], power["source"]) == (
             "hot", "paused", "app+sysfs")
