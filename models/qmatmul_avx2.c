@@ -1,5 +1,5 @@
-/* QMatMul's AVX2 kernel, for CPUs without AVX-512 VNNI (our order; llama.cpp's order runs
- * the portable loop there). */
+/* QMatMul's AVX2 kernels, for CPUs without AVX-512 VNNI: our order, and llama.cpp's
+ * (Job.ggml: q4_1 and q8_0, the order of qmm_groups_ggml_scalar). */
 #include "qmatmul.h"
 
 #ifdef UNIUN_X86
@@ -94,5 +94,106 @@ AVX2 void qmm_groups_avx2(const Job* j, int g0, int g1) {
 #define PATH_FN groups_avx2_as
   switch (j->fmt) { QMM_FORMATS(AS_CASE) }
 #undef PATH_FN
+}
+/* ---- llama.cpp's order (Job.ggml) ------------------------------------------------------ */
+
+/* qmm_groups_ggml_scalar's arithmetic for one group, `rows` activation rows (1 to 4) per
+ * pass over its weights: ggml's vec_dot_q4_1_q8_1 / vec_dot_q8_0_q8_0 keep 8 lane
+ * accumulators per output, which for 16 outputs and several activation rows would not fit
+ * in 16 ymm registers; so the loop turns inside out, with each row's order unchanged: for
+ * each 8-output half and each lane c (elements 4c .. 4c + 3 of every block), one register
+ * per activation row runs over all the blocks, its fused multiply-adds in block order,
+ * exactly ggml's per lane. The 8 lanes are then added in hsum_float_8's order and Q4_1's
+ * m * s terms, accumulated apart in block order, added last. The weights a lane reads
+ * are loaded once for all the rows of the pass (a group's blocks stay in L1 between
+ * lanes: 18-48 blocks of 320-544 bytes for SmolLM2), and a row's result never depends on
+ * which rows share its pass. Lane integer sums: vpmaddubsw then vpmaddwd, exact (4-bit
+ * codes: 15 * 127 * 2 per pair; 8-bit: |w| * 127 * 2, the sign moved onto x). */
+AVX2 static inline __attribute__((always_inline)) void ggml_rows_avx2(
+    const Job* j, int g, int m0, const int rows, const int bits, const int offset) {
+  const int nb = j->k / QK;
+  const size_t cb = bits == 4 ? 256 : 512, sb = GROUP * 2;
+  const size_t bb = cb + sb * (offset ? 2 : 1);
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
+  const int left = j->n - g * GROUP < GROUP ? j->n - g * GROUP : GROUP;
+  const uint8_t* wg = j->w + (size_t)g * nb * bb;
+  for (int h = 0; h < 2 && 8 * h < left; h++) {
+    float lanes[4][8][8]; /* [row][lane][output] */
+    for (int c = 0; c < 8; c++) {
+      __m256 acc[4];
+      for (int t = 0; t < rows; t++) acc[t] = _mm256_setzero_ps();
+      const size_t at = 64 * (size_t)(bits == 8 ? c : c / 2) + 32 * (size_t)h;
+      for (int b = 0; b < nb; b++) {
+        const uint8_t* blk = wg + (size_t)b * bb;
+        const __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + cb + 16 * h)));
+        __m256i w = _mm256_loadu_si256((const __m256i*)(blk + at)), aw = w;
+        if (bits == 4) {
+          w = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(w, 4) : w, low);
+        } else {
+          w = _mm256_xor_si256(w, flip); /* the signed code */
+          aw = _mm256_abs_epi8(w);
+        }
+        for (int t = 0; t < rows; t++) {
+          const size_t xb = (size_t)(m0 + t) * nb + b;
+          int32_t x4;
+          memcpy(&x4, j->xq + (size_t)(m0 + t) * j->k + b * QK + 4 * c, 4);
+          const __m256i xv = _mm256_set1_epi32(x4);
+          const __m256i pairs = bits == 4 ? _mm256_maddubs_epi16(w, xv)
+                                          : _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w));
+          const __m256 lane = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+          acc[t] = _mm256_fmadd_ps(_mm256_mul_ps(dw, _mm256_set1_ps(j->xd[xb])), lane, acc[t]);
+        }
+      }
+      for (int t = 0; t < rows; t++) _mm256_storeu_ps(lanes[t][c], acc[t]);
+    }
+    for (int t = 0; t < rows; t++) {
+      __m256 a[8];
+      for (int c = 0; c < 8; c++) a[c] = _mm256_loadu_ps(lanes[t][c]);
+      __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                               _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+      if (offset) {
+        __m256 summs = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+          const __m256 mw = _mm256_cvtph_ps(
+              _mm_loadu_si128((const __m128i*)(wg + (size_t)b * bb + cb + sb + 16 * h)));
+          summs = _mm256_fmadd_ps(mw, _mm256_set1_ps(j->xs[(size_t)(m0 + t) * nb + b]), summs);
+        }
+        y = _mm256_add_ps(y, summs);
+      }
+      const int cols = left - 8 * h < 8 ? left - 8 * h : 8;
+      const size_t out = (size_t)(m0 + t) * j->n + g * GROUP + 8 * h;
+      float v[8] = {0};
+      if (j->r) {
+        memcpy(v, j->r + out, (size_t)cols * 4);
+        y = _mm256_add_ps(y, _mm256_loadu_ps(v));
+      }
+      _mm256_storeu_ps(v, y);
+      memcpy(j->y + out, v, (size_t)cols * 4);
+    }
+  }
+}
+
+/* Activation rows four at a time (the tail in a pass of its own size, each count its own
+ * inlined copy so that the accumulators stay in registers). */
+AVX2 static inline __attribute__((always_inline)) void groups_ggml_avx2_as(
+    const Job* j, int g0, int g1, const int bits, const int offset) {
+  for (int g = g0; g < g1; g++) {
+    int m0 = 0;
+    for (; m0 + 4 <= j->m; m0 += 4) ggml_rows_avx2(j, g, m0, 4, bits, offset);
+    switch (j->m - m0) {
+      case 3: ggml_rows_avx2(j, g, m0, 3, bits, offset); break;
+      case 2: ggml_rows_avx2(j, g, m0, 2, bits, offset); break;
+      case 1: ggml_rows_avx2(j, g, m0, 1, bits, offset); break;
+      default: break;
+    }
+  }
+}
+
+AVX2 void qmm_groups_ggml_avx2(const Job* j, int g0, int g1) {
+  if (j->fmt == FMT_Q4_1)
+    groups_ggml_avx2_as(j, g0, g1, 4, 1);
+  else
+    groups_ggml_avx2_as(j, g0, g1, 8, 0);
 }
 #endif
