@@ -21,8 +21,8 @@
  * - fp16: K, V, the query and the softmax output are rounded to fp16 where ggml stores or
  *   converts them (its KV cache is fp16, and its fp16 matmul converts the other side).
  *
- * The vector loops use AVX2 + FMA (and AVX-512 where the CPU has it, for the same
- * results); uniun_ggml_supported() says whether this CPU has the former. Elsewhere (ARM)
+ * The vector loops use AVX2 + FMA (and AVX-512 registers where the CPU has them, for the
+ * same results); uniun_ggml_supported() says whether this CPU has the former. Elsewhere (ARM)
  * the functions are stubs that are never called: the operators refuse to start there
  * (ggml_ort.c), and the converter does not build this graph.
  */
