@@ -6,9 +6,11 @@ the test that checks our penalties against it (tests/models/test_ggml_arith.py).
         --peer-python /tmp/peer-llamacpp/bin/python --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out tests/models/data/llamacpp-smollm2-q4_1-penalties.json
 
-and with ``--build avx2 --out ...-penalties-avx2.json`` from llama.cpp built for AVX2 with
-AVX-512 off (its arithmetic differs in the last bits; the test checks each of our levels
-against its build's record). The prompts are ``bench --peer``'s, chat-templated by our tokenizer; the peer runs
+and with ``--build avx2 --out ...-penalties-avx2.json`` from llama.cpp built for AVX2
+with AVX-512 off (its arithmetic differs in the last bits; the test checks each of our
+levels against its build's record).
+
+The prompts are ``bench --peer``'s, chat-templated by our tokenizer; the peer runs
 ``runtime/bench/dialect_peer.py`` (the same script ``bench --dialect`` runs). The peer is
 built as docs/models.md describes (the ``peer`` extra); it is a development tool and never a
 runtime dependency.
