@@ -1,8 +1,16 @@
 /* llama.cpp's attention, bit for bit (ggml_ops.c says why and how): mul_mat(K, Q),
  * soft_max_ext, mul_mat(V, P) in llama.cpp's non-flash path, over an fp16 cache.
  *
- * Two variants, identical results: AVX2 (8-wide registers, ggml's 16 lanes as two of
- * them) and AVX-512 (16-wide, half the instructions), chosen per call by isa.h's level.
+ * Two orders, as llama.cpp's two x86 builds sum (isa.h's level picks, per call):
+ * - AVX-512's (level ISA_AVX512): 16 lanes. ggml_vec_dot_f16 with 4 accumulators over
+ *   64-value steps, tinyBLAS with one 16-lane accumulator, _mm512_reduce_add_ps, the
+ *   softmax 16 at a time with the AVX-512 exp. Written with 16-wide registers where the
+ *   head dim is at most 128, else with 8-wide ones (ggml's 16 lanes as two; same bits).
+ * - AVX2's (below): 8 lanes. ggml_vec_dot_f16 with 4 accumulators over 32-value steps
+ *   and GGML_F32x8_REDUCE's hadds, tinyBLAS with one 8-lane accumulator and its hsum, the
+ *   softmax 8 at a time with the AVX2 exp.
+ * llama.cpp pads its cache view to a multiple of 256 keys (llama_kv_cache::get_n_kv), so
+ * neither dot product has a scalar tail over the keys; masked keys add exact zeros.
  */
 #pragma GCC optimize("fp-contract=off")
 
@@ -176,8 +184,92 @@ V512 static void weighted_sum_512(const float* vh, const float* p, int visible, 
   lanes_to_out(acc, banks, dim, out);
 }
 
+/* ---- llama.cpp built for AVX2 (no AVX-512): 8 lanes -------------------------------- */
+
+/* ggml_vec_dot_f16 on AVX: four 8-lane accumulators over 32-value steps, then
+ * (acc0 + acc2) + (acc1 + acc3), GGML_F32x8_REDUCE's hadds, and a double-precision tail. */
+VEC static float dot_one_a2(const float* x, const float* y, int n) {
+  __m256 acc[4];
+  for (int a = 0; a < 4; a++) acc[a] = _mm256_setzero_ps();
+  const int np = n & ~31;
+  for (int i = 0; i < np; i += 32)
+    for (int a = 0; a < 4; a++)
+      acc[a] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * a), _mm256_loadu_ps(y + i + 8 * a),
+                               acc[a]);
+  double sum = hadd8_avx(_mm256_add_ps(_mm256_add_ps(acc[0], acc[2]),
+                                       _mm256_add_ps(acc[1], acc[3])));
+  for (int i = np; i < n; i++) sum += (double)(x[i] * y[i]);
+  return (float)sum;
+}
+
+/* tinyBLAS<8, __m256> (many queries, n % 8 == 0): one 8-lane accumulator, its hsum. */
+VEC static float dot_many_a2(const float* x, const float* y, int n) {
+  __m256 acc = _mm256_setzero_ps();
+  for (int i = 0; i < n; i += 8)
+    acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
+  return hsum8_avx(acc);
+}
+
+/* softmax_row's AVX2 twin: ggml_vec_soft_max_f32 8 at a time, each 8's sum (hsum8's
+ * order) added in double. keys is a multiple of 8. */
+VEC static void softmax_row_a2(float* w, int keys, int visible, const int64_t* open,
+                               float scale) {
+  float max = -INFINITY;
+  for (int k = 0; k < keys; k++) {
+    w[k] = (k < visible && (!open || open[k])) ? w[k] * scale : -INFINITY;
+    max = w[k] > max ? w[k] : max;
+  }
+  double sum = 0.0;
+  const __m256 vmax = _mm256_set1_ps(max);
+  for (int k = 0; k < keys; k += 8) {
+    const __m256 e = v_expf8_avx2(_mm256_sub_ps(_mm256_loadu_ps(w + k), vmax));
+    _mm256_storeu_ps(w + k, e);
+    sum += (double)hsum8_avx(e);
+  }
+  const float inv = (float)(1.0 / sum);
+  for (int k = 0; k < keys; k++) w[k] *= inv;
+}
+
+/* P V in the AVX2 order: for each output value d, a dot product over the keys with V's
+ * column d; lane = key mod 8, bank = (key / 8) mod 4 (banks 4: ggml_vec_dot_f16, its
+ * lanes then summed with hadds; 1: tinyBLAS, with hsum). 8 values of d at once. */
+VEC static void weighted_sum_a2(const float* vh, const float* p, int visible, int dim,
+                                int banks, float* acc, float* out) {
+  const size_t bank = (size_t)8 * dim;
+  for (int bk = 0; bk < banks; bk++)
+    for (int d = 0; d < dim; d += 8) {
+      __m256 s[8];
+      for (int l = 0; l < 8; l++) s[l] = _mm256_setzero_ps();
+      for (int base = 8 * bk; base < visible; base += 8 * banks)
+        for (int l = 0; l < 8 && base + l < visible; l++) {
+          const int k = base + l;
+          s[l] = _mm256_fmadd_ps(_mm256_loadu_ps(vh + (size_t)k * dim + d), _mm256_set1_ps(p[k]),
+                                 s[l]);
+        }
+      for (int l = 0; l < 8; l++) _mm256_storeu_ps(acc + bk * bank + (size_t)l * dim + d, s[l]);
+    }
+  for (int d = 0; d < dim; d += 8) {
+    __m256 lane[8];
+    for (int l = 0; l < 8; l++) {
+      const float* a = acc + (size_t)l * dim + d;
+      lane[l] = banks == 1 ? _mm256_loadu_ps(a)
+                           : _mm256_add_ps(_mm256_add_ps(_mm256_loadu_ps(a),
+                                                         _mm256_loadu_ps(a + 2 * bank)),
+                                           _mm256_add_ps(_mm256_loadu_ps(a + bank),
+                                                         _mm256_loadu_ps(a + 3 * bank)));
+    }
+    __m256 t[4];
+    for (int i = 0; i < 4; i++) t[i] = _mm256_add_ps(lane[i], lane[4 + i]);
+    const __m256 y = banks == 1
+                         ? _mm256_add_ps(_mm256_add_ps(t[0], t[2]), _mm256_add_ps(t[1], t[3]))
+                         : _mm256_add_ps(_mm256_add_ps(t[0], t[1]), _mm256_add_ps(t[2], t[3]));
+    _mm256_storeu_ps(out + d, y);
+  }
+}
+
+/* wide: AVX-512's order in 16-wide registers; order512: AVX-512's order (else AVX2's) */
 VEC static void attention_head(const Attn* a, int h, int t0, int t1, float* scores,
-                               float* acc, int wide) {
+                               float* acc, int wide, int order512) {
   const int kvh = h / (a->heads / a->kv_heads);
   const int many = a->tokens > 1;
   const int dim = a->dim;
@@ -191,6 +283,16 @@ VEC static void attention_head(const Attn* a, int h, int t0, int t1, float* scor
      * (a weight of 0 adds nothing to ggml's sums either) */
     const int visible = a->past + t + 1 < a->keys ? a->past + t + 1 : a->keys;
     const int keys16 = (visible + 15) & ~15;
+    if (!order512) {
+      for (int k = 0; k < visible; k++)
+        scores[k] = many ? dot_many_a2(kh + (size_t)k * dim, q, dim)
+                         : dot_one_a2(kh + (size_t)k * dim, q, dim);
+      for (int k = visible; k < keys16; k++) scores[k] = 0.f;
+      softmax_row_a2(scores, keys16, visible, a->open, a->scale);
+      round_half(scores, scores, visible); /* as ggml's P V converts them */
+      weighted_sum_a2(vh, scores, visible, dim, banks, acc, out);
+      continue;
+    }
     if (wide) {
       scores_512(kh, q, visible, dim, many, scores);
     } else
@@ -223,8 +325,9 @@ EXPORT void uniun_ggml_attention(const float* q, const float* k, const float* v,
   Attn a = {q, k, v, open, out, tokens, heads, kv_heads, dim, keys, stride, past, scale};
   float* scores = scratch;
   float* acc = scores + ((keys + 15) & ~15);
-  const int wide = dim <= 128 && uniun_isa_level() >= ISA_AVX512; /* registers: <= 8 x 16 */
-  for (int h = h0; h < h1; h++) attention_head(&a, h, t0, t1, scores, acc, wide);
+  const int order512 = uniun_isa_level() >= ISA_AVX512;
+  const int wide = order512 && dim <= 128; /* registers: <= 8 x 16 */
+  for (int h = h0; h < h1; h++) attention_head(&a, h, t0, t1, scores, acc, wide, order512);
 }
 
 #else /* not x86: stubs, never called (uniun_ggml_supported() is 0, the operators refuse) */

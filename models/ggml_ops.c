@@ -1,6 +1,8 @@
 /* llama.cpp's arithmetic, reproduced bit for bit: RMSNorm, RoPE and SwiGLU here, attention
  * in ggml_attention.c, as ggml's CPU backend computes them when built for AVX-512
- * (GGML_NATIVE on such a CPU).
+ * (GGML_NATIVE on such a CPU) or for AVX2 without AVX-512 (most laptops): where the two
+ * builds differ (exp, SwiGLU, the attention's sums), the level in force (isa.h) picks the
+ * order: AVX-512's at ISA_AVX512, AVX2's below.
  *
  * Why: on a small quantised model, 8-bit activation quantisation turns a last-bit
  * difference into a flipped code, and greedy text drifts from llama.cpp's within a few
@@ -19,8 +21,8 @@
  * - fp16: K, V, the query and the softmax output are rounded to fp16 where ggml stores or
  *   converts them (its KV cache is fp16, and its fp16 matmul converts the other side).
  *
- * The vector loops use AVX2 + FMA (and AVX-512 where the CPU has it, for the same
- * results); uniun_ggml_supported() says whether this CPU has the former. Elsewhere (ARM)
+ * The vector loops use AVX2 + FMA (and AVX-512 registers where the CPU has them, for the
+ * same results); uniun_ggml_supported() says whether this CPU has the former. Elsewhere (ARM)
  * the functions are stubs that are never called: the operators refuse to start there
  * (ggml_ort.c), and the converter does not build this graph.
  */
@@ -79,25 +81,29 @@ VEC EXPORT void uniun_ggml_rope(const float* x, const int64_t* pos, float* y, in
   }
 }
 
-/* ---- SiLU: vec.h's ggml_v_silu, AVX-512 flavour (ggml_vec.h's v_expf8) ------------------ */
+/* ---- SiLU: vec.h's ggml_v_silu, in both of llama.cpp's x86 flavours --------------------- */
 
 /* ggml_vec_swiglu_f32: silu(g) * u, silu(x) = x / (1 + exp(-x)). n: any length (ggml's
- * scalar tail uses libm's expf; this one too). */
-VEC static void swiglu_vec(const float* g, const float* u, float* y, int64_t n) {
+ * scalar tail uses libm's expf; these too). llama.cpp built for AVX-512 takes 16 at a time
+ * with its AVX-512 exp (ggml_vec.h's v_expf8 gives its lanes); built for AVX2, 8 at a time
+ * with the AVX2 exp. */
+VEC static void swiglu_vec(const float* g, const float* u, float* y, int64_t n, int avx512) {
   int64_t i = 0;
-  const int64_t whole = n - n % 16; /* ggml's vector loop takes 16 at a time */
+  const int64_t whole = n - n % (avx512 ? 16 : 8); /* ggml's vector loop's step */
   const __m256 one = _mm256_set1_ps(1.0f), zero = _mm256_setzero_ps();
   for (; i + 8 <= whole; i += 8) {
     const __m256 x = _mm256_loadu_ps(g + i);
-    const __m256 e = v_expf8(_mm256_sub_ps(zero, x));
+    const __m256 neg = _mm256_sub_ps(zero, x);
+    const __m256 e = avx512 ? v_expf8(neg) : v_expf8_avx2(neg);
     const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(one, e));
     _mm256_storeu_ps(y + i, _mm256_mul_ps(silu, _mm256_loadu_ps(u + i)));
   }
   for (; i < n; i++) y[i] = (g[i] / (1.0f + expf(-g[i]))) * u[i];
 }
 
+/* The order of the level in force (isa.h): AVX-512's where it is AVX-512, else AVX2's. */
 EXPORT void uniun_ggml_swiglu(const float* g, const float* u, float* y, int64_t n) {
-  swiglu_vec(g, u, y, n);
+  swiglu_vec(g, u, y, n, uniun_isa_level() >= ISA_AVX512);
 }
 EXPORT void uniun_ggml_round_half(const float* x, float* y, int64_t n) { round_half(x, y, n); }
 

@@ -18,6 +18,10 @@ void qmm_run_groups(int path, const Job* j, int g0, int g1) {
       qmm_groups_ggml_avx512(j, g0, g1);
       return;
     }
+    if (path == ISA_AVX2) {
+      qmm_groups_ggml_avx2(j, g0, g1);
+      return;
+    }
 #endif
     qmm_groups_ggml_scalar(j, g0, g1);
     return;

@@ -4,7 +4,7 @@
  *   qmatmul_format.c   the formats: the table, block sizes, names;
  *   qmatmul_quant.c    the activations quantised to 8 bits per 32 (portable, AVX2, AVX-512);
  *   qmatmul_scalar.c   the portable kernels (our order and llama.cpp's);
- *   qmatmul_avx2.c     the AVX2 kernel;
+ *   qmatmul_avx2.c     the AVX2 kernels (our order and llama.cpp's);
  *   qmatmul_avx512.c   the AVX-512 VNNI kernels (our order and llama.cpp's);
  *   qmatmul.c          which kernel a call runs (isa.h's level), and the call for tests;
  *   qmatmul_ort.c      the onnxruntime operator.
@@ -172,6 +172,7 @@ void qmm_groups_scalar(const Job* j, int g0, int g1);
 void qmm_groups_ggml_scalar(const Job* j, int g0, int g1);
 #ifdef UNIUN_X86
 void qmm_groups_avx2(const Job* j, int g0, int g1);
+void qmm_groups_ggml_avx2(const Job* j, int g0, int g1);
 void qmm_groups_avx512(const Job* j, int g0, int g1);
 void qmm_groups_ggml_avx512(const Job* j, int g0, int g1);
 #endif

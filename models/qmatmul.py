@@ -129,10 +129,13 @@ def fast() -> bool:
 
 def ggml_fast() -> bool:
     """Whether llama.cpp's arithmetic (``models/convert/ggml_decoder.py``) runs fast here:
-    QMatMul's ggml order has an AVX-512 VNNI kernel only (below that level it runs the
-    portable one), and the ggml operators need AVX2, FMA and F16C."""
+    QMatMul's ggml order has AVX-512 VNNI and AVX2 kernels, and the ggml operators need
+    AVX2, FMA and F16C. The graph is the same at both levels: its operators pick, when
+    they run, the order of llama.cpp built for the level in force, so a model converted
+    on one machine gives llama.cpp's logits on the other too."""
     lib = _lib()
-    return lib is not None and path_name() == "avx512" and bool(lib.uniun_ggml_supported())
+    return (lib is not None and path_name() in ("avx512", "avx2")
+            and bool(lib.uniun_ggml_supported()))
 
 
 def register(options: Any) -> None:

@@ -1,5 +1,5 @@
-/* QMatMul's AVX2 kernel, for CPUs without AVX-512 VNNI (our order; llama.cpp's order runs
- * the portable loop there). */
+/* QMatMul's AVX2 kernels, for CPUs without AVX-512 VNNI: our order, and llama.cpp's
+ * (Job.ggml: q4_1 and q8_0, the order of qmm_groups_ggml_scalar). */
 #include "qmatmul.h"
 
 #ifdef UNIUN_X86
@@ -94,5 +94,140 @@ AVX2 void qmm_groups_avx2(const Job* j, int g0, int g1) {
 #define PATH_FN groups_avx2_as
   switch (j->fmt) { QMM_FORMATS(AS_CASE) }
 #undef PATH_FN
+}
+/* ---- llama.cpp's order (Job.ggml) ------------------------------------------------------ */
+
+/* qmm_groups_ggml_scalar's arithmetic for one group, `rows` activation rows (1 to 4) per
+ * pass over its weights: ggml's vec_dot_q4_1_q8_1 / vec_dot_q8_0_q8_0 keep 8 lane
+ * accumulators per output, which for 16 outputs and several activation rows would not fit
+ * in 16 ymm registers; so the loop turns inside out, with each row's order unchanged: for
+ * each 8-output half and a few lanes c (elements 4c .. 4c + 3 of every block), one
+ * register per activation row and lane runs over the blocks, its fused multiply-adds in
+ * block order, exactly ggml's per lane. The 8 lanes are then added in hsum_float_8's
+ * order and Q4_1's m * s terms, accumulated apart in block order, added last. The
+ * weights a lane reads are loaded once for all the rows of the pass, and a row's result
+ * never depends on which rows share its pass (tests/models/test_qmatmul.py). Lane integer
+ * sums: vpmaddubsw then vpmaddwd, exact (4-bit codes: 15 * 127 * 2 per pair; 8-bit:
+ * |w| * 127 * 2, the sign moved onto x). Per output it does 8 times the float work of
+ * our order (a conversion and a fused multiply-add per lane and block, as ggml does). */
+AVX2 static inline __attribute__((always_inline)) void ggml_rows_avx2(
+    const Job* j, int g, int m0, const int rows, const int bits, const int offset,
+    const uint8_t* next) {
+  /* lanes per pass: enough independent fused multiply-add chains to hide their latency
+   * (a lane's chain runs through every block), at most 8 accumulators */
+  const int L = rows <= 2 ? 4 : 2;
+  const int nb = j->k / QK;
+  const size_t cb = bits == 4 ? 256 : 512, sb = GROUP * 2;
+  const size_t bb = cb + sb * (offset ? 2 : 1);
+  const __m256i low = _mm256_set1_epi8(0x0F), ones = _mm256_set1_epi16(1);
+  const __m256i flip = _mm256_set1_epi8((char)0x80);
+  const int left = j->n - g * GROUP < GROUP ? j->n - g * GROUP : GROUP;
+  const uint8_t* wg = j->w + (size_t)g * nb * bb;
+  /* A lane's pass reads 32 or 64 bytes of each block: over a whole group's blocks that
+   * stride leaves the hardware prefetcher behind, so the blocks go in runs of CHUNK
+   * (about 2-4 KB, in L1 after the run's first pass), the accumulators parked in L1
+   * between runs; the next run's bytes are asked for while this one's are used. */
+  enum { CHUNK = 6 };
+  __m256 park[4][2][8]; /* [row][half][lane] */
+  for (int t = 0; t < rows; t++)
+    for (int h = 0; h < 2; h++)
+      for (int c = 0; c < 8; c++) park[t][h][c] = _mm256_setzero_ps();
+  for (int b0 = 0; b0 < nb; b0 += CHUNK) {
+    const int b1 = b0 + CHUNK < nb ? b0 + CHUNK : nb;
+    const uint8_t* ahead = b1 < nb ? wg + (size_t)b1 * bb : next;
+    const size_t ahead_bytes = b1 < nb ? (size_t)((b1 + CHUNK < nb ? b1 + CHUNK : nb) - b1) * bb
+                                       : (next ? (size_t)(CHUNK < nb ? CHUNK : nb) * bb : 0);
+    for (size_t at = 0; at < ahead_bytes; at += 64)
+      _mm_prefetch((const char*)ahead + at, _MM_HINT_T0);
+    for (int h = 0; h < 2 && 8 * h < left; h++)
+      for (int c0 = 0; c0 < 8; c0 += L) {
+        __m256 acc[4][4];
+        for (int t = 0; t < rows; t++)
+          for (int l = 0; l < L; l++) acc[t][l] = park[t][h][c0 + l];
+        for (int b = b0; b < b1; b++) {
+          const uint8_t* blk = wg + (size_t)b * bb;
+          const __m256 dw =
+              _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + cb + 16 * h)));
+          __m256 d[4];
+          for (int t = 0; t < rows; t++)
+            d[t] = _mm256_mul_ps(dw, _mm256_set1_ps(j->xd[(size_t)(m0 + t) * nb + b]));
+          for (int l = 0; l < L; l++) {
+            const int c = c0 + l;
+            __m256i w = _mm256_loadu_si256(
+                (const __m256i*)(blk + 64 * (size_t)(bits == 8 ? c : c / 2) + 32 * (size_t)h));
+            __m256i aw = w;
+            if (bits == 4) {
+              w = _mm256_and_si256(c % 2 ? _mm256_srli_epi16(w, 4) : w, low);
+            } else {
+              w = _mm256_xor_si256(w, flip); /* the signed code */
+              aw = _mm256_abs_epi8(w);
+            }
+            for (int t = 0; t < rows; t++) {
+              int32_t x4;
+              memcpy(&x4, j->xq + (size_t)(m0 + t) * j->k + b * QK + 4 * c, 4);
+              const __m256i xv = _mm256_set1_epi32(x4);
+              const __m256i pairs = bits == 4
+                                        ? _mm256_maddubs_epi16(w, xv)
+                                        : _mm256_maddubs_epi16(aw, _mm256_sign_epi8(xv, w));
+              const __m256 lane = _mm256_cvtepi32_ps(_mm256_madd_epi16(pairs, ones));
+              acc[t][l] = _mm256_fmadd_ps(d[t], lane, acc[t][l]);
+            }
+          }
+        }
+        for (int t = 0; t < rows; t++)
+          for (int l = 0; l < L; l++) park[t][h][c0 + l] = acc[t][l];
+      }
+  }
+  for (int h = 0; h < 2 && 8 * h < left; h++) {
+    for (int t = 0; t < rows; t++) {
+      const __m256* a = park[t][h];
+      __m256 y = _mm256_add_ps(_mm256_add_ps(_mm256_add_ps(a[0], a[4]), _mm256_add_ps(a[2], a[6])),
+                               _mm256_add_ps(_mm256_add_ps(a[1], a[5]), _mm256_add_ps(a[3], a[7])));
+      if (offset) {
+        __m256 summs = _mm256_setzero_ps();
+        for (int b = 0; b < nb; b++) {
+          const __m256 mw = _mm256_cvtph_ps(
+              _mm_loadu_si128((const __m128i*)(wg + (size_t)b * bb + cb + sb + 16 * h)));
+          summs = _mm256_fmadd_ps(mw, _mm256_set1_ps(j->xs[(size_t)(m0 + t) * nb + b]), summs);
+        }
+        y = _mm256_add_ps(y, summs);
+      }
+      const int cols = left - 8 * h < 8 ? left - 8 * h : 8;
+      const size_t out = (size_t)(m0 + t) * j->n + g * GROUP + 8 * h;
+      float v[8] = {0};
+      if (j->r) {
+        memcpy(v, j->r + out, (size_t)cols * 4);
+        y = _mm256_add_ps(y, _mm256_loadu_ps(v));
+      }
+      _mm256_storeu_ps(v, y);
+      memcpy(j->y + out, v, (size_t)cols * 4);
+    }
+  }
+}
+
+/* Activation rows four at a time (the tail in a pass of its own size, each count its own
+ * inlined copy so that the accumulators stay in registers). */
+AVX2 static inline __attribute__((always_inline)) void groups_ggml_avx2_as(
+    const Job* j, int g0, int g1, const int bits, const int offset) {
+  const size_t bb = (bits == 4 ? 256 : 512) + GROUP * 2 * (offset ? 2 : 1);
+  for (int g = g0; g < g1; g++) {
+    /* the next group's weights, fetched during this group's first pass */
+    const uint8_t* next = g + 1 < g1 ? j->w + (size_t)(g + 1) * (j->k / QK) * bb : NULL;
+    int m0 = 0;
+    for (; m0 + 4 <= j->m; m0 += 4, next = NULL) ggml_rows_avx2(j, g, m0, 4, bits, offset, next);
+    switch (j->m - m0) {
+      case 3: ggml_rows_avx2(j, g, m0, 3, bits, offset, next); break;
+      case 2: ggml_rows_avx2(j, g, m0, 2, bits, offset, next); break;
+      case 1: ggml_rows_avx2(j, g, m0, 1, bits, offset, next); break;
+      default: break;
+    }
+  }
+}
+
+AVX2 void qmm_groups_ggml_avx2(const Job* j, int g0, int g1) {
+  if (j->fmt == FMT_Q4_1)
+    groups_ggml_avx2_as(j, g0, g1, 4, 1);
+  else
+    groups_ggml_avx2_as(j, g0, g1, 8, 0);
 }
 #endif

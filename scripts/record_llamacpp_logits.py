@@ -5,12 +5,17 @@ What is recorded, per prompt (chat-templated by our tokenizer, as ``bench --peer
 both engines): the greedy tokens, and after the prompt and after each token the SHA-256
 of the logits' float32 bytes with the top logit, so a test can say at which step and by
 how much an engine parts from llama.cpp. llama.cpp runs with its defaults (no flash
-attention, fp16 KV cache), as in ``bench --peer``. The figures hold for llama.cpp built
-for an AVX-512 CPU (``GGML_NATIVE`` there), the build our ggml operators follow.
+attention, fp16 KV cache), as in ``bench --peer``. The figures hold for the build of
+llama.cpp that made them: built for an AVX-512 CPU (``GGML_NATIVE`` there) and built for
+AVX2 with AVX-512 off sum some ops in other orders, and the test checks each of our
+levels against its build's record (``--build``, kept in the file):
 
     .venv/bin/python scripts/record_llamacpp_logits.py \\
         --peer-python /tmp/peer-llamacpp/bin/python --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out tests/models/data/llamacpp-smollm2-q4_1.json
+    .venv/bin/python scripts/record_llamacpp_logits.py --build avx2 \\
+        --peer-python /tmp/peer-llamacpp-avx2/bin/python --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
+        --out tests/models/data/llamacpp-smollm2-q4_1-avx2.json
 
 The peer is the ``peer`` extra (``CMAKE_ARGS=-DGGML_NATIVE=ON pip install -e '.[peer]'``,
 docs/models.md); it is a development tool and never a runtime dependency.
@@ -63,6 +68,9 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="store model whose tokenizer and chat template make the prompts")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--build", choices=("avx512", "avx2"), default="avx512",
+                    help="how the peer's llama.cpp was built (recorded with the figures): "
+                         "avx512 (GGML_NATIVE on an AVX-512 CPU) or avx2 (AVX-512 off)")
     args = ap.parse_args()
 
     from uniun.models.chat_template import encode_chat
@@ -80,7 +88,7 @@ def main() -> int:
         print(done.stderr, file=sys.stderr)
         return 1
     record = json.loads(done.stdout)
-    record.update({"gguf": args.gguf.name, "prompts": list(PROMPTS),
+    record.update({"gguf": args.gguf.name, "prompts": list(PROMPTS), "build": args.build,
                    "settings": "llama.cpp defaults: no flash attention, fp16 KV cache"})
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(record, indent=1) + "\n")

@@ -6,6 +6,10 @@ the test that checks our penalties against it (tests/models/test_ggml_arith.py).
         --peer-python /tmp/peer-llamacpp/bin/python --gguf SmolLM2-135M-Instruct.Q4_1.gguf \\
         --out tests/models/data/llamacpp-smollm2-q4_1-penalties.json
 
+and with ``--build avx2 --out ...-penalties-avx2.json`` from llama.cpp built for AVX2
+with AVX-512 off (its arithmetic differs in the last bits; the test checks each of our
+levels against its build's record).
+
 The prompts are ``bench --peer``'s, chat-templated by our tokenizer; the peer runs
 ``runtime/bench/dialect_peer.py`` (the same script ``bench --dialect`` runs). The peer is
 built as docs/models.md describes (the ``peer`` extra); it is a development tool and never a
@@ -30,6 +34,9 @@ def main() -> int:
     ap.add_argument("--model", default="smollm2-135m-instruct",
                     help="store model whose tokenizer and chat template make the prompts")
     ap.add_argument("--out", required=True, type=Path)
+    ap.add_argument("--build", choices=("avx512", "avx2"), default="avx512",
+                    help="how the peer's llama.cpp was built (recorded with the figures): "
+                         "avx512 (GGML_NATIVE on an AVX-512 CPU) or avx2 (AVX-512 off)")
     args = ap.parse_args()
 
     from uniun.models.chat_template import encode_chat
@@ -54,6 +61,7 @@ def main() -> int:
         return 1
     peer = json.loads(done.stdout)
     record = {"llama_cpp_python": peer["llama_cpp_python"], "gguf": args.gguf.name,
+              "build": args.build,
               "prompts": list(PROMPTS), "repeat_penalty": 1.1, "repeat_last_n": 64,
               "settings": "llama.cpp defaults: no flash attention, fp16 KV cache; the "
                           "sampler chain: penalties, greedy; the prompt accepted first",

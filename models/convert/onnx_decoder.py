@@ -68,7 +68,7 @@ __all__ = ["build_decoder", "save_decoder", "BUILDER_VERSION", "OPSET", "EXTERNA
 OPSET = 23
 # Bump whenever the graph this module writes changes: the store rebuilds the models it
 # made with an older version (see ``store.ensure_model``).
-BUILDER_VERSION = 10
+BUILDER_VERSION = 11
 HEAD_PART_ROWS = 16384  # rows per LM-head part (see _head)
 EXTERNAL_DATA_NAME = "model.onnx.data"
 

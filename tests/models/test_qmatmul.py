@@ -141,17 +141,25 @@ def test_every_format_and_path_matches_llama_cpps_arithmetic(fmt: str, path: str
             assert np.array_equal(got, portable)
 
 
-def test_a_row_does_not_depend_on_the_rows_beside_it() -> None:
+@pytest.mark.parametrize("path", _paths())
+@pytest.mark.parametrize("fmt,ggml", [("q4_1", False), ("q8_0", False), ("q4_1", True),
+                                      ("q8_0", True)])
+def test_a_row_does_not_depend_on_the_rows_beside_it(path: str, fmt: str, ggml: bool) -> None:
     """A position's logits are the same in a one-token and a many-token pass (batched
-    resume replays rely on it: models/decoder_model.py, exact_replay)."""
-    w = random_blocks("q4_1", 100, 192)
+    resume replays rely on it: models/decoder_model.py, exact_replay), and a conversation's
+    the same whichever others share a batch: the vector kernels take up to four activation
+    rows per pass over a block's weights, and a row's sums must not notice."""
+    w = random_blocks(fmt, 100, 192)
     packed = pack(w)
     assert packed is not None
-    x = np.random.default_rng(2).standard_normal((7, 192)).astype(np.float32)
-    together = qmatmul.matmul(packed.data, "q4_1", 100, 192, x)
-    for i in range(7):
-        alone = qmatmul.matmul(packed.data, "q4_1", 100, 192, x[i:i + 1])
-        assert np.array_equal(alone[0], together[i])
+    x = np.random.default_rng(2).standard_normal((9, 192)).astype(np.float32)
+    together = qmatmul.matmul(packed.data, fmt, 100, 192, x, path=path, ggml=ggml)
+    for i in range(9):
+        alone = qmatmul.matmul(packed.data, fmt, 100, 192, x[i:i + 1], path=path, ggml=ggml)
+        assert np.array_equal(alone[0], together[i]), f"row {i} alone differs"
+    for m in range(2, 9):  # every pass size and tail: 2, 3, 4, 4 + 1, ...
+        first = qmatmul.matmul(packed.data, fmt, 100, 192, x[:m], path=path, ggml=ggml)
+        assert np.array_equal(first, together[:m]), f"{m} rows differ"
 
 
 def test_blocks_fp16_cannot_hold_keep_float32_scales_and_others_are_refused() -> None:
