@@ -40,12 +40,18 @@ from uniun.models.decoder_model import Interrupted
 from uniun.models.generate import Generation
 from uniun.models.kv import ParkedState, SnapshotCorrupt
 from uniun.models.parking import ParkingLot
+from uniun.models.pass_budget import PrefillRate, pass_positions
 from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
 
-__all__ = ["RunnerJobs", "PREFILL_CHUNK"]
+__all__ = ["FIRST_PASS", "PASS_TARGET_S", "PREFILL_CHUNK", "RunnerJobs"]
 
-PREFILL_CHUNK = 64  # prompt positions fed per message, so control is checked during a prefill
+# Prompt passes are sized in time (models/pass_budget.py): about ``pass_target_s`` of
+# compute each, from the loaded model's measured prefill rate, at most ``chunk_max``
+# positions. Before any pass was timed (a model loaded without a warm-up): FIRST_PASS.
+PASS_TARGET_S = 0.05  # seconds of compute per prompt pass (config runner.pass_target_ms)
+PREFILL_CHUNK = 256  # most positions per prompt pass (config runner.prefill_chunk_max)
+FIRST_PASS = 16  # positions of a pass before the model's rate is known
 
 
 @dataclass
@@ -74,8 +80,18 @@ class RunnerJobs:
                  open_session: Callable[[str], Any] | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep,
-                 token_pace_s: float = 0.0) -> None:
+                 token_pace_s: float = 0.0, pass_target_s: float = PASS_TARGET_S,
+                 chunk_max: int = PREFILL_CHUNK,
+                 size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         self._store = store
+        # A chat that arrives during a prompt pass waits for it (or aborts it and the pass
+        # is redone): passes are sized to ~pass_target_s of this model's measured rate.
+        self._pass_target_s = pass_target_s
+        self._chunk_max = chunk_max
+        self.rate = PrefillRate()  # seconds per prompt position of the loaded model
+        # Sets the parking's caps for a newly loaded session (runner_main: from the
+        # model's KV size and the machine's memory, docs/kv-cache.md); None: caps stay.
+        self._size_parking = size_parking
         # model id -> a loaded session; the real one (ONNX Runtime) unless a unit test
         # gives a fake model. ``clock``: what a Token's runner seconds are measured on.
         self._open_session = open_session or self._open_decoder
@@ -122,6 +138,9 @@ class RunnerJobs:
             gen = self.session.start(
                 messages=[{"role": "user", "content": "Hello! How are you today?"}],
                 max_new_tokens=2, job_id="warm-up")
+            t1 = self._clock()
+            self.session.step(gen)  # the prompt in one pass: the model's first rate
+            self.rate.observe(len(gen.progress.prompt_ids), self._clock() - t1)
             while not gen.finished:
                 self.session.step(gen)
         except Exception:  # a model that cannot warm up still serves (or fails) jobs
@@ -173,7 +192,10 @@ class RunnerJobs:
             if self.session is not None:
                 self.session.unload()
                 self.session = None
+            self.rate.reset()
             self.session = self._open_session(model_id)
+            if self._size_parking is not None:
+                self._size_parking(self.session, self._lot)
         except Exception as err:
             logger.exception("loading model {} failed", model_id)
             if report:
@@ -269,6 +291,7 @@ class RunnerJobs:
 
     def _activate(self, job_id: str, gen: Generation, grant: int, *, resumed: bool) -> None:
         p = gen.progress
+        self.session.clear_interrupt()  # one meant for the job parked before this one
         stop_at = len(p.generated_ids) + grant if grant > 0 else None
         self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock)
         self._paced_from = (self.active.t0, len(p.generated_ids))
@@ -310,8 +333,10 @@ class RunnerJobs:
         if a is None:
             return
         try:
-            ev = self.session.advance(a.gen, PREFILL_CHUNK)  # one bounded pass, or a token
+            covered, t0 = a.gen.kv_length, self._clock()
+            ev = self.session.advance(a.gen, self.pass_positions())  # one pass, or a token
             if ev is None:  # a prefill/replay pass: let control messages in first
+                self.rate.observe(a.gen.kv_length - covered, self._clock() - t0)
                 self._step_again()
                 return
         except Interrupted:  # a pause/cancel is next in the inbox; retried if it was not ours
@@ -338,6 +363,11 @@ class RunnerJobs:
             self.park_active(report=True, grant_spent=True)
         else:
             self._step_again()
+
+    def pass_positions(self) -> int:
+        """Positions the next prompt pass may feed: ~``pass_target_s`` at the model's rate."""
+        return pass_positions(self.rate.seconds_per_position, target_s=self._pass_target_s,
+                              first=FIRST_PASS, ceiling=self._chunk_max)
 
     def _logprobs(self, gen: Generation, lp: Any) -> list[Any] | None:
         """A token's log-probabilities in the runner's compact form, for a job that asked

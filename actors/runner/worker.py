@@ -26,7 +26,7 @@ import pykka
 import zmq
 from loguru import logger
 
-from uniun.actors.runner.jobs import RunnerJobs
+from uniun.actors.runner.jobs import PASS_TARGET_S, PREFILL_CHUNK, RunnerJobs
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 from uniun.models.parking import ParkingLot
 from uniun.models.store import ModelStore
@@ -66,6 +66,15 @@ class _SchedulerSilent:
     """No word from the scheduler past our liveness rule: it is dead or hung."""
 
 
+def _preempts(record: rp.Command, active_job: str) -> bool:
+    """Whether handling ``record`` ends the active job's segment (docs/scheduler-runner.md)."""
+    if isinstance(record, (rp.Pause, rp.Cancel)):
+        return record.job_id == active_job
+    if isinstance(record, (rp.Start, rp.Resume)):
+        return record.job_id != active_job
+    return isinstance(record, rp.Load)
+
+
 class RunnerWorker(pykka.ThreadingActor):
     """See the module docstring."""
 
@@ -76,7 +85,9 @@ class RunnerWorker(pykka.ThreadingActor):
                  load_grace_s: float = 0.0,
                  announce_quiet: Callable[[float], None] = lambda _s: None,
                  before_load: Callable[[], None] | None = None,
-                 token_pace_s: float = 0.0) -> None:
+                 token_pace_s: float = 0.0, pass_target_s: float = PASS_TARGET_S,
+                 chunk_max: int = PREFILL_CHUNK,
+                 size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         super().__init__()
         self._load_grace_s = load_grace_s
         self._announce_supervisor = announce_quiet  # runtime/process.announce_quiet
@@ -90,7 +101,8 @@ class RunnerWorker(pykka.ThreadingActor):
                                 report=self._report, spinning=spinning,
                                 step_again=lambda: self.actor_ref.tell(_Step()),
                                 before_start=before_start, before_load=self._before_load,
-                                token_pace_s=token_pace_s)
+                                token_pace_s=token_pace_s, pass_target_s=pass_target_s,
+                                chunk_max=chunk_max, size_parking=size_parking)
         self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
         self._beat_seq = 0  # pump thread increments; the actor reads it
         self._heard_at = time.monotonic()  # pump thread only: last scheduler message
@@ -145,18 +157,20 @@ class RunnerWorker(pykka.ThreadingActor):
             self._cut_short_for(record)
 
     def _cut_short_for(self, record: rp.Command) -> None:
-        """A pause or cancel of the active job aborts its pass in flight (pump thread).
+        """A command that takes the model from the active job aborts its pass (pump thread).
 
-        The command is already in the actor's inbox, ahead of the retried step, so the
-        actor parks the job at its last token boundary right after the aborted pass
-        returns instead of finishing a step nobody will wait for. Reading ``active``
-        and ``session`` from this thread is safe: each is one reference, and
-        ``interrupt`` only sets a flag that onnxruntime checks.
+        That is a pause or cancel of the active job, and a start, resume or model load
+        of any other (each parks the active job first). The command is already in the
+        actor's inbox, ahead of the retried step, so the actor parks the job where it was
+        before the aborted pass instead of finishing a pass nobody will wait for: a chat
+        waits for no background pass, prefill or decode, whatever the model's size.
+        Reading ``active`` and ``session`` from this thread is safe: each is one
+        reference, and ``interrupt`` only sets flags that the next or current pass checks.
         """
-        if isinstance(record, (rp.Pause, rp.Cancel)):
-            active, session = self._jobs.active, self._jobs.session
-            if active is not None and session is not None and active.job_id == record.job_id:
-                session.interrupt()
+        active, session = self._jobs.active, self._jobs.session
+        if active is None or session is None or not _preempts(record, active.job_id):
+            return
+        session.interrupt()
 
     def _on_tick(self, now: float) -> list[Frames]:
         if not self._silent and self._liveness.dead(self._heard_at, now):

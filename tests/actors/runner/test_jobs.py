@@ -19,7 +19,7 @@ import pytest
 
 from tests.actors.policy.harness import FakeClock
 from tests.actors.runner.fake_session import FakeSession, text_of, texts, token_id
-from uniun.actors.runner.jobs import PREFILL_CHUNK, RunnerJobs
+from uniun.actors.runner.jobs import FIRST_PASS, PASS_TARGET_S, RunnerJobs
 from uniun.models.kv import JobProgress, ParkedState
 from uniun.models.parking import ParkingLot
 from uniun.protocol import runner_records as rp
@@ -126,17 +126,35 @@ def test_token_seconds_are_runner_time_on_the_injected_clock(bench: Bench) -> No
     assert first.seconds == pytest.approx(0.51) and second.seconds == pytest.approx(0.01)
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_with_control_checked_between(
-        bench: Bench) -> None:
-    words = 3 * PREFILL_CHUNK
+def _prefill_passes(bench: Bench, words: int) -> int:
+    """Start a job with a ``words``-token prompt; _Steps until its first token, which
+    must come (a bounded loop: a bug fails, it does not hang)."""
     bench.handle(start("long", prompt="w " * words))
     asked = bench.steps_asked
-    passes = 0
-    while not (out := bench.step()):
-        passes += 1
-    assert passes == (words - 1) // PREFILL_CHUNK  # a pass of the prompt per _Step
-    assert bench.steps_asked == asked + passes + 1
-    assert tokens(out) == [(0, token_id(0), text_of(0))]
+    for passes in range(words):
+        out = bench.step()
+        if out:
+            assert bench.steps_asked == asked + passes + 1
+            assert tokens(out) == [(0, token_id(0), text_of(0))]
+            return passes
+    raise AssertionError("no first token after a pass per prompt position")
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_with_control_checked_between(
+        bench: Bench) -> None:
+    words = 12 * FIRST_PASS  # no pass timed yet (the fake's are free): probe-sized passes
+    assert _prefill_passes(bench, words) == (words - 1) // FIRST_PASS
+
+
+@pytest.mark.parametrize("seconds_per_position", [0.001, 0.005, 0.0125])
+def test_prompt_passes_are_sized_from_the_models_measured_rate(
+        bench: Bench, seconds_per_position: float) -> None:
+    """A pass of ~PASS_TARGET_S at the rate the runner measured: 50, 10 and 4 positions."""
+    bench.jobs.rate.observe(100, 100 * seconds_per_position)
+    chunk = round(PASS_TARGET_S / seconds_per_position)
+    assert bench.jobs.pass_positions() == chunk
+    words = 5 * chunk + 3
+    assert _prefill_passes(bench, words) == (words - 1) // chunk
 
 
 def test_a_token_pace_makes_a_segments_tokens_take_at_least_that_long(
