@@ -41,6 +41,7 @@ from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir
 __all__ = [
     "CRASH_MARKER_ENV",
     "LOAD_HOLD_ENV",
+    "PASS_PACE_ENV",
     "TOKEN_PACE_ENV",
     "crash_hook",
     "hold_gil",
@@ -64,6 +65,10 @@ LOAD_HOLD_ENV = "UNIUN_TEST_LOAD_HOLD_S"
 # this pace, not a hope that the model is slow. The test harness sets it for every
 # runtime it starts.
 TOKEN_PACE_ENV = "UNIUN_TEST_TOKEN_PACE_S"
+# Test hook: a prompt pass of n positions takes at least n times this many seconds (the
+# runner waits after it, cut short when a command preempts the job), so a test's long
+# prefill outlasts the chat sent during it however fast the machine prefills.
+PASS_PACE_ENV = "UNIUN_TEST_PASS_PACE_S"
 
 
 def spill_dir(config: RuntimeConfig) -> Path:
@@ -115,8 +120,9 @@ def load_hold_hook(seconds: float) -> Callable[[], None]:
     return hold
 
 
-def token_pace(value: str | None) -> float:
-    """Seconds per token of :data:`TOKEN_PACE_ENV` (0: unset; a bad value is logged, 0)."""
+def token_pace(value: str | None, env: str = TOKEN_PACE_ENV, what: str = "token") -> float:
+    """Seconds per token of :data:`TOKEN_PACE_ENV` (or per prompt position of
+    :data:`PASS_PACE_ENV`); 0: unset; a bad value is logged, 0."""
     if not value:
         return 0.0
     try:
@@ -124,10 +130,9 @@ def token_pace(value: str | None) -> float:
     except ValueError:
         pace = -1.0
     if not 0.0 <= pace <= 10.0:
-        logger.warning("{}={!r} is not seconds in [0, 10]; no token pace", TOKEN_PACE_ENV,
-                       value)
+        logger.warning("{}={!r} is not seconds in [0, 10]; no {} pace", env, value, what)
         return 0.0
-    logger.warning("test hook: at most one token per {:g} s", pace)
+    logger.warning("test hook: at most one {} per {:g} s", what, pace)
     return pace
 
 
@@ -180,6 +185,7 @@ def main(config: RuntimeConfig) -> int:
         announce_quiet=process.announce_quiet,
         before_load=load_hold_hook(float(hold)) if (hold := os.environ.get(LOAD_HOLD_ENV))
         else None, token_pace_s=token_pace(os.environ.get(TOKEN_PACE_ENV)),
+        pass_pace_s=token_pace(os.environ.get(PASS_PACE_ENV), PASS_PACE_ENV, "prompt position"),
         pass_target_s=r.pass_target_ms / 1000.0, chunk_max=r.prefill_chunk_max,
         size_parking=parking_sizer(config, spill))
     rc = 0

@@ -80,7 +80,8 @@ class RunnerJobs:
                  open_session: Callable[[str], Any] | None = None,
                  clock: Callable[[], float] = time.perf_counter,
                  sleep: Callable[[float], None] = time.sleep,
-                 token_pace_s: float = 0.0, pass_target_s: float = PASS_TARGET_S,
+                 token_pace_s: float = 0.0, pass_pace_s: float = 0.0,
+                 pass_target_s: float = PASS_TARGET_S,
                  chunk_max: int = PREFILL_CHUNK,
                  size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         self._store = store
@@ -103,6 +104,10 @@ class RunnerJobs:
         # tokens. 0: off. Paced from (segment start, tokens then) of the active job.
         self._token_pace_s = token_pace_s
         self._paced_from = (0.0, 0)
+        # For tests only (runner_main's UNIUN_TEST_PASS_PACE_S): a prompt pass of n
+        # positions takes at least n times this many seconds, so a test's prefill
+        # outlasts a chat sent during it. The wait (``sleep``) ends early on preemption.
+        self._pass_pace_s = pass_pace_s
         self._before_load = before_load  # announces the load's silence (RunnerWorker)
         self._before_start = before_start  # test fault hook (runner_main.crash_hook)
         self._threads = threads
@@ -336,7 +341,10 @@ class RunnerJobs:
             covered, t0 = a.gen.kv_length, self._clock()
             ev = self.session.advance(a.gen, self.pass_positions())  # one pass, or a token
             if ev is None:  # a prefill/replay pass: let control messages in first
-                self.rate.observe(a.gen.kv_length - covered, self._clock() - t0)
+                fed, seconds = a.gen.kv_length - covered, self._clock() - t0
+                self.rate.observe(fed, seconds)
+                if self._pass_pace_s > 0:
+                    self._sleep(max(0.0, fed * self._pass_pace_s - seconds))
                 self._step_again()
                 return
         except Interrupted:  # a pause/cancel is next in the inbox; retried if it was not ours

@@ -16,6 +16,7 @@ session, the active job, the parked ones — is :class:`~uniun.actors.runner.job
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -85,7 +86,8 @@ class RunnerWorker(pykka.ThreadingActor):
                  load_grace_s: float = 0.0,
                  announce_quiet: Callable[[float], None] = lambda _s: None,
                  before_load: Callable[[], None] | None = None,
-                 token_pace_s: float = 0.0, pass_target_s: float = PASS_TARGET_S,
+                 token_pace_s: float = 0.0, pass_pace_s: float = 0.0,
+                 pass_target_s: float = PASS_TARGET_S,
                  chunk_max: int = PREFILL_CHUNK,
                  size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         super().__init__()
@@ -101,7 +103,8 @@ class RunnerWorker(pykka.ThreadingActor):
                                 report=self._report, spinning=spinning,
                                 step_again=lambda: self.actor_ref.tell(_Step()),
                                 before_start=before_start, before_load=self._before_load,
-                                token_pace_s=token_pace_s, pass_target_s=pass_target_s,
+                                token_pace_s=token_pace_s, pass_pace_s=pass_pace_s,
+                                sleep=self._sleep, pass_target_s=pass_target_s,
                                 chunk_max=chunk_max, size_parking=size_parking)
         self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
         self._beat_seq = 0  # pump thread increments; the actor reads it
@@ -109,6 +112,9 @@ class RunnerWorker(pykka.ThreadingActor):
         self._silent = False  # pump thread only
         self._pump: SocketPump | None = None
         self._outbox: Outbox | None = None
+        # Set by the pump thread when a command in the inbox preempts the active job,
+        # cleared when the actor takes a command: a test pace's wait ends at once.
+        self._preempted = threading.Event()
 
     # ---- lifecycle ------------------------------------------------------------------
 
@@ -171,6 +177,11 @@ class RunnerWorker(pykka.ThreadingActor):
         if active is None or session is None or not _preempts(record, active.job_id):
             return
         session.interrupt()
+        self._preempted.set()
+
+    def _sleep(self, seconds: float) -> None:
+        """The test paces' wait (RunnerJobs): over early when a command preempts the job."""
+        self._preempted.wait(seconds)
 
     def _on_tick(self, now: float) -> list[Frames]:
         if not self._silent and self._liveness.dead(self._heard_at, now):
@@ -192,6 +203,7 @@ class RunnerWorker(pykka.ThreadingActor):
         if isinstance(message, _Step):
             self._jobs.step()
         elif isinstance(message, _Cmd):
+            self._preempted.clear()
             self._jobs.handle(message.command)
         elif isinstance(message, _Unacked):
             self._on_unacked(message.seq)
