@@ -123,7 +123,7 @@ class LimitsConfig:
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """The runner process: ONNX Runtime threads and the parked KV-snapshot store."""
+    """The runner process: ONNX Runtime threads, prompt passes and the parked KV-snapshot store."""
 
     # Threads; default 2 (one per core on the 2-core target machine).
     intra_op_threads: int = field(default=2, metadata=_doc(

@@ -40,6 +40,7 @@ class Bench:
     reports: list[rp.Report] = field(default_factory=list)
     steps_asked: int = 0
     starts_seen: list[str] = field(default_factory=list)
+    sized_for: list[str] = field(default_factory=list)  # models the parking was sized for
     clock: FakeClock = field(default_factory=FakeClock)
 
     def __post_init__(self) -> None:
@@ -49,7 +50,13 @@ class Bench:
                                report=self.reports.append, step_again=self._step_again,
                                open_session=self._open, clock=self.clock,
                                sleep=self.clock.advance, token_pace_s=self.pace_s,
-                               before_start=lambda cmd: self.starts_seen.append(cmd.job_id))
+                               before_start=lambda cmd: self.starts_seen.append(cmd.job_id),
+                               size_parking=self._size_parking)
+
+    def _size_parking(self, session: FakeSession, lot: ParkingLot) -> None:
+        assert lot is self.lot
+        self.sized_for.append(session.model_id)
+        lot.max_bytes = 1000 * len(self.sized_for)
 
     def _open(self, model_id: str) -> FakeSession:
         if model_id in self.broken:
@@ -405,3 +412,12 @@ def test_a_spill_file_whose_payload_is_damaged_is_unknown_on_resume(tmp_path: Pa
     assert not path.exists()  # the scheduler now sends a Start that recomputes
     assert kinds(bench.handle(start("torn", tokens=[token_id(0)], text=text_of(0)))) == [
         "started"]
+
+
+def test_the_parking_is_sized_for_each_model_loaded_and_its_rate_forgotten(
+        bench: Bench) -> None:
+    assert bench.sized_for == [MODEL] and bench.lot.max_bytes == 1000
+    bench.jobs.rate.observe(100, 1.0)
+    bench.handle(rp.Load(model_id="m-other"))
+    assert bench.sized_for == [MODEL, "m-other"] and bench.lot.max_bytes == 2000
+    assert bench.jobs.rate.seconds_per_position is None  # the new model's rate is unknown
