@@ -2,7 +2,7 @@
 
 Why apart from :mod:`uniun.actors.runner.worker`: the worker is the actor and its socket
 plumbing (heartbeats, liveness, the Hello handshake); this is the model work it drives,
-with no socket, no thread and no pykka in sight. The worker hands every scheduler command
+with no socket and no pykka in sight. The worker hands every scheduler command
 to :meth:`RunnerJobs.handle` and every ``_Step`` message to :meth:`RunnerJobs.step`; what
 goes back out leaves through two callables it passes in: ``report`` (a record to the
 scheduler) and ``step_again`` (tell the actor another ``_Step``, so that the next command
@@ -18,14 +18,16 @@ Every command handler is total: bad or stale commands are logged and answered, n
 raised, because an exception in the actor's ``tell`` handler would stop the actor and
 with it the process.
 
-Two attributes are read from the worker's pump thread: :attr:`RunnerJobs.active` with
-:attr:`RunnerJobs.session` (to interrupt a pass) and :attr:`RunnerJobs.stats` (for the
-heartbeats); each is one reference, replaced whole, so no lock is needed.
+Two things are used from the worker's pump thread: :meth:`RunnerJobs.preempt` (to abort
+the active job's pass when a command preempts it; it takes a lock that starting a job
+also takes) and :attr:`RunnerJobs.stats` (for the heartbeats; one reference, replaced
+whole, so no lock is needed).
 """
 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,7 +46,7 @@ from uniun.models.pass_budget import PrefillRate, pass_positions
 from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
 
-__all__ = ["FIRST_PASS", "PASS_TARGET_S", "PREFILL_CHUNK", "RunnerJobs"]
+__all__ = ["FIRST_PASS", "PASS_TARGET_S", "PREFILL_CHUNK", "RunnerJobs", "preempts"]
 
 # Prompt passes are sized in time (models/pass_budget.py): about ``pass_target_s`` of
 # compute each, from the loaded model's measured prefill rate, at most ``chunk_max``
@@ -117,6 +119,7 @@ class RunnerJobs:
         self._report = report
         self._step_again = step_again
         self.session: Any = None  # DecoderSession, imported lazily (onnxruntime)
+        self._preempting = threading.Lock()  # preempt() (pump thread) against _activate
         self.active: _Active | None = None
         self._orphans: dict[str, Path] = {}
         self._shower: tuple[Any, Any] | None = None  # (session, its token text/bytes lookup)
@@ -296,9 +299,10 @@ class RunnerJobs:
 
     def _activate(self, job_id: str, gen: Generation, grant: int, *, resumed: bool) -> None:
         p = gen.progress
-        self.session.clear_interrupt()  # one meant for the job parked before this one
         stop_at = len(p.generated_ids) + grant if grant > 0 else None
-        self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock)
+        with self._preempting:
+            self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock)
+            self.session.clear_interrupt()  # one meant for the job parked before this one
         self._paced_from = (self.active.t0, len(p.generated_ids))
         self._update_stats()
         self._report(rp.Started(job_id=job_id, resumed=resumed, prompt_tokens=len(p.prompt_ids),
@@ -306,6 +310,20 @@ class RunnerJobs:
         logger.bind(job=job_id).debug("segment started at {} tokens ({} to recompute, grant {})",
                                       len(p.generated_ids), gen.recomputed_tokens, grant or "-")
         self._step_again()
+
+    def preempt(self, command: rp.Command) -> bool:
+        """Abort the active job's pass if ``command`` takes the model from it (called from
+        the worker's pump thread as the command arrives, before the actor handles it).
+
+        Under a lock with :meth:`_activate`: the check and the interrupt see the same
+        active job, so a preemption of one job never aborts the next job's pass.
+        """
+        with self._preempting:
+            a, session = self.active, self.session
+            if a is None or session is None or not preempts(command, a.job_id):
+                return False
+            session.interrupt()
+            return True
 
     def _on_pause(self, cmd: rp.Pause) -> None:
         if self.active is not None and self.active.job_id == cmd.job_id:
@@ -439,6 +457,16 @@ class RunnerJobs:
         if path is not None:
             path.unlink(missing_ok=True)
         self._update_stats()
+
+
+def preempts(command: rp.Command, active_job: str) -> bool:
+    """Whether handling ``command`` ends the active job's segment: a pause or cancel of
+    it, a start or resume of another job, a model load (each parks the active job)."""
+    if isinstance(command, (rp.Pause, rp.Cancel)):
+        return command.job_id == active_job
+    if isinstance(command, (rp.Start, rp.Resume)):
+        return command.job_id != active_job
+    return isinstance(command, rp.Load)
 
 
 def _message_map(message: list[str]) -> dict[str, Any]:

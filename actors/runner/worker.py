@@ -67,15 +67,6 @@ class _SchedulerSilent:
     """No word from the scheduler past our liveness rule: it is dead or hung."""
 
 
-def _preempts(record: rp.Command, active_job: str) -> bool:
-    """Whether handling ``record`` ends the active job's segment (docs/scheduler-runner.md)."""
-    if isinstance(record, (rp.Pause, rp.Cancel)):
-        return record.job_id == active_job
-    if isinstance(record, (rp.Start, rp.Resume)):
-        return record.job_id != active_job
-    return isinstance(record, rp.Load)
-
-
 class RunnerWorker(pykka.ThreadingActor):
     """See the module docstring."""
 
@@ -170,14 +161,11 @@ class RunnerWorker(pykka.ThreadingActor):
         actor's inbox, ahead of the retried step, so the actor parks the job where it was
         before the aborted pass instead of finishing a pass nobody will wait for: a chat
         waits for no background pass, prefill or decode, whatever the model's size.
-        Reading ``active`` and ``session`` from this thread is safe: each is one
-        reference, and ``interrupt`` only sets flags that the next or current pass checks.
+        ``RunnerJobs.preempt`` checks the active job and interrupts under one lock, so
+        an interrupt meant for a job never reaches the one started after it.
         """
-        active, session = self._jobs.active, self._jobs.session
-        if active is None or session is None or not _preempts(record, active.job_id):
-            return
-        session.interrupt()
-        self._preempted.set()
+        if self._jobs.preempt(record):
+            self._preempted.set()
 
     def _sleep(self, seconds: float) -> None:
         """The test paces' wait (RunnerJobs): over early when a command preempts the job."""

@@ -421,3 +421,19 @@ def test_the_parking_is_sized_for_each_model_loaded_and_its_rate_forgotten(
     bench.handle(rp.Load(model_id="m-other"))
     assert bench.sized_for == [MODEL, "m-other"] and bench.lot.max_bytes == 2000
     assert bench.jobs.rate.seconds_per_position is None  # the new model's rate is unknown
+
+
+def test_a_preempting_command_aborts_the_active_pass_and_a_new_job_starts_clean(
+        bench: Bench) -> None:
+    bench.handle(start("bg", max_new_tokens=9))
+    bench.step()
+    assert not bench.jobs.preempt(rp.Pause(job_id="other"))  # not the active job
+    assert not bench.session.interrupt_next
+    assert bench.jobs.preempt(rp.Pause(job_id="bg"))  # the pump thread, as it arrives
+    assert bench.step() == []  # the pass in flight (here: the next) aborts, nothing lost
+    [paused] = bench.handle(rp.Pause(job_id="bg"))
+    assert isinstance(paused, rp.Paused) and paused.generated == 1
+    bench.jobs.preempt(rp.Load(model_id=MODEL))  # nothing active: nothing to abort
+    bench.session.interrupt()  # one that came too late for bg ...
+    bench.handle(start("chat", max_new_tokens=1))
+    assert tokens(bench.step()) == [(0, token_id(0), text_of(0))]  # ... spares the chat
