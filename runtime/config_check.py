@@ -104,9 +104,10 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
         if section == "runner" and values.get(key, -1) < -1:
             raise ConfigError(f"must be >= 0, or -1 to size it from the model (got "
                               f"{values[key]!r})", key=f"runner.{key}", source=source)
-    if section == "runner" and values.get("prefill_chunk_max", 2) < 2:
-        raise ConfigError(f"must be >= 2 (got {values['prefill_chunk_max']!r})",
-                          key="runner.prefill_chunk_max", source=source)
+    for key in ("prefill_chunk_min", "prefill_chunk_max"):
+        if section == "runner" and values.get(key, 2) < 2:
+            raise ConfigError(f"must be >= 2 (got {values[key]!r})", key=f"runner.{key}",
+                              source=source)
     if section == "runner" and not 0 < values.get("snapshot_memory_share", 0.25) <= 1:
         raise ConfigError(f"must be in (0, 1] (got {values['snapshot_memory_share']!r})",
                           key="runner.snapshot_memory_share", source=source)

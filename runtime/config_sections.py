@@ -133,8 +133,12 @@ class RunnerConfig:
     pass_target_ms: float = field(default=50.0, metadata=_doc(
         "compute per prompt pass, ms: prompts are fed in passes sized from the model's "
         "measured prefill rate, so a chat never waits long for a background pass (and an "
-        "aborted one wastes little); 0 = every pass prefill_chunk_max positions "
-        "(default 50)"))
+        "aborted one wastes little), longer where a pass's fixed cost nears it; 0 = every "
+        "pass prefill_chunk_max positions (default 50)"))
+    # Positions; default 16.
+    prefill_chunk_min: int = field(default=16, metadata=_doc(
+        "least prompt positions one pass feeds, however slow the model: smaller passes "
+        "would run at decode speed (at least 2) (default 16)"))
     # Positions; default 256.
     prefill_chunk_max: int = field(default=256, metadata=_doc(
         "most prompt positions one pass feeds, however fast the model (at least 2) "

@@ -186,7 +186,8 @@ def main(config: RuntimeConfig) -> int:
         before_load=load_hold_hook(float(hold)) if (hold := os.environ.get(LOAD_HOLD_ENV))
         else None, token_pace_s=token_pace(os.environ.get(TOKEN_PACE_ENV)),
         pass_pace_s=token_pace(os.environ.get(PASS_PACE_ENV), PASS_PACE_ENV, "prompt position"),
-        pass_target_s=r.pass_target_ms / 1000.0, chunk_max=r.prefill_chunk_max,
+        pass_target_s=r.pass_target_ms / 1000.0, chunk_min=r.prefill_chunk_min,
+        chunk_max=r.prefill_chunk_max,
         size_parking=parking_sizer(config, spill))
     rc = 0
     try:

@@ -42,18 +42,19 @@ from uniun.models.decoder_model import Interrupted
 from uniun.models.generate import Generation
 from uniun.models.kv import ParkedState, SnapshotCorrupt
 from uniun.models.parking import ParkingLot
-from uniun.models.pass_budget import PrefillRate, pass_positions
+from uniun.models.pass_budget import PassCost, pass_positions
 from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
 
-__all__ = ["FIRST_PASS", "PASS_TARGET_S", "PREFILL_CHUNK", "RunnerJobs", "preempts"]
+__all__ = ["PASS_FLOOR", "PASS_TARGET_S", "PREFILL_CHUNK", "RunnerJobs", "preempts"]
 
 # Prompt passes are sized in time (models/pass_budget.py): about ``pass_target_s`` of
-# compute each, from the loaded model's measured prefill rate, at most ``chunk_max``
-# positions. Before any pass was timed (a model loaded without a warm-up): FIRST_PASS.
+# compute each (longer where a pass's fixed overhead alone nears it), from the loaded
+# model's measured costs, at least ``chunk_min`` and at most ``chunk_max`` positions
+# (before any pass was timed, a model loaded without a warm-up: ``chunk_min``).
 PASS_TARGET_S = 0.05  # seconds of compute per prompt pass (config runner.pass_target_ms)
 PREFILL_CHUNK = 256  # most positions per prompt pass (config runner.prefill_chunk_max)
-FIRST_PASS = 16  # positions of a pass before the model's rate is known
+PASS_FLOOR = 16  # least positions per prompt pass (config runner.prefill_chunk_min)
 
 
 @dataclass
@@ -84,14 +85,14 @@ class RunnerJobs:
                  sleep: Callable[[float], None] = time.sleep,
                  token_pace_s: float = 0.0, pass_pace_s: float = 0.0,
                  pass_target_s: float = PASS_TARGET_S,
-                 chunk_max: int = PREFILL_CHUNK,
+                 chunk_min: int = PASS_FLOOR, chunk_max: int = PREFILL_CHUNK,
                  size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         self._store = store
-        # A chat that arrives during a prompt pass waits for it (or aborts it and the pass
-        # is redone): passes are sized to ~pass_target_s of this model's measured rate.
+        # A chat that arrives during a prompt pass aborts it and the pass is redone later:
+        # passes are sized to ~pass_target_s of this model's measured costs.
         self._pass_target_s = pass_target_s
-        self._chunk_max = chunk_max
-        self.rate = PrefillRate()  # seconds per prompt position of the loaded model
+        self._chunk_min, self._chunk_max = chunk_min, chunk_max
+        self.cost = PassCost()  # the loaded model's measured pass costs
         # Sets the parking's caps for a newly loaded session (runner_main: from the
         # model's KV size and the machine's memory, docs/kv-cache.md); None: caps stay.
         self._size_parking = size_parking
@@ -147,8 +148,12 @@ class RunnerJobs:
                 messages=[{"role": "user", "content": "Hello! How are you today?"}],
                 max_new_tokens=2, job_id="warm-up")
             t1 = self._clock()
-            self.session.step(gen)  # the prompt in one pass: the model's first rate
-            self.rate.observe(len(gen.progress.prompt_ids), self._clock() - t1)
+            self.session.step(gen)  # the prompt in one pass ...
+            t2 = self._clock()
+            if not gen.finished:
+                self.session.step(gen)  # ... and a decode step: the model's first costs
+                self.cost.observe_step(self._clock() - t2)
+            self.cost.observe(len(gen.progress.prompt_ids), t2 - t1)
             while not gen.finished:
                 self.session.step(gen)
         except Exception:  # a model that cannot warm up still serves (or fails) jobs
@@ -200,7 +205,7 @@ class RunnerJobs:
             if self.session is not None:
                 self.session.unload()
                 self.session = None
-            self.rate.reset()
+            self.cost.reset()
             self.session = self._open_session(model_id)
             if self._size_parking is not None:
                 self._size_parking(self.session, self._lot)
@@ -358,13 +363,15 @@ class RunnerJobs:
         try:
             covered, t0 = a.gen.kv_length, self._clock()
             ev = self.session.advance(a.gen, self.pass_positions())  # one pass, or a token
+            fed, seconds = a.gen.kv_length - covered, self._clock() - t0
             if ev is None:  # a prefill/replay pass: let control messages in first
-                fed, seconds = a.gen.kv_length - covered, self._clock() - t0
-                self.rate.observe(fed, seconds)
+                self.cost.observe(fed, seconds)
                 if self._pass_pace_s > 0:
                     self._sleep(max(0.0, fed * self._pass_pace_s - seconds))
                 self._step_again()
                 return
+            if fed == 1:  # a decode step: the overhead every pass pays
+                self.cost.observe_step(seconds)
         except Interrupted:  # a pause/cancel is next in the inbox; retried if it was not ours
             self._step_again()
             return
@@ -391,9 +398,11 @@ class RunnerJobs:
             self._step_again()
 
     def pass_positions(self) -> int:
-        """Positions the next prompt pass may feed: ~``pass_target_s`` at the model's rate."""
-        return pass_positions(self.rate.seconds_per_position, target_s=self._pass_target_s,
-                              first=FIRST_PASS, ceiling=self._chunk_max)
+        """Positions the next prompt pass may feed: ~``pass_target_s`` at the model's costs
+        (models/pass_budget.py)."""
+        return pass_positions(self.cost.per_position_s, overhead_s=self.cost.overhead_s,
+                              target_s=self._pass_target_s, floor=self._chunk_min,
+                              ceiling=self._chunk_max)
 
     def _logprobs(self, gen: Generation, lp: Any) -> list[Any] | None:
         """A token's log-probabilities in the runner's compact form, for a job that asked

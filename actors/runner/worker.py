@@ -27,7 +27,7 @@ import pykka
 import zmq
 from loguru import logger
 
-from uniun.actors.runner.jobs import PASS_TARGET_S, PREFILL_CHUNK, RunnerJobs
+from uniun.actors.runner.jobs import PASS_FLOOR, PASS_TARGET_S, PREFILL_CHUNK, RunnerJobs
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 from uniun.models.parking import ParkingLot
 from uniun.models.store import ModelStore
@@ -79,7 +79,7 @@ class RunnerWorker(pykka.ThreadingActor):
                  before_load: Callable[[], None] | None = None,
                  token_pace_s: float = 0.0, pass_pace_s: float = 0.0,
                  pass_target_s: float = PASS_TARGET_S,
-                 chunk_max: int = PREFILL_CHUNK,
+                 chunk_min: int = PASS_FLOOR, chunk_max: int = PREFILL_CHUNK,
                  size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         super().__init__()
         self._load_grace_s = load_grace_s
@@ -96,7 +96,8 @@ class RunnerWorker(pykka.ThreadingActor):
                                 before_start=before_start, before_load=self._before_load,
                                 token_pace_s=token_pace_s, pass_pace_s=pass_pace_s,
                                 sleep=self._sleep, pass_target_s=pass_target_s,
-                                chunk_max=chunk_max, size_parking=size_parking)
+                                chunk_min=chunk_min, chunk_max=chunk_max,
+                                size_parking=size_parking)
         self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
         self._beat_seq = 0  # pump thread increments; the actor reads it
         self._heard_at = time.monotonic()  # pump thread only: last scheduler message

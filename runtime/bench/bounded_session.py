@@ -2,10 +2,11 @@
 
 - ``prefill``: a long prompt (``prompt_tokens``, ~1,700) to its first token, three ways,
   interleaved per repetition: in one pass (``unbounded``), in passes of 64 positions
-  (``fixed_64``: the runner before passes were sized in time) and in passes sized as the
-  runner sizes them (``bounded``: ~``target_ms`` each from the measured rate, at most
-  ``prefill_chunk_max``). Per way: seconds to the first token, passes, the longest pass.
-  The longest pass is what a chat arriving mid-prefill could wait for without an abort;
+  (``fixed_64``: passes fixed in tokens) and in passes sized as the runner sizes them
+  (``bounded``: ~``target_ms`` each from the measured costs, longer where a pass's
+  overhead nears that, at most ``prefill_chunk_max``). Per way: seconds to the first
+  token, passes, the longest pass. The longest pass is what an abort throws away (and
+  what a chat arriving mid-prefill would wait for without one);
   ``bounded / unbounded`` seconds is the bound's cost to background throughput.
 - ``decode_step_s``: one decode step at that context (a chat arriving mid-step waits up
   to this without an abort).
@@ -24,9 +25,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from uniun.actors.runner.jobs import FIRST_PASS, PASS_TARGET_S, PREFILL_CHUNK
+from uniun.actors.runner.jobs import PASS_FLOOR, PASS_TARGET_S, PREFILL_CHUNK
 from uniun.models.kv import JobProgress, ParkedState
-from uniun.models.pass_budget import PrefillRate, pass_positions
+from uniun.models.pass_budget import PassCost, pass_positions
 from uniun.models.session import DecoderSession
 
 Log = Callable[[str], None]
@@ -46,8 +47,10 @@ def prompt_ids(session: DecoderSession, tokens: int) -> list[int]:
 
 
 def _to_first_token(session: DecoderSession, ids: list[int], chunk: Callable[[], int] | None,
-                    rate: PrefillRate | None) -> dict[str, float]:
-    gen = session.start(prompt_ids=ids, max_new_tokens=2, use_prefix_cache=False)
+                    cost: PassCost | None, steps: int = 0) -> dict[str, float]:
+    """Prefill ``ids`` to the first token (passes of ``chunk()``, or one), then ``steps``
+    decode steps; each timed pass is told to ``cost`` as the runner tells its own."""
+    gen = session.start(prompt_ids=ids, max_new_tokens=steps + 2, use_prefix_cache=False)
     t0 = time.perf_counter()
     passes, longest = 0, 0.0
     while True:
@@ -58,27 +61,33 @@ def _to_first_token(session: DecoderSession, ids: list[int], chunk: Callable[[],
         longest = max(longest, seconds)
         if ev is not None:
             break
-        if rate is not None:
-            rate.observe(gen.kv_length - covered, seconds)
-    return {"s": time.perf_counter() - t0, "passes": passes, "longest_pass_s": longest}
+        if cost is not None:
+            cost.observe(gen.kv_length - covered, seconds)
+    total = time.perf_counter() - t0
+    for _ in range(steps):
+        t1 = time.perf_counter()
+        session.step(gen)
+        if cost is not None:
+            cost.observe_step(time.perf_counter() - t1)
+    return {"s": total, "passes": passes, "longest_pass_s": longest}
 
 
 def measure_prefill(session: DecoderSession, *, prompt_tokens: int, reps: int,
                     target_ms: float, chunk_max: int, log: Log) -> dict[str, Any]:
     ids = prompt_ids(session, prompt_tokens)
-    rate = PrefillRate()
-    _to_first_token(session, ids[:64], lambda: FIRST_PASS, rate)  # warm-up, first rate
+    cost = PassCost()
+    _to_first_token(session, ids[:64], lambda: PASS_FLOOR, cost, steps=2)  # first costs
 
     def bounded() -> int:
-        return pass_positions(rate.seconds_per_position, target_s=target_ms / 1000,
-                              first=FIRST_PASS, ceiling=chunk_max)
+        return pass_positions(cost.per_position_s, overhead_s=cost.overhead_s,
+                              target_s=target_ms / 1000, floor=PASS_FLOOR, ceiling=chunk_max)
 
-    ways: dict[str, tuple[Callable[[], int] | None, PrefillRate | None]] = {
-        "unbounded": (None, None), "fixed_64": (lambda: 64, None), "bounded": (bounded, rate)}
+    ways: dict[str, tuple[Callable[[], int] | None, PassCost | None]] = {
+        "unbounded": (None, None), "fixed_64": (lambda: 64, None), "bounded": (bounded, cost)}
     runs: dict[str, list[dict[str, float]]] = {w: [] for w in ways}
     for rep in range(reps):
         for way, (chunk, learn) in ways.items():
-            runs[way].append(_to_first_token(session, ids, chunk, learn))
+            runs[way].append(_to_first_token(session, ids, chunk, learn, steps=2))
         log(f"  prefill rep {rep + 1}: " + ", ".join(
             f"{w} {runs[w][-1]['s']:.2f} s (longest pass {runs[w][-1]['longest_pass_s']:.3f})"
             for w in ways))

@@ -19,7 +19,7 @@ import pytest
 
 from tests.actors.policy.harness import FakeClock
 from tests.actors.runner.fake_session import FakeSession, text_of, texts, token_id
-from uniun.actors.runner.jobs import FIRST_PASS, PASS_TARGET_S, RunnerJobs
+from uniun.actors.runner.jobs import PASS_FLOOR, PASS_TARGET_S, RunnerJobs
 from uniun.models.kv import JobProgress, ParkedState
 from uniun.models.parking import ParkingLot
 from uniun.protocol import runner_records as rp
@@ -149,15 +149,15 @@ def _prefill_passes(bench: Bench, words: int) -> int:
 
 def test_a_long_prompt_is_prefilled_in_chunks_with_control_checked_between(
         bench: Bench) -> None:
-    words = 12 * FIRST_PASS  # no pass timed yet (the fake's are free): probe-sized passes
-    assert _prefill_passes(bench, words) == (words - 1) // FIRST_PASS
+    words = 12 * PASS_FLOOR  # no pass timed yet (the fake's are free): probe-sized passes
+    assert _prefill_passes(bench, words) == (words - 1) // PASS_FLOOR
 
 
-@pytest.mark.parametrize("seconds_per_position", [0.001, 0.005, 0.0125])
-def test_prompt_passes_are_sized_from_the_models_measured_rate(
+@pytest.mark.parametrize("seconds_per_position", [0.0005, 0.001, 0.002])
+def test_prompt_passes_are_sized_from_the_models_measured_cost(
         bench: Bench, seconds_per_position: float) -> None:
-    """A pass of ~PASS_TARGET_S at the rate the runner measured: 50, 10 and 4 positions."""
-    bench.jobs.rate.observe(100, 100 * seconds_per_position)
+    """A pass of ~PASS_TARGET_S at the cost the runner measured: 100, 50 and 25 positions."""
+    bench.jobs.cost.observe(100, 100 * seconds_per_position)
     chunk = round(PASS_TARGET_S / seconds_per_position)
     assert bench.jobs.pass_positions() == chunk
     words = 5 * chunk + 3
@@ -414,13 +414,13 @@ def test_a_spill_file_whose_payload_is_damaged_is_unknown_on_resume(tmp_path: Pa
         "started"]
 
 
-def test_the_parking_is_sized_for_each_model_loaded_and_its_rate_forgotten(
+def test_the_parking_is_sized_for_each_model_loaded_and_its_costs_forgotten(
         bench: Bench) -> None:
     assert bench.sized_for == [MODEL] and bench.lot.max_bytes == 1000
-    bench.jobs.rate.observe(100, 1.0)
+    bench.jobs.cost.observe(100, 1.0)
     bench.handle(rp.Load(model_id="m-other"))
     assert bench.sized_for == [MODEL, "m-other"] and bench.lot.max_bytes == 2000
-    assert bench.jobs.rate.seconds_per_position is None  # the new model's rate is unknown
+    assert bench.jobs.cost.per_position_s is None  # the new model's costs are unknown
 
 
 def test_a_preempting_command_aborts_the_active_pass_and_a_new_job_starts_clean(
