@@ -22,6 +22,7 @@ from typing import Any
 import zmq
 from loguru import logger
 
+from uniun.actors.runner.pacing import Pacing
 from uniun.actors.runner.worker import RunnerWorker
 from uniun.models.parking import DEFAULT_PARKING_BYTES, DEFAULT_SPILL_BYTES, ParkingLot
 from uniun.models.snapshot_budget import (
@@ -184,10 +185,12 @@ def main(config: RuntimeConfig) -> int:
         else None, load_grace_s=config.supervisor.load_grace_s,
         announce_quiet=process.announce_quiet,
         before_load=load_hold_hook(float(hold)) if (hold := os.environ.get(LOAD_HOLD_ENV))
-        else None, token_pace_s=token_pace(os.environ.get(TOKEN_PACE_ENV)),
-        pass_pace_s=token_pace(os.environ.get(PASS_PACE_ENV), PASS_PACE_ENV, "prompt position"),
-        pass_target_s=r.pass_target_ms / 1000.0, chunk_min=r.prefill_chunk_min,
-        chunk_max=r.prefill_chunk_max,
+        else None, pacing=Pacing(
+            target_s=r.pass_target_ms / 1000.0, chunk_min=r.prefill_chunk_min,
+            chunk_max=r.prefill_chunk_max,
+            token_pace_s=token_pace(os.environ.get(TOKEN_PACE_ENV)),
+            pass_pace_s=token_pace(os.environ.get(PASS_PACE_ENV), PASS_PACE_ENV,
+                                   "prompt position")),
         size_parking=parking_sizer(config, spill))
     rc = 0
     try:

@@ -2,26 +2,23 @@
 
 Why apart from :mod:`uniun.actors.runner.worker`: the worker is the actor and its socket
 plumbing (heartbeats, liveness, the Hello handshake); this is the model work it drives,
-with no socket and no pykka in sight. The worker hands every scheduler command
-to :meth:`RunnerJobs.handle` and every ``_Step`` message to :meth:`RunnerJobs.step`; what
-goes back out leaves through two callables it passes in: ``report`` (a record to the
-scheduler) and ``step_again`` (tell the actor another ``_Step``, so that the next command
-in its inbox is handled before the next token).
+with no socket and no pykka in sight. The worker hands every scheduler command to
+:meth:`RunnerJobs.handle` and every ``_Step`` to :meth:`RunnerJobs.step`; what goes out
+leaves through ``report`` (a record to the scheduler) and ``step_again`` (tell the actor
+another ``_Step``, so that the next command in its inbox is handled before the next pass).
 
 State: at most one *active* job (a live ``Generation``); every other job the runner was
 told about sits in the :class:`~uniun.models.parking.ParkingLot` (trim, then spill, then
-drop under its byte cap; the job's progress always stays, so it can resume by recompute).
-Spill files left by a previous runner process are found at start (``orphans``) and
-offered in ``Hello``, so a restarted runner can continue such a job from disk.
+drop under its caps; the job's progress always stays, so it can resume by recompute).
+Spill files a previous runner process left are found at start (``orphans``) and offered
+in ``Hello``, so a restarted runner can continue such a job from disk. How long a pass
+is, and the test paces, are ``pacing.py``'s.
 
 Every command handler is total: bad or stale commands are logged and answered, never
-raised, because an exception in the actor's ``tell`` handler would stop the actor and
-with it the process.
+raised (an exception in the actor's ``tell`` handler would stop the actor and the process).
 
-Two things are used from the worker's pump thread: :meth:`RunnerJobs.preempt` (to abort
-the active job's pass when a command preempts it; it takes a lock that starting a job
-also takes) and :attr:`RunnerJobs.stats` (for the heartbeats; one reference, replaced
-whole, so no lock is needed).
+The worker's pump thread calls :meth:`RunnerJobs.preempt` (under a lock that starting a
+job also takes) and reads :attr:`RunnerJobs.stats` (one reference, replaced whole).
 """
 
 from __future__ import annotations
@@ -36,26 +33,17 @@ from typing import Any, ClassVar
 
 from loguru import logger
 
+from uniun.actors.runner.pacing import Pacing, preempts
 from uniun.actors.runner.reuse import already_done, continues, find_orphans, peek_progress
 from uniun.models.convert.recipes import ensure_model
 from uniun.models.decoder_model import Interrupted
 from uniun.models.generate import Generation
 from uniun.models.kv import ParkedState, SnapshotCorrupt
 from uniun.models.parking import ParkingLot
-from uniun.models.pass_budget import PassCost, pass_positions
 from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
 
-__all__ = ["PASS_FLOOR", "PASS_TARGET_S", "PREFILL_CHUNK", "RunnerJobs", "preempts"]
-
-# Prompt passes are sized in time (models/pass_budget.py): about ``pass_target_s`` of
-# compute each (longer where a pass's fixed overhead alone nears it), from the loaded
-# model's measured costs, at least ``chunk_min`` and at most ``chunk_max`` positions
-# (before any pass was timed, a model loaded without a warm-up: ``chunk_min``).
-PASS_TARGET_S = 0.05  # seconds of compute per prompt pass (config runner.pass_target_ms)
-PREFILL_CHUNK = 256  # most positions per prompt pass (config runner.prefill_chunk_max)
-PASS_FLOOR = 16  # least positions per prompt pass (config runner.prefill_chunk_min)
-
+__all__ = ["RunnerJobs"]
 
 @dataclass
 class _Active:
@@ -82,35 +70,17 @@ class RunnerJobs:
                  before_load: Callable[[], None] = lambda: None,
                  open_session: Callable[[str], Any] | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep,
-                 token_pace_s: float = 0.0, pass_pace_s: float = 0.0,
-                 pass_target_s: float = PASS_TARGET_S,
-                 chunk_min: int = PASS_FLOOR, chunk_max: int = PREFILL_CHUNK,
+                 pacing: Pacing | None = None,
                  size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         self._store = store
-        # A chat that arrives during a prompt pass aborts it and the pass is redone later:
-        # passes are sized to ~pass_target_s of this model's measured costs.
-        self._pass_target_s = pass_target_s
-        self._chunk_min, self._chunk_max = chunk_min, chunk_max
-        self.cost = PassCost()  # the loaded model's measured pass costs
-        # Sets the parking's caps for a newly loaded session (runner_main: from the
-        # model's KV size and the machine's memory, docs/kv-cache.md); None: caps stay.
+        # Pass sizes from the model's measured costs, and the test paces (pacing.py).
+        self.pacing = pacing or Pacing(clock=clock)
+        # Sizes the parking for each model loaded (runner_main, docs/kv-cache.md).
         self._size_parking = size_parking
         # model id -> a loaded session; the real one (ONNX Runtime) unless a unit test
         # gives a fake model. ``clock``: what a Token's runner seconds are measured on.
         self._open_session = open_session or self._open_decoder
         self._clock = clock
-        self._sleep = sleep
-        # For tests only (runtime/runner_main.py's UNIUN_TEST_TOKEN_PACE_S): a segment's n
-        # tokens take at least n times this many seconds of runner time, so a test's long
-        # job outlasts a slice, a deadline or a chat however fast the machine makes
-        # tokens. 0: off. Paced from (segment start, tokens then) of the active job.
-        self._token_pace_s = token_pace_s
-        self._paced_from = (0.0, 0)
-        # For tests only (runner_main's UNIUN_TEST_PASS_PACE_S): a prompt pass of n
-        # positions takes at least n times this many seconds, so a test's prefill
-        # outlasts a chat sent during it. The wait (``sleep``) ends early on preemption.
-        self._pass_pace_s = pass_pace_s
         self._before_load = before_load  # announces the load's silence (RunnerWorker)
         self._before_start = before_start  # test fault hook (runner_main.crash_hook)
         self._threads = threads
@@ -148,14 +118,10 @@ class RunnerJobs:
                 messages=[{"role": "user", "content": "Hello! How are you today?"}],
                 max_new_tokens=2, job_id="warm-up")
             t1 = self._clock()
-            self.session.step(gen)  # the prompt in one pass ...
-            t2 = self._clock()
-            if not gen.finished:
-                self.session.step(gen)  # ... and a decode step: the model's first costs
-                self.cost.observe_step(self._clock() - t2)
-            self.cost.observe(len(gen.progress.prompt_ids), t2 - t1)
-            while not gen.finished:
-                self.session.step(gen)
+            self.session.step(gen)  # the prompt in one pass, then a decode step: the
+            t2 = self._clock()  # model's first costs
+            step_s = None if gen.finished else (self.session.step(gen), self._clock() - t2)[1]
+            self.pacing.warmed(len(gen.progress.prompt_ids), t2 - t1, step_s)
         except Exception:  # a model that cannot warm up still serves (or fails) jobs
             logger.exception("warming the model up failed")
             return
@@ -205,7 +171,7 @@ class RunnerJobs:
             if self.session is not None:
                 self.session.unload()
                 self.session = None
-            self.cost.reset()
+            self.pacing.new_model()
             self.session = self._open_session(model_id)
             if self._size_parking is not None:
                 self._size_parking(self.session, self._lot)
@@ -308,7 +274,7 @@ class RunnerJobs:
         with self._preempting:
             self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock)
             self.session.clear_interrupt()  # one meant for the job parked before this one
-        self._paced_from = (self.active.t0, len(p.generated_ids))
+        self.pacing.segment(self.active.t0, len(p.generated_ids))
         self._update_stats()
         self._report(rp.Started(job_id=job_id, resumed=resumed, prompt_tokens=len(p.prompt_ids),
                                 recomputed=gen.recomputed_tokens, seed=int(p.seed)))
@@ -317,12 +283,9 @@ class RunnerJobs:
         self._step_again()
 
     def preempt(self, command: rp.Command) -> bool:
-        """Abort the active job's pass if ``command`` takes the model from it (called from
-        the worker's pump thread as the command arrives, before the actor handles it).
-
-        Under a lock with :meth:`_activate`: the check and the interrupt see the same
-        active job, so a preemption of one job never aborts the next job's pass.
-        """
+        """Abort the active job's pass if ``command`` takes the model from it (the pump
+        thread, as the command arrives). Locked with :meth:`_activate`: check and interrupt
+        see one active job, so a preemption of one job never aborts the next job's pass."""
         with self._preempting:
             a, session = self.active, self.session
             if a is None or session is None or not preempts(command, a.job_id):
@@ -362,16 +325,12 @@ class RunnerJobs:
             return
         try:
             covered, t0 = a.gen.kv_length, self._clock()
-            ev = self.session.advance(a.gen, self.pass_positions())  # one pass, or a token
+            ev = self.session.advance(a.gen, self.pacing.positions())  # one pass, or a token
             fed, seconds = a.gen.kv_length - covered, self._clock() - t0
             if ev is None:  # a prefill/replay pass: let control messages in first
-                self.cost.observe(fed, seconds)
-                if self._pass_pace_s > 0:
-                    self._sleep(max(0.0, fed * self._pass_pace_s - seconds))
+                self.pacing.after_pass(fed, seconds)
                 self._step_again()
                 return
-            if fed == 1:  # a decode step: the overhead every pass pays
-                self.cost.observe_step(seconds)
         except Interrupted:  # a pause/cancel is next in the inbox; retried if it was not ours
             self._step_again()
             return
@@ -380,8 +339,7 @@ class RunnerJobs:
             self.active = None
             self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500], seconds=a.lap()))
             return
-        if self._token_pace_s > 0:
-            self._pace(len(a.gen.generated_ids))
+        self.pacing.after_token(fed, seconds, len(a.gen.generated_ids))
         self._report(rp.Token(job_id=a.job_id, seq=ev.seq, token_id=ev.token_id,
                               text=ev.text_delta, seconds=a.lap(),
                               logprobs=self._logprobs(a.gen, ev.logprobs)))
@@ -396,13 +354,6 @@ class RunnerJobs:
             self.park_active(report=True, grant_spent=True)
         else:
             self._step_again()
-
-    def pass_positions(self) -> int:
-        """Positions the next prompt pass may feed: ~``pass_target_s`` at the model's costs
-        (models/pass_budget.py)."""
-        return pass_positions(self.cost.per_position_s, overhead_s=self.cost.overhead_s,
-                              target_s=self._pass_target_s, floor=self._chunk_min,
-                              ceiling=self._chunk_max)
 
     def _logprobs(self, gen: Generation, lp: Any) -> list[Any] | None:
         """A token's log-probabilities in the runner's compact form, for a job that asked
@@ -419,14 +370,6 @@ class RunnerJobs:
             self._shower = (session, token_shower(
                 lambda t: token_bytes(session.tokenizer, vocab, eos, t)))
         return logprobs_record(lp, self._shower[1])
-
-    def _pace(self, generated: int) -> None:
-        """Sleep until this segment's tokens have taken their least runner time (a
-        machine slower than the pace never sleeps; one that was slow for a while catches
-        up before it sleeps again)."""
-        since, tokens0 = self._paced_from
-        due = since + (generated - tokens0) * self._token_pace_s
-        self._sleep(max(0.0, due - self._clock()))
 
     # ---- parking --------------------------------------------------------------------
 
@@ -466,16 +409,6 @@ class RunnerJobs:
         if path is not None:
             path.unlink(missing_ok=True)
         self._update_stats()
-
-
-def preempts(command: rp.Command, active_job: str) -> bool:
-    """Whether handling ``command`` ends the active job's segment: a pause or cancel of
-    it, a start or resume of another job, a model load (each parks the active job)."""
-    if isinstance(command, (rp.Pause, rp.Cancel)):
-        return command.job_id == active_job
-    if isinstance(command, (rp.Start, rp.Resume)):
-        return command.job_id != active_job
-    return isinstance(command, rp.Load)
 
 
 def _message_map(message: list[str]) -> dict[str, Any]:

@@ -27,7 +27,8 @@ import pykka
 import zmq
 from loguru import logger
 
-from uniun.actors.runner.jobs import PASS_FLOOR, PASS_TARGET_S, PREFILL_CHUNK, RunnerJobs
+from uniun.actors.runner.jobs import RunnerJobs
+from uniun.actors.runner.pacing import Pacing
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 from uniun.models.parking import ParkingLot
 from uniun.models.store import ModelStore
@@ -77,9 +78,7 @@ class RunnerWorker(pykka.ThreadingActor):
                  load_grace_s: float = 0.0,
                  announce_quiet: Callable[[float], None] = lambda _s: None,
                  before_load: Callable[[], None] | None = None,
-                 token_pace_s: float = 0.0, pass_pace_s: float = 0.0,
-                 pass_target_s: float = PASS_TARGET_S,
-                 chunk_min: int = PASS_FLOOR, chunk_max: int = PREFILL_CHUNK,
+                 pacing: Pacing | None = None,
                  size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         super().__init__()
         self._load_grace_s = load_grace_s
@@ -90,23 +89,22 @@ class RunnerWorker(pykka.ThreadingActor):
         self._liveness = liveness
         self._spill_dir = spill_dir
         self._boot = rp.new_boot()
+        # Set by the pump thread when a command in the inbox preempts the active job,
+        # cleared when the actor takes a command: a test pace's wait ends at once.
+        self._preempted = threading.Event()
+        pacing = pacing or Pacing()
+        pacing.sleep = self._sleep  # the paces' waits: cut short by a preemption
         self._jobs = RunnerJobs(store=store, threads=threads, parking=parking, preload=preload,
                                 report=self._report, spinning=spinning,
                                 step_again=lambda: self.actor_ref.tell(_Step()),
                                 before_start=before_start, before_load=self._before_load,
-                                token_pace_s=token_pace_s, pass_pace_s=pass_pace_s,
-                                sleep=self._sleep, pass_target_s=pass_target_s,
-                                chunk_min=chunk_min, chunk_max=chunk_max,
-                                size_parking=size_parking)
+                                pacing=pacing, size_parking=size_parking)
         self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
         self._beat_seq = 0  # pump thread increments; the actor reads it
         self._heard_at = time.monotonic()  # pump thread only: last scheduler message
         self._silent = False  # pump thread only
         self._pump: SocketPump | None = None
         self._outbox: Outbox | None = None
-        # Set by the pump thread when a command in the inbox preempts the active job,
-        # cleared when the actor takes a command: a test pace's wait ends at once.
-        self._preempted = threading.Event()
 
     # ---- lifecycle ------------------------------------------------------------------
 

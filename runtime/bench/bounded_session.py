@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from uniun.actors.runner.jobs import PASS_FLOOR, PASS_TARGET_S, PREFILL_CHUNK
+from uniun.actors.runner.pacing import PASS_FLOOR, PASS_TARGET_S, PREFILL_CHUNK
 from uniun.models.kv import JobProgress, ParkedState
 from uniun.models.pass_budget import PassCost, pass_positions
 from uniun.models.session import DecoderSession

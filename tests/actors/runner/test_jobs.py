@@ -19,7 +19,8 @@ import pytest
 
 from tests.actors.policy.harness import FakeClock
 from tests.actors.runner.fake_session import FakeSession, text_of, texts, token_id
-from uniun.actors.runner.jobs import PASS_FLOOR, PASS_TARGET_S, RunnerJobs
+from uniun.actors.runner.jobs import RunnerJobs
+from uniun.actors.runner.pacing import PASS_FLOOR, PASS_TARGET_S, Pacing
 from uniun.models.kv import JobProgress, ParkedState
 from uniun.models.parking import ParkingLot
 from uniun.protocol import runner_records as rp
@@ -49,7 +50,8 @@ class Bench:
         self.jobs = RunnerJobs(store=None, threads=1, parking=self.lot, preload=self.preload,
                                report=self.reports.append, step_again=self._step_again,
                                open_session=self._open, clock=self.clock,
-                               sleep=self.clock.advance, token_pace_s=self.pace_s,
+                               pacing=Pacing(token_pace_s=self.pace_s, clock=self.clock,
+                                             sleep=self.clock.advance),
                                before_start=lambda cmd: self.starts_seen.append(cmd.job_id),
                                size_parking=self._size_parking)
 
@@ -153,13 +155,13 @@ def test_a_long_prompt_is_prefilled_in_chunks_with_control_checked_between(
     assert _prefill_passes(bench, words) == (words - 1) // PASS_FLOOR
 
 
-@pytest.mark.parametrize("seconds_per_position", [0.0005, 0.001, 0.002])
+@pytest.mark.parametrize("seconds_per_position", [0.001, 0.002, 0.0025])
 def test_prompt_passes_are_sized_from_the_models_measured_cost(
         bench: Bench, seconds_per_position: float) -> None:
-    """A pass of ~PASS_TARGET_S at the cost the runner measured: 100, 50 and 25 positions."""
-    bench.jobs.cost.observe(100, 100 * seconds_per_position)
+    """A pass of ~PASS_TARGET_S at the cost the runner measured: 50, 25 and 20 positions."""
+    bench.jobs.pacing.cost.observe(100, 100 * seconds_per_position)
     chunk = round(PASS_TARGET_S / seconds_per_position)
-    assert bench.jobs.pass_positions() == chunk
+    assert bench.jobs.pacing.positions() == chunk
     words = 5 * chunk + 3
     assert _prefill_passes(bench, words) == (words - 1) // chunk
 
@@ -417,10 +419,10 @@ def test_a_spill_file_whose_payload_is_damaged_is_unknown_on_resume(tmp_path: Pa
 def test_the_parking_is_sized_for_each_model_loaded_and_its_costs_forgotten(
         bench: Bench) -> None:
     assert bench.sized_for == [MODEL] and bench.lot.max_bytes == 1000
-    bench.jobs.cost.observe(100, 1.0)
+    bench.jobs.pacing.cost.observe(100, 1.0)
     bench.handle(rp.Load(model_id="m-other"))
     assert bench.sized_for == [MODEL, "m-other"] and bench.lot.max_bytes == 2000
-    assert bench.jobs.cost.per_position_s is None  # the new model's costs are unknown
+    assert bench.jobs.pacing.cost.per_position_s is None  # the new model's costs are unknown
 
 
 def test_a_preempting_command_aborts_the_active_pass_and_a_new_job_starts_clean(

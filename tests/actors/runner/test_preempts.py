@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from uniun.actors.runner.jobs import preempts
+from uniun.actors.runner.pacing import preempts
 from uniun.protocol import runner_records as rp
 
 
