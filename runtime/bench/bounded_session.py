@@ -10,6 +10,9 @@
   ``bounded / unbounded`` seconds is the bound's cost to background throughput.
 - ``decode_step_s``: one decode step at that context (a chat arriving mid-step waits up
   to this without an abort).
+- ``abort``: a 64-position prompt pass near the end of that prompt, and a decode step
+  there, each interrupted from another thread a third of the way in: seconds from the
+  interrupt to the pass's return (what a chat waits for the pass in flight).
 - ``snapshot``: a ``snapshot_tokens`` (2,000) job parked after its first token (by
   reference: free), then to its next token: resumed from memory, compacted as the parking
   does under pressure, spilled to disk and read back, and recomputed from its progress
@@ -20,12 +23,15 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from uniun.actors.runner.pacing import PASS_FLOOR, PASS_TARGET_S, PREFILL_CHUNK
+from uniun.models.decoder_model import Interrupted
+from uniun.models.generate import Generation
 from uniun.models.kv import JobProgress, ParkedState
 from uniun.models.pass_budget import PassCost, pass_positions
 from uniun.models.session import DecoderSession
@@ -109,6 +115,54 @@ def measure_prefill(session: DecoderSession, *, prompt_tokens: int, reps: int,
     return out
 
 
+def measure_abort(session: DecoderSession, *, prompt_tokens: int, reps: int, log: Log
+                  ) -> dict[str, Any]:
+    """How soon an interrupt ends a pass in flight: 64-position prompt passes near the end
+    of a long prompt, and decode steps after it; each rep times one pass whole, then
+    interrupts the next from another thread a third of the way in (by the whole one's
+    time) and takes the seconds from the interrupt to that pass's return."""
+    ids = prompt_ids(session, prompt_tokens)
+    start = max(2, len(ids) - 1 - 128 * reps)  # room for 2 passes of 64 per rep
+    out: dict[str, Any] = {}
+    for kind in ("prefill_pass", "decode_step"):
+        gen = session.start(prompt_ids=ids, max_new_tokens=2 * reps + 2,
+                            use_prefix_cache=False)
+        while gen.kv_length < start:
+            session.prefill(gen, min(64, start - gen.kv_length), max_passes=1)
+
+        def one_pass(gen: Generation = gen, kind: str = kind) -> None:
+            if kind == "prefill_pass":
+                session.prefill(gen, 64, max_passes=1)
+            else:
+                session.step(gen)
+        if kind == "decode_step":
+            one_pass()  # the rest of the prompt and the first token
+        whole: list[float] = []
+        waits: list[float] = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            one_pass()
+            whole.append(time.perf_counter() - t0)
+            fired: list[float] = []
+
+            def fire(fired: list[float] = fired) -> None:
+                fired.append(time.perf_counter())
+                session.interrupt()
+            timer = threading.Timer(whole[-1] / 3, fire)
+            timer.start()
+            try:
+                one_pass()
+            except Interrupted:
+                waits.append(time.perf_counter() - fired[0])
+            timer.join()
+            session.clear_interrupt()  # one that came after a pass ended: not for later
+        out[kind] = {"pass_s_p50": statistics.median(whole), "aborted": len(waits),
+                     "interrupt_to_return_s_p50": statistics.median(waits) if waits else None}
+        log(f"  abort of a {kind}: whole {out[kind]['pass_s_p50']:.3f} s, interrupt -> "
+            f"return {out[kind]['interrupt_to_return_s_p50']} s ({len(waits)}/{reps})")
+    return out
+
+
 def _parked_after_first_token(session: DecoderSession, ids: list[int]) -> tuple[ParkedState, int]:
     gen = session.start(prompt_ids=ids, max_new_tokens=4, use_prefix_cache=False)
     session.step(gen)
@@ -175,7 +229,9 @@ def run(model_dir: Path, *, prompt_tokens: int = 1700, snapshot_tokens: int = 20
     log(f"in process: prefill of {prompt_tokens} tokens, three ways")
     prefill = measure_prefill(session, prompt_tokens=prompt_tokens, reps=reps,
                               target_ms=target_ms, chunk_max=chunk_max, log=log)
+    log("in process: an interrupt during a prefill pass and a decode step")
+    abort = measure_abort(session, prompt_tokens=prompt_tokens, reps=reps, log=log)
     log(f"in process: a {snapshot_tokens}-token snapshot: park, spill, resume, recompute")
     snapshot = measure_snapshot(session, tokens=snapshot_tokens, reps=reps, log=log)
     session.unload()
-    return {"prefill": prefill, "snapshot": snapshot}
+    return {"prefill": prefill, "abort": abort, "snapshot": snapshot}
