@@ -23,7 +23,6 @@ job also takes) and reads :attr:`RunnerJobs.stats` (one reference, replaced whol
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
@@ -45,6 +44,7 @@ from uniun.protocol import runner_records as rp
 
 __all__ = ["RunnerJobs"]
 
+
 @dataclass
 class _Active:
     job_id: str
@@ -52,12 +52,12 @@ class _Active:
     t0: float  # when the segment's runner time was last reported (on ``clock``)
     stop_at: int | None  # generated count at which the grant is spent
     clock: Callable[[], float] = time.perf_counter
+    chat: bool = False  # preempted by nothing: its prompt passes need no time bound
 
     def lap(self) -> float:
         """Runner seconds since the last report of this segment."""
-        now = self.clock()
-        seconds, self.t0 = now - self.t0, now
-        return seconds
+        self.t0, then = self.clock(), self.t0
+        return self.t0 - then
 
 
 class RunnerJobs:
@@ -73,8 +73,7 @@ class RunnerJobs:
                  pacing: Pacing | None = None,
                  size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         self._store = store
-        # Pass sizes from the model's measured costs, and the test paces (pacing.py).
-        self.pacing = pacing or Pacing(clock=clock)
+        self.pacing = pacing or Pacing(clock=clock)  # pass sizes, test paces (pacing.py)
         # Sizes the parking for each model loaded (runner_main, docs/kv-cache.md).
         self._size_parking = size_parking
         # model id -> a loaded session; the real one (ONNX Runtime) unless a unit test
@@ -225,10 +224,11 @@ class RunnerJobs:
                                      prompt_tokens=len(p.prompt_ids),
                                      generated=len(p.generated_ids), seconds=0.0))
             return
-        self._activate(cmd.job_id, gen, cmd.grant, resumed=bool(cmd.tokens))
+        self._activate(cmd.job_id, gen, cmd.grant, resumed=bool(cmd.tokens),
+                       chat=cmd.job_kind == "chat")
 
     def _fresh(self, cmd: rp.Start) -> Generation:
-        messages = [_message_map(m) for m in cmd.messages] if cmd.messages else None
+        messages = cmd.message_maps() or None
         # The job map's extensions only when the job uses them: a session (or a test's
         # stand-in for one) that predates them still runs every other job.
         extras = {k: v for k, v in (("logprobs", cmd.logprobs), ("tools", cmd.tools),
@@ -268,24 +268,25 @@ class RunnerJobs:
             return
         self._activate(cmd.job_id, gen, cmd.grant, resumed=True)
 
-    def _activate(self, job_id: str, gen: Generation, grant: int, *, resumed: bool) -> None:
+    def _activate(self, job_id: str, gen: Generation, grant: int, *, resumed: bool,
+                  chat: bool = False) -> None:
         p = gen.progress
         stop_at = len(p.generated_ids) + grant if grant > 0 else None
         with self._preempting:
-            self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock)
+            self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock, chat)
             self.session.clear_interrupt()  # one meant for the job parked before this one
         self.pacing.segment(self.active.t0, len(p.generated_ids))
         self._update_stats()
         self._report(rp.Started(job_id=job_id, resumed=resumed, prompt_tokens=len(p.prompt_ids),
                                 recomputed=gen.recomputed_tokens, seed=int(p.seed)))
-        logger.bind(job=job_id).debug("segment started at {} tokens ({} to recompute, grant {})",
-                                      len(p.generated_ids), gen.recomputed_tokens, grant or "-")
+        logger.bind(job=job_id).debug("segment started at {} tokens ({} to recompute, grant {}"
+                                      "{})", len(p.generated_ids), gen.recomputed_tokens,
+                                      grant or "-", ", chat" if chat else "")
         self._step_again()
 
     def preempt(self, command: rp.Command) -> bool:
-        """Abort the active job's pass if ``command`` takes the model from it (the pump
-        thread, as the command arrives). Locked with :meth:`_activate`: check and interrupt
-        see one active job, so a preemption of one job never aborts the next job's pass."""
+        """Abort the active job's pass if ``command`` takes the model from it (pump thread).
+        Locked with :meth:`_activate`: a preemption never aborts the next job's pass."""
         with self._preempting:
             a, session = self.active, self.session
             if a is None or session is None or not preempts(command, a.job_id):
@@ -325,7 +326,7 @@ class RunnerJobs:
             return
         try:
             covered, t0 = a.gen.kv_length, self._clock()
-            ev = self.session.advance(a.gen, self.pacing.positions())  # one pass, or a token
+            ev = self.session.advance(a.gen, self.pacing.positions(bounded=not a.chat))
             fed, seconds = a.gen.kv_length - covered, self._clock() - t0
             if ev is None:  # a prefill/replay pass: let control messages in first
                 self.pacing.after_pass(fed, seconds)
@@ -410,11 +411,3 @@ class RunnerJobs:
             path.unlink(missing_ok=True)
         self._update_stats()
 
-
-def _message_map(message: list[str]) -> dict[str, Any]:
-    """A ``Start`` message (``[role, content]`` or ``[role, content, extra JSON]``) as the
-    session's ``{role, content, ...}`` map."""
-    out: dict[str, Any] = {"role": message[0], "content": message[1]}
-    if len(message) > 2:
-        out.update(json.loads(message[2]))
-    return out

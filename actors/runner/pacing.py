@@ -49,11 +49,13 @@ class Pacing:
     cost: PassCost = field(default_factory=PassCost)  # the loaded model's
     _paced_from: tuple[float, int] = (0.0, 0)  # (segment start, tokens then)
 
-    def positions(self) -> int:
-        """Positions the next prompt pass may feed (models/pass_budget.py)."""
+    def positions(self, *, bounded: bool = True) -> int:
+        """Positions the next prompt pass may feed (models/pass_budget.py). A chat's
+        passes (``bounded=False``) are ``chunk_max`` long: nothing preempts a chat, and
+        every extra pass would add its overhead to the chat's time to first token."""
         return pass_positions(self.cost.per_position_s, overhead_s=self.cost.overhead_s,
-                              target_s=self.target_s, floor=self.chunk_min,
-                              ceiling=self.chunk_max)
+                              target_s=self.target_s if bounded else 0.0,
+                              floor=self.chunk_min, ceiling=self.chunk_max)
 
     def warmed(self, prompt: int, prompt_s: float, step_s: float | None) -> None:
         """The warm-up generation's prompt pass and decode step: the model's first costs."""

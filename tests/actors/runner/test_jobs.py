@@ -20,7 +20,7 @@ import pytest
 from tests.actors.policy.harness import FakeClock
 from tests.actors.runner.fake_session import FakeSession, text_of, texts, token_id
 from uniun.actors.runner.jobs import RunnerJobs
-from uniun.actors.runner.pacing import PASS_FLOOR, PASS_TARGET_S, Pacing
+from uniun.actors.runner.pacing import PASS_FLOOR, PASS_TARGET_S, PREFILL_CHUNK, Pacing
 from uniun.models.kv import JobProgress, ParkedState
 from uniun.models.parking import ParkingLot
 from uniun.protocol import runner_records as rp
@@ -439,3 +439,16 @@ def test_a_preempting_command_aborts_the_active_pass_and_a_new_job_starts_clean(
     bench.session.interrupt()  # one that came too late for bg ...
     bench.handle(start("chat", max_new_tokens=1))
     assert tokens(bench.step()) == [(0, token_id(0), text_of(0))]  # ... spares the chat
+
+
+def test_a_chats_prompt_is_fed_in_the_longest_passes_whatever_the_cost(bench: Bench) -> None:
+    """Nothing preempts a chat: every extra pass would only add its overhead to the
+    chat's time to first token."""
+    bench.jobs.pacing.cost.observe(100, 100 * 0.002)  # a background pass: 25 positions
+    assert bench.jobs.pacing.positions() == 25
+    words = 4 * PREFILL_CHUNK + 3
+    bench.handle(start("chat", prompt="w " * words, job_kind="chat"))
+    passes = 0
+    while not tokens(bench.step()):
+        passes += 1
+    assert passes == (words - 1) // PREFILL_CHUNK
