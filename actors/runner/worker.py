@@ -1,11 +1,12 @@
 """The runner's worker actor: the socket, the heartbeats and the inbox the model work runs in.
 
-Theory of operation. One pykka actor does all model work, one token per message: a
-``_Step`` handler decodes ONE token (or prefills one chunk of a long prompt), reports
-it, and tells itself the next ``_Step``. Commands from the scheduler arrive in the same
-inbox (the socket pump tells them), so a ``Pause`` or ``Cancel`` is handled right after
-the step in progress: preemption takes effect within one decode step, and the socket
-loop (the pump thread, which also sends the heartbeats) never waits for a generation.
+Theory of operation. One pykka actor does all model work, one pass per message: a
+``_Step`` handler decodes ONE token (or feeds one time-bounded pass of a long prompt),
+reports it, and tells itself the next ``_Step``. Commands from the scheduler arrive in
+the same inbox (the socket pump tells them), and the pump thread aborts the active job's
+pass in flight when a command preempts it, so a ``Pause`` takes effect at once rather than
+after the pass, and the socket loop (which also sends the heartbeats) never waits for a
+generation (docs/scheduler-runner.md, "Bounded passes").
 
 This module is the plumbing around that loop: the DEALER socket and its pump, the
 heartbeats and the scheduler's liveness, the ``Hello`` handshake with a (re)started
