@@ -44,7 +44,10 @@ FILLER = ("The lighthouse keeper wrote down the weather, the ships that passed a
 def long_text(tokenizer: Any, tokens: int) -> str:
     """Plain text of at least ``tokens`` tokens for this tokenizer."""
     per = max(1, len(tokenizer(FILLER, add_special_tokens=False)["input_ids"]))
-    return FILLER * (tokens // per + 1)
+    repeats = tokens // per + 1
+    while len(tokenizer(FILLER * repeats, add_special_tokens=False)["input_ids"]) < tokens:
+        repeats += max(1, repeats // 20)
+    return FILLER * repeats
 
 
 def prompt_ids(session: DecoderSession, tokens: int) -> list[int]:
