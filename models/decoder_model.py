@@ -107,6 +107,7 @@ class DecoderModel:
         options.enable_cpu_mem_arena = False
         self._ort = ort
         self._inflight: Any = None  # RunOptions of the pass running now (see interrupt)
+        self._interrupt_next = False  # an interrupt no pass has taken yet (see interrupt)
         # The tokenizer first: the heap its parse frees is then reused by the session.
         self.tokenizer = _load_tokenizer(self.model_dir)
         # The code the imports ran once, then what building the session ran once, goes
@@ -206,15 +207,13 @@ class DecoderModel:
                 k, v = kv.layers[i] if kv is not None else (self._empty, self._empty)
                 feeds[f"past_key_values.{i}.key"] = ort_value(np.asarray(k, np.float32))
                 feeds[f"past_key_values.{i}.value"] = ort_value(np.asarray(v, np.float32))
-        run_options = self._inflight = self._ort.RunOptions()
+        run_options = self._begin_pass()
         try:
             outs = self._sess.run_with_ort_values(self._output_names, feeds, run_options)
         except Exception as err:
-            if run_options.terminate:
-                raise Interrupted(f"{self.model_id}: pass interrupted") from err
+            self._end_pass(run_options, err)
             raise
-        finally:
-            self._inflight = None
+        self._inflight = None
         self.passes += 1
         logits = outs[0].numpy()[0, -1]
         if n > 1:
@@ -269,15 +268,15 @@ class DecoderModel:
         binding.bind_cpu_input("position_ids",
                                np.arange(past, past + n, dtype=np.int64).reshape(1, n))
         binding.bind_output("logits", "cpu")
-        run_options = self._inflight = self._ort.RunOptions()
+        run_options = self._begin_pass()
         try:
             self._sess.run_with_iobinding(binding, run_options)
         except Exception as err:
-            if run_options.terminate:
-                raise Interrupted(f"{self.model_id}: pass interrupted") from err
+            # Positions [past, past + n) may be half written: ``written`` does not move,
+            # so no view reaches them and the retried pass writes them again.
+            self._end_pass(run_options, err)
             raise
-        finally:
-            self._inflight = None
+        self._inflight = None
         self.passes += 1
         buf.written = past + n
         logits = binding.get_outputs()[0].numpy()[0, -1].copy()  # one row: a small copy
@@ -304,18 +303,49 @@ class DecoderModel:
         self._binding = self._bound = None
 
     def interrupt(self) -> None:
-        """Cut the pass running now short (safe to call from any thread).
+        """Cut the pass running now short, or else the next one (safe from any thread).
 
-        Why: a preempted job must give the model up at its next token boundary, and
-        waiting for the decode step in flight costs the chat that preempts it up to one
-        step. Aborting the step instead (onnxruntime's ``RunOptions.terminate``) returns
-        the job to its *last* token boundary at once; the abandoned step is simply
-        computed again when the job resumes, with identical results. The pass raises
-        :class:`Interrupted`; with no pass running this does nothing.
+        Why: a preempted job must give the model up at once, and waiting for the pass in
+        flight costs the chat that preempts it up to one pass (seconds for a big model's
+        prefill, hundreds of ms for its decode step). Aborting it instead (onnxruntime's
+        ``RunOptions.terminate``) returns the job to where it was before the pass; the
+        abandoned pass is simply computed again when the job resumes, with identical
+        results. The pass raises :class:`Interrupted`.
+
+        One call aborts one pass: the one in flight, or, when none is (the caller is
+        between passes, sampling or reporting), the next one to start, which then
+        raises before it computes anything. So an interrupt that lands between two
+        passes is not lost. :meth:`clear_interrupt` withdraws one not yet used.
         """
+        self._interrupt_next = True
         run_options = self._inflight
         if run_options is not None:
             run_options.terminate = True
+
+    def clear_interrupt(self) -> None:
+        """Withdraw an :meth:`interrupt` no pass has taken yet (a new job starts)."""
+        self._interrupt_next = False
+
+    def _begin_pass(self) -> Any:
+        """The RunOptions of a pass about to run, or :class:`Interrupted` if one is due.
+
+        ``_inflight`` is published before the flag is read, and :meth:`interrupt` sets
+        the flag before it reads ``_inflight``: either this sees the flag or the
+        interrupter sees the pass, never neither.
+        """
+        run_options = self._inflight = self._ort.RunOptions()
+        if self._interrupt_next:
+            self._interrupt_next = False
+            self._inflight = None
+            raise Interrupted(f"{self.model_id}: pass interrupted before it started")
+        return run_options
+
+    def _end_pass(self, run_options: Any, err: BaseException) -> None:
+        """After a pass that raised: :class:`Interrupted` if it was cut short."""
+        self._inflight = None
+        if run_options.terminate:
+            self._interrupt_next = False  # this pass took the interrupt
+            raise Interrupted(f"{self.model_id}: pass interrupted") from err
 
     # -- replay mode -----------------------------------------------------------------------
     @property

@@ -219,9 +219,11 @@ class DecoderSession(DecoderModel):
             if plan is None:
                 break
             start, end = plan
-            if gen.kv is not None and start < gen.kv_length:
-                gen.kv = gen.kv.prefix(start) if start > 0 else None
-            _, gen.kv = self.forward(p.all_ids[start:end], gen.kv)
+            base = gen.kv
+            if base is not None and start < gen.kv_length:
+                base = base.prefix(start) if start > 0 else None
+            # Assigned only after the pass: an interrupted pass leaves ``gen`` untouched.
+            _, gen.kv = self.forward(p.all_ids[start:end], base)
             fed += end - start
             passes += 1
             self._maybe_cache_prefix(gen)

@@ -34,6 +34,7 @@ No I/O in this module: any socket layer drives it (as the protocol codec does).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import secrets
 from dataclasses import dataclass, field
@@ -140,6 +141,13 @@ class Start(Command):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Any = None
     cache_prompt: bool = False
+
+    def message_maps(self) -> list[dict[str, Any]] | None:
+        """The messages as the session's ``{role, content, ...}`` maps."""
+        if self.messages is None:
+            return None
+        return [{"role": m[0], "content": m[1], **(json.loads(m[2]) if len(m) > 2 else {})}
+                for m in self.messages]
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ _POSITIVE = {
     "front": ("conn_pending_cap", "pending_cap"),
     "limits": ("max_frame_bytes", "queue_cap", "max_new_tokens_cap", "max_prompt_chars",
                "schema_compile_timeout_s"),
-    "runner": ("intra_op_threads",),
+    "runner": ("intra_op_threads", "snapshot_positions"),
     "supervisor": ("heartbeat_interval_s", "missed_heartbeats", "restart_window_s",
                    "start_timeout_s"),
     "embed": ("workers", "queue_bound", "micro_batch"),
@@ -81,7 +81,7 @@ _POSITIVE = {
 }
 _NON_NEGATIVE = {
     "front": ("linger_ms",),
-    "runner": ("snapshot_cap_bytes", "spill_cap_bytes"),
+    "runner": ("pass_target_ms", "spill_positions"),
     "supervisor": ("max_restarts", "stop_grace_s", "load_grace_s"),
     "producers": ("gana_lead_s",),
     "device": ("cores", "runner_threads", "embed_threads"),
@@ -100,6 +100,17 @@ def check_ranges(section: str, values: dict[str, Any], source: Path | None) -> N
         if key in values and values[key] < 0:
             raise ConfigError(f"must be >= 0 (got {values[key]!r})",
                               key=f"{section}.{key}", source=source)
+    for key in ("snapshot_cap_bytes", "spill_cap_bytes"):
+        if section == "runner" and values.get(key, -1) < -1:
+            raise ConfigError(f"must be >= 0, or -1 to size it from the model (got "
+                              f"{values[key]!r})", key=f"runner.{key}", source=source)
+    for key in ("prefill_chunk_min", "prefill_chunk_max"):
+        if section == "runner" and values.get(key, 2) < 2:
+            raise ConfigError(f"must be >= 2 (got {values[key]!r})", key=f"runner.{key}",
+                              source=source)
+    if section == "runner" and not 0 < values.get("snapshot_memory_share", 0.25) <= 1:
+        raise ConfigError(f"must be in (0, 1] (got {values['snapshot_memory_share']!r})",
+                          key="runner.snapshot_memory_share", source=source)
     if section == "runner" and values.get("parked_kv_dtype", "float32") not in ("float32",
                                                                                 "float16"):
         raise ConfigError("must be float32 or float16", key="runner.parked_kv_dtype",

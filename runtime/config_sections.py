@@ -123,23 +123,53 @@ class LimitsConfig:
 
 @dataclass(frozen=True)
 class RunnerConfig:
-    """The runner process: ONNX Runtime threads and the parked KV-snapshot store."""
+    """The runner process: ONNX Runtime threads, prompt passes and the parked KV-snapshot store."""
 
     # Threads; default 2 (one per core on the 2-core target machine).
     intra_op_threads: int = field(default=2, metadata=_doc(
         "ONNX Runtime intra-op threads, used when device.thread_budget is false; otherwise "
         "the budget chooses (docs/device.md) (default 2)"))
-    # Bytes; default 256 MiB. Over it: partial eviction, then spill, then drop.
-    snapshot_cap_bytes: int = field(default=256 * MIB, metadata=_doc(
+    # Seconds of compute per prompt pass, in ms; default 50. 0: fixed passes.
+    pass_target_ms: float = field(default=50.0, metadata=_doc(
+        "compute per prompt pass, ms: prompts are fed in passes sized from the model's "
+        "measured prefill rate, so a chat never waits long for a background pass (and an "
+        "aborted one wastes little), longer where a pass's fixed cost nears it; 0 = every "
+        "pass prefill_chunk_max positions (default 50)"))
+    # Positions; default 16.
+    prefill_chunk_min: int = field(default=16, metadata=_doc(
+        "least prompt positions one pass feeds, however slow the model: smaller passes "
+        "would run at decode speed (at least 2) (default 16)"))
+    # Positions; default 64.
+    prefill_chunk_max: int = field(default=64, metadata=_doc(
+        "most prompt positions one pass feeds, however fast the model: a longer pass "
+        "holds more activation memory (256 positions: ~25 MB more for SmolLM2) (at least "
+        "2) (default 64)"))
+    # Bytes; default -1: sized from the model and the machine (docs/kv-cache.md).
+    snapshot_cap_bytes: int = field(default=-1, metadata=_doc(
         "memory for parked KV snapshots, bytes; over it partial eviction, then spill, "
-        "then drop (default 268435456 = 256 MiB)"))
+        "then drop; -1 = snapshot_positions of the loaded model's KV, at most "
+        "snapshot_memory_share of the memory available (default -1)"))
+    # Positions; default 8192 (four 2,000-token jobs).
+    snapshot_positions: int = field(default=8192, metadata=_doc(
+        "with snapshot_cap_bytes = -1: positions of parked KV to hold in memory, times "
+        "the model's KV bytes per position (default 8192)"))
+    # Share of the memory available (MemAvailable, or less under a cgroup limit); 0.25.
+    snapshot_memory_share: float = field(default=0.25, metadata=_doc(
+        "with snapshot_cap_bytes = -1: the most of the memory available when a model "
+        "loads (MemAvailable, or the cgroup's room if smaller) parked KV may take "
+        "(default 0.25)"))
     # Path; default "" means $UNIUN_HOME/run/spill.
     spill_dir: str = field(default="", metadata=_doc(
         "where evicted snapshots are spilled (default $UNIUN_HOME/run/spill)"))
-    # Bytes; default 1 GiB.
-    spill_cap_bytes: int = field(default=1024 * MIB, metadata=_doc(
-        "disk for spilled snapshots, bytes; beyond it snapshots are dropped "
-        "(default 1073741824 = 1 GiB)"))
+    # Bytes; default -1: sized from the model and the free disk.
+    spill_cap_bytes: int = field(default=-1, metadata=_doc(
+        "disk for spilled snapshots, bytes; beyond it snapshots are dropped; 0 = no "
+        "spilling; -1 = spill_positions of the loaded model's KV, at most a quarter of "
+        "the spill folder's free disk (default -1)"))
+    # Positions; default 32768.
+    spill_positions: int = field(default=32768, metadata=_doc(
+        "with spill_cap_bytes = -1: positions of spilled KV to keep on disk (default "
+        "32768)"))
     # "float32" or "float16"; default float32 (see docs/kv-cache.md, "Parked KV in fp16").
     parked_kv_dtype: str = field(default="float32", metadata=_doc(
         "element type of parked KV in memory: float32 (resume is free) or float16 (twice "

@@ -17,26 +17,38 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import zmq
 from loguru import logger
 
+from uniun.actors.runner.pacing import Pacing
 from uniun.actors.runner.worker import RunnerWorker
-from uniun.models.parking import ParkingLot
+from uniun.models.parking import DEFAULT_PARKING_BYTES, DEFAULT_SPILL_BYTES, ParkingLot
+from uniun.models.snapshot_budget import (
+    AUTO,
+    free_disk,
+    kv_bytes_per_token,
+    machine_memory,
+    snapshot_caps,
+)
 from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
 from uniun.runtime import process
 from uniun.runtime.config import RuntimeConfig
+from uniun.runtime.config_sections import MIB
 from uniun.runtime.paths import ensure_private_dir, models_dir, run_dir
 
 __all__ = [
     "CRASH_MARKER_ENV",
     "LOAD_HOLD_ENV",
+    "PASS_PACE_ENV",
     "TOKEN_PACE_ENV",
     "crash_hook",
     "hold_gil",
     "load_hold_hook",
     "main",
+    "parking_sizer",
     "spill_dir",
     "token_pace",
 ]
@@ -54,6 +66,10 @@ LOAD_HOLD_ENV = "UNIUN_TEST_LOAD_HOLD_S"
 # this pace, not a hope that the model is slow. The test harness sets it for every
 # runtime it starts.
 TOKEN_PACE_ENV = "UNIUN_TEST_TOKEN_PACE_S"
+# Test hook: a prompt pass of n positions takes at least n times this many seconds (the
+# runner waits after it, cut short when a command preempts the job), so a test's long
+# prefill outlasts the chat sent during it however fast the machine prefills.
+PASS_PACE_ENV = "UNIUN_TEST_PASS_PACE_S"
 
 
 def spill_dir(config: RuntimeConfig) -> Path:
@@ -105,8 +121,9 @@ def load_hold_hook(seconds: float) -> Callable[[], None]:
     return hold
 
 
-def token_pace(value: str | None) -> float:
-    """Seconds per token of :data:`TOKEN_PACE_ENV` (0: unset; a bad value is logged, 0)."""
+def token_pace(value: str | None, env: str = TOKEN_PACE_ENV, what: str = "token") -> float:
+    """Seconds per token of :data:`TOKEN_PACE_ENV` (or per prompt position of
+    :data:`PASS_PACE_ENV`); 0: unset; a bad value is logged, 0."""
     if not value:
         return 0.0
     try:
@@ -114,11 +131,33 @@ def token_pace(value: str | None) -> float:
     except ValueError:
         pace = -1.0
     if not 0.0 <= pace <= 10.0:
-        logger.warning("{}={!r} is not seconds in [0, 10]; no token pace", TOKEN_PACE_ENV,
-                       value)
+        logger.warning("{}={!r} is not seconds in [0, 10]; no {} pace", env, value, what)
         return 0.0
-    logger.warning("test hook: at most one token per {:g} s", pace)
+    logger.warning("test hook: at most one {} per {:g} s", what, pace)
     return pace
+
+
+def parking_sizer(config: RuntimeConfig, spill: Path) -> Callable[[Any, ParkingLot], None]:
+    """Sets the parking's caps for each model loaded: from its KV bytes per position and
+    the machine's memory and disk now, unless the configuration gives bytes
+    (models/snapshot_budget.py, docs/kv-cache.md)."""
+    r = config.runner
+
+    def size(session: Any, lot: ParkingLot) -> None:
+        bpt = int(getattr(session, "kv_bytes_per_token", 0)) or kv_bytes_per_token(
+            getattr(session, "config", {}))
+        caps = snapshot_caps(
+            kv_bytes_per_token=bpt, memory=machine_memory(), disk_free=free_disk(spill),
+            positions=r.snapshot_positions, memory_share=r.snapshot_memory_share,
+            spill_positions=r.spill_positions, memory_cap=r.snapshot_cap_bytes,
+            disk_cap=r.spill_cap_bytes, fallback_memory=DEFAULT_PARKING_BYTES,
+            fallback_disk=DEFAULT_SPILL_BYTES)
+        lot.max_bytes, lot.max_disk_bytes = caps.memory_bytes, caps.disk_bytes
+        logger.info("parked KV of {}: {:.0f} MiB in memory ({}), {:.0f} MiB on disk ({})",
+                    getattr(session, "model_id", "?"), caps.memory_bytes / MIB,
+                    caps.memory_rule, caps.disk_bytes / MIB, caps.disk_rule)
+        lot.enforce()
+    return size
 
 
 def main(config: RuntimeConfig) -> int:
@@ -127,9 +166,12 @@ def main(config: RuntimeConfig) -> int:
     stop = threading.Event()
     process.on_stop(stop.set)
     ctx = zmq.Context()
-    lot = ParkingLot(config.runner.snapshot_cap_bytes,
-                     max_disk_bytes=config.runner.spill_cap_bytes, spill_dir=spill,
-                     kv_dtype=config.runner.parked_kv_dtype)
+    r = config.runner
+    # Until a model is loaded its KV size is unknown: the fallback caps (or the configured).
+    lot = ParkingLot(r.snapshot_cap_bytes if r.snapshot_cap_bytes != AUTO
+                     else DEFAULT_PARKING_BYTES,
+                     max_disk_bytes=r.spill_cap_bytes if r.spill_cap_bytes != AUTO
+                     else DEFAULT_SPILL_BYTES, spill_dir=spill, kv_dtype=r.parked_kv_dtype)
     store = ModelStore(models_dir())
     budget = config.budget()  # docs/device.md: chosen with the other sessions' threads
     logger.info("ONNX Runtime threads: runner {} (spinning {}), each embed worker {}, "
@@ -143,7 +185,13 @@ def main(config: RuntimeConfig) -> int:
         else None, load_grace_s=config.supervisor.load_grace_s,
         announce_quiet=process.announce_quiet,
         before_load=load_hold_hook(float(hold)) if (hold := os.environ.get(LOAD_HOLD_ENV))
-        else None, token_pace_s=token_pace(os.environ.get(TOKEN_PACE_ENV)))
+        else None, pacing=Pacing(
+            target_s=r.pass_target_ms / 1000.0, chunk_min=r.prefill_chunk_min,
+            chunk_max=r.prefill_chunk_max,
+            token_pace_s=token_pace(os.environ.get(TOKEN_PACE_ENV)),
+            pass_pace_s=token_pace(os.environ.get(PASS_PACE_ENV), PASS_PACE_ENV,
+                                   "prompt position")),
+        size_parking=parking_sizer(config, spill))
     rc = 0
     try:
         while not stop.wait(0.5) and not process.STOPPING.is_set():

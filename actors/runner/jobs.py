@@ -2,30 +2,28 @@
 
 Why apart from :mod:`uniun.actors.runner.worker`: the worker is the actor and its socket
 plumbing (heartbeats, liveness, the Hello handshake); this is the model work it drives,
-with no socket, no thread and no pykka in sight. The worker hands every scheduler command
-to :meth:`RunnerJobs.handle` and every ``_Step`` message to :meth:`RunnerJobs.step`; what
-goes back out leaves through two callables it passes in: ``report`` (a record to the
-scheduler) and ``step_again`` (tell the actor another ``_Step``, so that the next command
-in its inbox is handled before the next token).
+with no socket and no pykka in sight. The worker hands every scheduler command to
+:meth:`RunnerJobs.handle` and every ``_Step`` to :meth:`RunnerJobs.step`; what goes out
+leaves through ``report`` (a record to the scheduler) and ``step_again`` (tell the actor
+another ``_Step``, so that the next command in its inbox is handled before the next pass).
 
 State: at most one *active* job (a live ``Generation``); every other job the runner was
 told about sits in the :class:`~uniun.models.parking.ParkingLot` (trim, then spill, then
-drop under its byte cap; the job's progress always stays, so it can resume by recompute).
-Spill files left by a previous runner process are found at start (``orphans``) and
-offered in ``Hello``, so a restarted runner can continue such a job from disk.
+drop under its caps; the job's progress always stays, so it can resume by recompute).
+Spill files a previous runner process left are found at start (``orphans``) and offered
+in ``Hello``, so a restarted runner can continue such a job from disk. How long a pass
+is, and the test paces, are ``pacing.py``'s.
 
 Every command handler is total: bad or stale commands are logged and answered, never
-raised, because an exception in the actor's ``tell`` handler would stop the actor and
-with it the process.
+raised (an exception in the actor's ``tell`` handler would stop the actor and the process).
 
-Two attributes are read from the worker's pump thread: :attr:`RunnerJobs.active` with
-:attr:`RunnerJobs.session` (to interrupt a pass) and :attr:`RunnerJobs.stats` (for the
-heartbeats); each is one reference, replaced whole, so no lock is needed.
+The worker's pump thread calls :meth:`RunnerJobs.preempt` (under a lock that starting a
+job also takes) and reads :attr:`RunnerJobs.stats` (one reference, replaced whole).
 """
 
 from __future__ import annotations
 
-import json
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +32,7 @@ from typing import Any, ClassVar
 
 from loguru import logger
 
+from uniun.actors.runner.pacing import Pacing, preempts
 from uniun.actors.runner.reuse import already_done, continues, find_orphans, peek_progress
 from uniun.models.convert.recipes import ensure_model
 from uniun.models.decoder_model import Interrupted
@@ -43,9 +42,7 @@ from uniun.models.parking import ParkingLot
 from uniun.models.store import ModelStore
 from uniun.protocol import runner_records as rp
 
-__all__ = ["RunnerJobs", "PREFILL_CHUNK"]
-
-PREFILL_CHUNK = 64  # prompt positions fed per message, so control is checked during a prefill
+__all__ = ["RunnerJobs"]
 
 
 @dataclass
@@ -55,12 +52,12 @@ class _Active:
     t0: float  # when the segment's runner time was last reported (on ``clock``)
     stop_at: int | None  # generated count at which the grant is spent
     clock: Callable[[], float] = time.perf_counter
+    chat: bool = False  # preempted by nothing: its prompt passes need no time bound
 
     def lap(self) -> float:
         """Runner seconds since the last report of this segment."""
-        now = self.clock()
-        seconds, self.t0 = now - self.t0, now
-        return seconds
+        self.t0, then = self.clock(), self.t0
+        return self.t0 - then
 
 
 class RunnerJobs:
@@ -73,20 +70,16 @@ class RunnerJobs:
                  before_load: Callable[[], None] = lambda: None,
                  open_session: Callable[[str], Any] | None = None,
                  clock: Callable[[], float] = time.perf_counter,
-                 sleep: Callable[[float], None] = time.sleep,
-                 token_pace_s: float = 0.0) -> None:
+                 pacing: Pacing | None = None,
+                 size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         self._store = store
+        self.pacing = pacing or Pacing(clock=clock)  # pass sizes, test paces (pacing.py)
+        # Sizes the parking for each model loaded (runner_main, docs/kv-cache.md).
+        self._size_parking = size_parking
         # model id -> a loaded session; the real one (ONNX Runtime) unless a unit test
         # gives a fake model. ``clock``: what a Token's runner seconds are measured on.
         self._open_session = open_session or self._open_decoder
         self._clock = clock
-        self._sleep = sleep
-        # For tests only (runtime/runner_main.py's UNIUN_TEST_TOKEN_PACE_S): a segment's n
-        # tokens take at least n times this many seconds of runner time, so a test's long
-        # job outlasts a slice, a deadline or a chat however fast the machine makes
-        # tokens. 0: off. Paced from (segment start, tokens then) of the active job.
-        self._token_pace_s = token_pace_s
-        self._paced_from = (0.0, 0)
         self._before_load = before_load  # announces the load's silence (RunnerWorker)
         self._before_start = before_start  # test fault hook (runner_main.crash_hook)
         self._threads = threads
@@ -96,6 +89,7 @@ class RunnerJobs:
         self._report = report
         self._step_again = step_again
         self.session: Any = None  # DecoderSession, imported lazily (onnxruntime)
+        self._preempting = threading.Lock()  # preempt() (pump thread) against _activate
         self.active: _Active | None = None
         self._orphans: dict[str, Path] = {}
         self._shower: tuple[Any, Any] | None = None  # (session, its token text/bytes lookup)
@@ -122,8 +116,11 @@ class RunnerJobs:
             gen = self.session.start(
                 messages=[{"role": "user", "content": "Hello! How are you today?"}],
                 max_new_tokens=2, job_id="warm-up")
-            while not gen.finished:
-                self.session.step(gen)
+            t1 = self._clock()
+            self.session.step(gen)  # the prompt in one pass, then a decode step: the
+            t2 = self._clock()  # model's first costs
+            step_s = None if gen.finished else (self.session.step(gen), self._clock() - t2)[1]
+            self.pacing.warmed(len(gen.progress.prompt_ids), t2 - t1, step_s)
         except Exception:  # a model that cannot warm up still serves (or fails) jobs
             logger.exception("warming the model up failed")
             return
@@ -173,7 +170,10 @@ class RunnerJobs:
             if self.session is not None:
                 self.session.unload()
                 self.session = None
+            self.pacing.new_model()
             self.session = self._open_session(model_id)
+            if self._size_parking is not None:
+                self._size_parking(self.session, self._lot)
         except Exception as err:
             logger.exception("loading model {} failed", model_id)
             if report:
@@ -224,10 +224,11 @@ class RunnerJobs:
                                      prompt_tokens=len(p.prompt_ids),
                                      generated=len(p.generated_ids), seconds=0.0))
             return
-        self._activate(cmd.job_id, gen, cmd.grant, resumed=bool(cmd.tokens))
+        self._activate(cmd.job_id, gen, cmd.grant, resumed=bool(cmd.tokens),
+                       chat=cmd.job_kind == "chat")
 
     def _fresh(self, cmd: rp.Start) -> Generation:
-        messages = [_message_map(m) for m in cmd.messages] if cmd.messages else None
+        messages = cmd.message_maps() or None
         # The job map's extensions only when the job uses them: a session (or a test's
         # stand-in for one) that predates them still runs every other job.
         extras = {k: v for k, v in (("logprobs", cmd.logprobs), ("tools", cmd.tools),
@@ -267,17 +268,31 @@ class RunnerJobs:
             return
         self._activate(cmd.job_id, gen, cmd.grant, resumed=True)
 
-    def _activate(self, job_id: str, gen: Generation, grant: int, *, resumed: bool) -> None:
+    def _activate(self, job_id: str, gen: Generation, grant: int, *, resumed: bool,
+                  chat: bool = False) -> None:
         p = gen.progress
         stop_at = len(p.generated_ids) + grant if grant > 0 else None
-        self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock)
-        self._paced_from = (self.active.t0, len(p.generated_ids))
+        with self._preempting:
+            self.active = _Active(job_id, gen, self._clock(), stop_at, self._clock, chat)
+            self.session.clear_interrupt()  # one meant for the job parked before this one
+        self.pacing.segment(self.active.t0, len(p.generated_ids))
         self._update_stats()
         self._report(rp.Started(job_id=job_id, resumed=resumed, prompt_tokens=len(p.prompt_ids),
                                 recomputed=gen.recomputed_tokens, seed=int(p.seed)))
-        logger.bind(job=job_id).debug("segment started at {} tokens ({} to recompute, grant {})",
-                                      len(p.generated_ids), gen.recomputed_tokens, grant or "-")
+        logger.bind(job=job_id).debug("segment started at {} tokens ({} to recompute, grant {}"
+                                      "{})", len(p.generated_ids), gen.recomputed_tokens,
+                                      grant or "-", ", chat" if chat else "")
         self._step_again()
+
+    def preempt(self, command: rp.Command) -> bool:
+        """Abort the active job's pass if ``command`` takes the model from it (pump thread).
+        Locked with :meth:`_activate`: a preemption never aborts the next job's pass."""
+        with self._preempting:
+            a, session = self.active, self.session
+            if a is None or session is None or not preempts(command, a.job_id):
+                return False
+            session.interrupt()
+            return True
 
     def _on_pause(self, cmd: rp.Pause) -> None:
         if self.active is not None and self.active.job_id == cmd.job_id:
@@ -310,8 +325,11 @@ class RunnerJobs:
         if a is None:
             return
         try:
-            ev = self.session.advance(a.gen, PREFILL_CHUNK)  # one bounded pass, or a token
+            covered, t0 = a.gen.kv_length, self._clock()
+            ev = self.session.advance(a.gen, self.pacing.positions(bounded=not a.chat))
+            fed, seconds = a.gen.kv_length - covered, self._clock() - t0
             if ev is None:  # a prefill/replay pass: let control messages in first
+                self.pacing.after_pass(fed, seconds)
                 self._step_again()
                 return
         except Interrupted:  # a pause/cancel is next in the inbox; retried if it was not ours
@@ -322,8 +340,7 @@ class RunnerJobs:
             self.active = None
             self._report(rp.Failed(job_id=a.job_id, message=str(err)[:500], seconds=a.lap()))
             return
-        if self._token_pace_s > 0:
-            self._pace(len(a.gen.generated_ids))
+        self.pacing.after_token(fed, seconds, len(a.gen.generated_ids))
         self._report(rp.Token(job_id=a.job_id, seq=ev.seq, token_id=ev.token_id,
                               text=ev.text_delta, seconds=a.lap(),
                               logprobs=self._logprobs(a.gen, ev.logprobs)))
@@ -354,14 +371,6 @@ class RunnerJobs:
             self._shower = (session, token_shower(
                 lambda t: token_bytes(session.tokenizer, vocab, eos, t)))
         return logprobs_record(lp, self._shower[1])
-
-    def _pace(self, generated: int) -> None:
-        """Sleep until this segment's tokens have taken their least runner time (a
-        machine slower than the pace never sleeps; one that was slow for a while catches
-        up before it sleeps again)."""
-        since, tokens0 = self._paced_from
-        due = since + (generated - tokens0) * self._token_pace_s
-        self._sleep(max(0.0, due - self._clock()))
 
     # ---- parking --------------------------------------------------------------------
 
@@ -402,11 +411,3 @@ class RunnerJobs:
             path.unlink(missing_ok=True)
         self._update_stats()
 
-
-def _message_map(message: list[str]) -> dict[str, Any]:
-    """A ``Start`` message (``[role, content]`` or ``[role, content, extra JSON]``) as the
-    session's ``{role, content, ...}`` map."""
-    out: dict[str, Any] = {"role": message[0], "content": message[1]}
-    if len(message) > 2:
-        out.update(json.loads(message[2]))
-    return out

@@ -1,11 +1,12 @@
 """The runner's worker actor: the socket, the heartbeats and the inbox the model work runs in.
 
-Theory of operation. One pykka actor does all model work, one token per message: a
-``_Step`` handler decodes ONE token (or prefills one chunk of a long prompt), reports
-it, and tells itself the next ``_Step``. Commands from the scheduler arrive in the same
-inbox (the socket pump tells them), so a ``Pause`` or ``Cancel`` is handled right after
-the step in progress: preemption takes effect within one decode step, and the socket
-loop (the pump thread, which also sends the heartbeats) never waits for a generation.
+Theory of operation. One pykka actor does all model work, one pass per message: a
+``_Step`` handler decodes ONE token (or feeds one time-bounded pass of a long prompt),
+reports it, and tells itself the next ``_Step``. Commands from the scheduler arrive in
+the same inbox (the socket pump tells them), and the pump thread aborts the active job's
+pass in flight when a command preempts it, so a ``Pause`` takes effect at once rather than
+after the pass, and the socket loop (which also sends the heartbeats) never waits for a
+generation (docs/scheduler-runner.md, "Bounded passes").
 
 This module is the plumbing around that loop: the DEALER socket and its pump, the
 heartbeats and the scheduler's liveness, the ``Hello`` handshake with a (re)started
@@ -16,6 +17,7 @@ session, the active job, the parked ones — is :class:`~uniun.actors.runner.job
 from __future__ import annotations
 
 import os
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -27,6 +29,7 @@ import zmq
 from loguru import logger
 
 from uniun.actors.runner.jobs import RunnerJobs
+from uniun.actors.runner.pacing import Pacing
 from uniun.actors.socket_pump import Frames, Outbox, SocketPump
 from uniun.models.parking import ParkingLot
 from uniun.models.store import ModelStore
@@ -76,7 +79,8 @@ class RunnerWorker(pykka.ThreadingActor):
                  load_grace_s: float = 0.0,
                  announce_quiet: Callable[[float], None] = lambda _s: None,
                  before_load: Callable[[], None] | None = None,
-                 token_pace_s: float = 0.0) -> None:
+                 pacing: Pacing | None = None,
+                 size_parking: Callable[[Any, ParkingLot], None] | None = None) -> None:
         super().__init__()
         self._load_grace_s = load_grace_s
         self._announce_supervisor = announce_quiet  # runtime/process.announce_quiet
@@ -86,11 +90,16 @@ class RunnerWorker(pykka.ThreadingActor):
         self._liveness = liveness
         self._spill_dir = spill_dir
         self._boot = rp.new_boot()
+        # Set by the pump thread when a command in the inbox preempts the active job,
+        # cleared when the actor takes a command: a test pace's wait ends at once.
+        self._preempted = threading.Event()
+        pacing = pacing or Pacing()
+        pacing.sleep = self._sleep  # the paces' waits: cut short by a preemption
         self._jobs = RunnerJobs(store=store, threads=threads, parking=parking, preload=preload,
                                 report=self._report, spinning=spinning,
                                 step_again=lambda: self.actor_ref.tell(_Step()),
                                 before_start=before_start, before_load=self._before_load,
-                                token_pace_s=token_pace_s)
+                                pacing=pacing, size_parking=size_parking)
         self._hello_beat = -1  # beats numbered above this+1 were sent after our Hello
         self._beat_seq = 0  # pump thread increments; the actor reads it
         self._heard_at = time.monotonic()  # pump thread only: last scheduler message
@@ -145,18 +154,22 @@ class RunnerWorker(pykka.ThreadingActor):
             self._cut_short_for(record)
 
     def _cut_short_for(self, record: rp.Command) -> None:
-        """A pause or cancel of the active job aborts its pass in flight (pump thread).
+        """A command that takes the model from the active job aborts its pass (pump thread).
 
-        The command is already in the actor's inbox, ahead of the retried step, so the
-        actor parks the job at its last token boundary right after the aborted pass
-        returns instead of finishing a step nobody will wait for. Reading ``active``
-        and ``session`` from this thread is safe: each is one reference, and
-        ``interrupt`` only sets a flag that onnxruntime checks.
+        That is a pause or cancel of the active job, and a start, resume or model load
+        of any other (each parks the active job first). The command is already in the
+        actor's inbox, ahead of the retried step, so the actor parks the job where it was
+        before the aborted pass instead of finishing a pass nobody will wait for: a chat
+        waits for no background pass, prefill or decode, whatever the model's size.
+        ``RunnerJobs.preempt`` checks the active job and interrupts under one lock, so
+        an interrupt meant for a job never reaches the one started after it.
         """
-        if isinstance(record, (rp.Pause, rp.Cancel)):
-            active, session = self._jobs.active, self._jobs.session
-            if active is not None and session is not None and active.job_id == record.job_id:
-                session.interrupt()
+        if self._jobs.preempt(record):
+            self._preempted.set()
+
+    def _sleep(self, seconds: float) -> None:
+        """The test paces' wait (RunnerJobs): over early when a command preempts the job."""
+        self._preempted.wait(seconds)
 
     def _on_tick(self, now: float) -> list[Frames]:
         if not self._silent and self._liveness.dead(self._heard_at, now):
@@ -178,6 +191,7 @@ class RunnerWorker(pykka.ThreadingActor):
         if isinstance(message, _Step):
             self._jobs.step()
         elif isinstance(message, _Cmd):
+            self._preempted.clear()
             self._jobs.handle(message.command)
         elif isinstance(message, _Unacked):
             self._on_unacked(message.seq)

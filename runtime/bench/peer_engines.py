@@ -23,7 +23,7 @@ The engine loads, warms up, and prints ``{"load_s": ...}``; then each stdin line
 command and gets one JSON line back:
 
 - ``prefill``: 256 prompt positions (``SPEC["context"]``), ``{"s": seconds}`` (ours in
-  the runner's ``PREFILL_CHUNK``-position passes, llama.cpp in one ``eval``);
+  the runner's longest passes, ``PREFILL_CHUNK`` positions, llama.cpp in one ``eval``);
 - ``decode``: a 16-token prompt, then ``SPEC["decode_steps"]`` greedy steps (a step =
   one forward pass + picking the argmax), ``{"ms": median step}``;
 - ``greedy``: the first ``SPEC["greedy_tokens"]`` greedy tokens of each of
@@ -68,7 +68,7 @@ class _Ours:
         import uniun.runtime.runner_main  # noqa: F401  (the runner process's imports)
 
         logger.remove()
-        from uniun.actors.runner.jobs import PREFILL_CHUNK
+        from uniun.actors.runner.pacing import PREFILL_CHUNK
         from uniun.models.session import DecoderSession
 
         self._chunk = PREFILL_CHUNK
@@ -80,8 +80,8 @@ class _Ours:
         self._gen: Any = None
 
     def prefill(self, ids: list[int]) -> None:
-        # As the runner feeds a prompt: PREFILL_CHUNK positions per pass, so that a
-        # preemption is seen between passes (actors/runner/jobs.py). Its peak RSS is then
+        # As the runner feeds a prompt: at most PREFILL_CHUNK positions per pass, so that a
+        # preemption is seen between passes (actors/runner/pacing.py). Its peak RSS is then
         # the runner's too: one 256-position pass holds ~25 MB more activations.
         gen = self.session.start(prompt_ids=ids, max_new_tokens=1, ignore_eos=True,
                                  use_prefix_cache=False)

@@ -91,6 +91,18 @@ def register(sub: argparse._SubParsersAction) -> None:
     console.add_argument("--shots", type=Path, default=None, metavar="DIR",
                          help="with --console: also save screenshots of the console in the "
                               "middle of a preemption (desktop and phone width) to DIR")
+    bounded = parser.add_argument_group("a chat never waits for background work (--bounded-passes)")
+    bounded.add_argument("--bounded-passes", action="store_true",
+                         help="instead of the end-to-end bench: chat TTFT while a background "
+                              "job prefills a long prompt and while it decodes, against idle, "
+                              "with passes sized in time and fixed; the bound's cost to "
+                              "prefill throughput; a 2,000-token snapshot parked, spilled and "
+                              "resumed against recomputing it (runtime/bench/bounded_passes.py;"
+                              " default --out bench/results/bounded-passes-MODEL.json)")
+    bounded.add_argument("--prompt-tokens", type=int, default=1700, metavar="N",
+                         help="with --bounded-passes: the background prompt (default 1700)")
+    bounded.add_argument("--snapshot-tokens", type=int, default=2000, metavar="N",
+                         help="with --bounded-passes: the parked job's tokens (default 2000)")
     peer = parser.add_argument_group("side by side with another engine (--peer)")
     peer.add_argument("--peer", choices=["llama.cpp"], default=None,
                       help="instead of the end-to-end bench: our engine and the peer on the "
@@ -155,6 +167,10 @@ def run(args: argparse.Namespace) -> int:
         from uniun.runtime.commands.bench_dialect import run_dialect
 
         return run_dialect(args)
+    if args.bounded_passes:
+        from uniun.runtime.commands.bench_bounded import run_bounded
+
+        return run_bounded(args)
     if args.console:
         return run_console(args)
     if args.hostile:

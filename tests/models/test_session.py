@@ -242,7 +242,10 @@ def test_an_interrupted_step_leaves_the_job_at_its_last_token_boundary(
         session.step(gen)
     assert gen.kv_length == kv_before and len(gen.generated_ids) == 10
     monkeypatch.setattr(session._ort, "RunOptions", real_options)
-    session.interrupt()  # no pass in flight: nothing to cut short, nothing happens
+    session.interrupt()  # no pass in flight: the next one aborts before it computes
+    with pytest.raises(Interrupted):
+        session.step(gen)
+    assert gen.kv_length == kv_before and len(gen.generated_ids) == 10
     got += list(session.generate(gen))
     assert _ids(got) == _ids(reference)
     assert [e.seq for e in got] == list(range(len(reference)))

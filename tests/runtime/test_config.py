@@ -71,6 +71,10 @@ def test_uniun_home_env_wins_over_file(tmp_path: Path, monkeypatch: pytest.Monke
     ("[http]\nmax_open_requests = 32\n", "http.chat_reserve"),
     ("[http]\nmax_open_requests_per_client = 0\n", "http.max_open_requests_per_client"),
     ("front = 3\n", "front"),
+    ("[runner]\nsnapshot_cap_bytes = -2\n", "runner.snapshot_cap_bytes"),
+    ("[runner]\nprefill_chunk_max = 1\n", "runner.prefill_chunk_max"),
+    ("[runner]\nsnapshot_memory_share = 0\n", "runner.snapshot_memory_share"),
+    ("[runner]\npass_target_ms = -5\n", "runner.pass_target_ms"),
 ])
 def test_bad_config_names_key_and_file(tmp_path: Path, text: str, key: str) -> None:
     path = tmp_path / "bad.toml"
@@ -105,6 +109,12 @@ def test_with_overrides_is_validated() -> None:
     assert changed.policy.name == "fcfs" and changed.front.endpoint == "tcp://127.0.0.1:7000"
     with pytest.raises(ConfigError):
         config.with_overrides(front={"endpoint": "udp://x"})
+
+
+def test_parking_caps_default_to_sized_from_the_model_and_bytes_win() -> None:
+    assert load_config_text("").runner.snapshot_cap_bytes == -1
+    config = load_config_text("[runner]\nsnapshot_cap_bytes = 0\nspill_cap_bytes = 5\n")
+    assert (config.runner.snapshot_cap_bytes, config.runner.spill_cap_bytes) == (0, 5)
 
 
 def test_example_file_is_the_documented_defaults() -> None:

@@ -69,6 +69,13 @@ class FakeSession:
     def unload(self) -> None:
         self.unloaded = True
 
+    def interrupt(self) -> None:
+        """Like the real session's: the pass in flight, or else the next one, aborts."""
+        self.interrupt_next = True
+
+    def clear_interrupt(self) -> None:
+        self.interrupt_next = False
+
     def start(self, prompt: str | None = None, *,
               messages: Iterable[Mapping[str, Any]] | None = None,
               max_new_tokens: int = 128, sampling: Any = None, stop: Sequence[str] = (),

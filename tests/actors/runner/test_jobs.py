@@ -19,7 +19,8 @@ import pytest
 
 from tests.actors.policy.harness import FakeClock
 from tests.actors.runner.fake_session import FakeSession, text_of, texts, token_id
-from uniun.actors.runner.jobs import PREFILL_CHUNK, RunnerJobs
+from uniun.actors.runner.jobs import RunnerJobs
+from uniun.actors.runner.pacing import PASS_FLOOR, PASS_TARGET_S, PREFILL_CHUNK, Pacing
 from uniun.models.kv import JobProgress, ParkedState
 from uniun.models.parking import ParkingLot
 from uniun.protocol import runner_records as rp
@@ -40,6 +41,7 @@ class Bench:
     reports: list[rp.Report] = field(default_factory=list)
     steps_asked: int = 0
     starts_seen: list[str] = field(default_factory=list)
+    sized_for: list[str] = field(default_factory=list)  # models the parking was sized for
     clock: FakeClock = field(default_factory=FakeClock)
 
     def __post_init__(self) -> None:
@@ -48,8 +50,15 @@ class Bench:
         self.jobs = RunnerJobs(store=None, threads=1, parking=self.lot, preload=self.preload,
                                report=self.reports.append, step_again=self._step_again,
                                open_session=self._open, clock=self.clock,
-                               sleep=self.clock.advance, token_pace_s=self.pace_s,
-                               before_start=lambda cmd: self.starts_seen.append(cmd.job_id))
+                               pacing=Pacing(token_pace_s=self.pace_s, clock=self.clock,
+                                             sleep=self.clock.advance),
+                               before_start=lambda cmd: self.starts_seen.append(cmd.job_id),
+                               size_parking=self._size_parking)
+
+    def _size_parking(self, session: FakeSession, lot: ParkingLot) -> None:
+        assert lot is self.lot
+        self.sized_for.append(session.model_id)
+        lot.max_bytes = 1000 * len(self.sized_for)
 
     def _open(self, model_id: str) -> FakeSession:
         if model_id in self.broken:
@@ -126,17 +135,35 @@ def test_token_seconds_are_runner_time_on_the_injected_clock(bench: Bench) -> No
     assert first.seconds == pytest.approx(0.51) and second.seconds == pytest.approx(0.01)
 
 
-def test_a_long_prompt_is_prefilled_in_chunks_with_control_checked_between(
-        bench: Bench) -> None:
-    words = 3 * PREFILL_CHUNK
+def _prefill_passes(bench: Bench, words: int) -> int:
+    """Start a job with a ``words``-token prompt; _Steps until its first token, which
+    must come (a bounded loop: a bug fails, it does not hang)."""
     bench.handle(start("long", prompt="w " * words))
     asked = bench.steps_asked
-    passes = 0
-    while not (out := bench.step()):
-        passes += 1
-    assert passes == (words - 1) // PREFILL_CHUNK  # a pass of the prompt per _Step
-    assert bench.steps_asked == asked + passes + 1
-    assert tokens(out) == [(0, token_id(0), text_of(0))]
+    for passes in range(words):
+        out = bench.step()
+        if out:
+            assert bench.steps_asked == asked + passes + 1
+            assert tokens(out) == [(0, token_id(0), text_of(0))]
+            return passes
+    raise AssertionError("no first token after a pass per prompt position")
+
+
+def test_a_long_prompt_is_prefilled_in_chunks_with_control_checked_between(
+        bench: Bench) -> None:
+    words = 12 * PASS_FLOOR  # no pass timed yet (the fake's are free): probe-sized passes
+    assert _prefill_passes(bench, words) == (words - 1) // PASS_FLOOR
+
+
+@pytest.mark.parametrize("seconds_per_position", [0.001, 0.002, 0.0025])
+def test_prompt_passes_are_sized_from_the_models_measured_cost(
+        bench: Bench, seconds_per_position: float) -> None:
+    """A pass of ~PASS_TARGET_S at the cost the runner measured: 50, 25 and 20 positions."""
+    bench.jobs.pacing.cost.observe(100, 100 * seconds_per_position)
+    chunk = round(PASS_TARGET_S / seconds_per_position)
+    assert bench.jobs.pacing.positions() == chunk
+    words = 5 * chunk + 3
+    assert _prefill_passes(bench, words) == (words - 1) // chunk
 
 
 def test_a_token_pace_makes_a_segments_tokens_take_at_least_that_long(
@@ -387,3 +414,41 @@ def test_a_spill_file_whose_payload_is_damaged_is_unknown_on_resume(tmp_path: Pa
     assert not path.exists()  # the scheduler now sends a Start that recomputes
     assert kinds(bench.handle(start("torn", tokens=[token_id(0)], text=text_of(0)))) == [
         "started"]
+
+
+def test_the_parking_is_sized_for_each_model_loaded_and_its_costs_forgotten(
+        bench: Bench) -> None:
+    assert bench.sized_for == [MODEL] and bench.lot.max_bytes == 1000
+    bench.jobs.pacing.cost.observe(100, 1.0)
+    bench.handle(rp.Load(model_id="m-other"))
+    assert bench.sized_for == [MODEL, "m-other"] and bench.lot.max_bytes == 2000
+    assert bench.jobs.pacing.cost.per_position_s is None  # the new model's costs are unknown
+
+
+def test_a_preempting_command_aborts_the_active_pass_and_a_new_job_starts_clean(
+        bench: Bench) -> None:
+    bench.handle(start("bg", max_new_tokens=9))
+    bench.step()
+    assert not bench.jobs.preempt(rp.Pause(job_id="other"))  # not the active job
+    assert not bench.session.interrupt_next
+    assert bench.jobs.preempt(rp.Pause(job_id="bg"))  # the pump thread, as it arrives
+    assert bench.step() == []  # the pass in flight (here: the next) aborts, nothing lost
+    [paused] = bench.handle(rp.Pause(job_id="bg"))
+    assert isinstance(paused, rp.Paused) and paused.generated == 1
+    bench.jobs.preempt(rp.Load(model_id=MODEL))  # nothing active: nothing to abort
+    bench.session.interrupt()  # one that came too late for bg ...
+    bench.handle(start("chat", max_new_tokens=1))
+    assert tokens(bench.step()) == [(0, token_id(0), text_of(0))]  # ... spares the chat
+
+
+def test_a_chats_prompt_is_fed_in_the_longest_passes_whatever_the_cost(bench: Bench) -> None:
+    """Nothing preempts a chat: every extra pass would only add its overhead to the
+    chat's time to first token."""
+    bench.jobs.pacing.cost.observe(100, 100 * 0.002)  # a background pass: 25 positions
+    assert bench.jobs.pacing.positions() == 25
+    words = 4 * PREFILL_CHUNK + 3
+    bench.handle(start("chat", prompt="w " * words, job_kind="chat"))
+    passes = 0
+    while not tokens(bench.step()):
+        passes += 1
+    assert passes == (words - 1) // PREFILL_CHUNK
