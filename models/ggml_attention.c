@@ -53,17 +53,31 @@ VEC static float dot_many(const float* x, const float* y, int n) {
   return reduce16_avx(lo, hi);
 }
 
+/* The part of ggml_compute_forward_soft_max_f32 both builds share: the scores scaled,
+ * keys from `visible` on (later positions) and those with open[k] == 0 masked (-inf);
+ * returns the row's maximum. */
+static float scale_and_mask(float* w, int keys, int visible, const int64_t* open, float scale) {
+  float max = -INFINITY;
+  for (int k = 0; k < keys; k++) {
+    w[k] = (k < visible && (!open || open[k])) ? w[k] * scale : -INFINITY;
+    max = w[k] > max ? w[k] : max;
+  }
+  return max;
+}
+
+/* ... and its end: each weight times (float)(1 / sum), the sum kept in double. */
+static void normalise(float* w, int keys, double sum) {
+  const float inv = (float)(1.0 / sum);
+  for (int k = 0; k < keys; k++) w[k] *= inv;
+}
+
 /* Softmax of one score row over keys [0, keys): ggml_compute_forward_soft_max_f32 with
  * ggml_vec_soft_max_f32 (16 at a time, each 16's sum added in double). Keys from
  * `visible` on (later positions) are masked (-inf), and so are those with open[k] == 0.
  * keys is a multiple of 16. */
 VEC static void softmax_row(float* w, int keys, int visible, const int64_t* open,
                             float scale) {
-  float max = -INFINITY;
-  for (int k = 0; k < keys; k++) {
-    w[k] = (k < visible && (!open || open[k])) ? w[k] * scale : -INFINITY;
-    max = w[k] > max ? w[k] : max;
-  }
+  const float max = scale_and_mask(w, keys, visible, open, scale);
   double sum = 0.0;
   const __m256 vmax = _mm256_set1_ps(max);
   for (int k = 0; k < keys; k += 16) {
@@ -73,8 +87,7 @@ VEC static void softmax_row(float* w, int keys, int visible, const int64_t* open
     _mm256_storeu_ps(w + k + 8, hi);
     sum += (double)reduce16_avx(lo, hi);
   }
-  const float inv = (float)(1.0 / sum);
-  for (int k = 0; k < keys; k++) w[k] *= inv;
+  normalise(w, keys, sum);
 }
 
 /* One query head's attention over the cache; see uniun_ggml_attention. */
@@ -214,11 +227,7 @@ VEC static float dot_many_a2(const float* x, const float* y, int n) {
  * order) added in double. keys is a multiple of 8. */
 VEC static void softmax_row_a2(float* w, int keys, int visible, const int64_t* open,
                                float scale) {
-  float max = -INFINITY;
-  for (int k = 0; k < keys; k++) {
-    w[k] = (k < visible && (!open || open[k])) ? w[k] * scale : -INFINITY;
-    max = w[k] > max ? w[k] : max;
-  }
+  const float max = scale_and_mask(w, keys, visible, open, scale);
   double sum = 0.0;
   const __m256 vmax = _mm256_set1_ps(max);
   for (int k = 0; k < keys; k += 8) {
@@ -226,8 +235,7 @@ VEC static void softmax_row_a2(float* w, int keys, int visible, const int64_t* o
     _mm256_storeu_ps(w + k, e);
     sum += (double)hsum8_avx(e);
   }
-  const float inv = (float)(1.0 / sum);
-  for (int k = 0; k < keys; k++) w[k] *= inv;
+  normalise(w, keys, sum);
 }
 
 /* P V in the AVX2 order: for each output value d, a dot product over the keys with V's

@@ -34,7 +34,10 @@ counters, charged per token as each step serves them).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from uniun.actors.policy.config import PolicyConfig
+from uniun.actors.policy.job import PolicyJob
 
 
 class ChatShare:
@@ -89,6 +92,18 @@ class ChatShare:
         """Where the client's chats go (smaller first): its counter, then how recently
         it was served (never: first)."""
         return self.counter.get(client, self.floor), self._served.get(client, 0)
+
+    def rival(self, client: str, fronts: Iterable[tuple[str, PolicyJob]]) -> PolicyJob | None:
+        """Of the other clients' front chats ``(client, job)``, the one that goes before
+        ``client`` in this order (the first of them, ties to the earlier job), or None."""
+        limit, best = self.order(client), None
+        for other, front in fronts:
+            if other == client:
+                continue
+            order = (*self.order(other), front.key)
+            if order[:2] < limit and (best is None or order < best[0]):
+                best = (order, front)
+        return None if best is None else best[1]
 
     def active(self) -> int:
         """How many clients have live chats."""

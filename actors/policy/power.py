@@ -30,6 +30,7 @@ import math
 from typing import Any, Literal
 
 from uniun.actors.policy.config import PolicyConfig
+from uniun.actors.policy.job import PolicyJob
 from uniun.protocol.power_state import PowerState
 
 __all__ = ["PowerMode", "PowerGovernor", "mode_of"]
@@ -55,6 +56,15 @@ def mode_of(state: PowerState, config: PolicyConfig) -> tuple[PowerMode, float |
         return ("budget", battery_share,
                 f"on battery{level}: {config.battery_runner_s_per_h:g} runner-s/h")
     return "normal", None, "on the charger" if state.on_battery is False else "power unknown"
+
+
+def governed(job: PolicyJob, config: PolicyConfig, foreground: str | None) -> bool:
+    """Is ``job`` background work the governor may throttle? Not chat, and not the
+    foreground kind's T1 work (for extraction: only jobs submitted with the hint)."""
+    if job.kind == config.chat_kind:
+        return False
+    return not (job.kind == foreground and (foreground != config.extract_kind
+                                            or bool(job.spec.foreground_hint)))
 
 
 class PowerGovernor:

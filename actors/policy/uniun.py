@@ -29,18 +29,14 @@ foreground again, then it goes to the front of its tier. A non-chat job that was
 dispatched with a full budget when the app went to the background is paused (reason
 ``budget``) and re-queued at the front, so it continues under a grant.
 
-Power (``power.py``, docs/device.md): a background job (not chat, not T1) is offered only
-while the governor lets it start, and a running one is paused (reason ``power``, on the
-wire ``budget``) when the governor says stop; the wake timer is set for the moment its
-bucket refills or empties. Each such decision is a power note (a timeline mark).
+Power (``power.py``, docs/device.md): background work (not chat, not T1) starts only while
+the governor lets it and is paused (reason ``power``) when it says stop; each such
+decision is a power note (a timeline mark).
 
-Chats of different clients (T0): the chat of the client with the least service goes
-first (virtual token counters, :mod:`~uniun.actors.policy.chatshare`). A running chat is
-paused (reason ``slice``, re-queued at the front of its client's chats, never ended) for
-the chat of a client that goes before it (chatshare.py's order); a client that took the
-runner by pausing another client's chat keeps it for ``chat_quantum_tokens`` tokens
-first (against thrashing), one that found it free of other clients' chats does not. A
-client's own chats never preempt each other.
+Chats of different clients (T0, :mod:`~uniun.actors.policy.chatshare`): the client with
+the least service goes first; a running chat is paused (reason ``slice``, re-queued at the
+front of its client's chats) for another client's chat that goes before it, once the
+client that took the runner that way has had ``chat_quantum_tokens`` tokens.
 """
 
 from __future__ import annotations
@@ -56,6 +52,7 @@ from uniun.actors.policy.config import PolicyConfig
 from uniun.actors.policy.decision import Decision, Idle, Preempt, Run
 from uniun.actors.policy.fairpool import FairPool
 from uniun.actors.policy.job import JobStatus, PolicyJob
+from uniun.actors.policy.power import governed
 from uniun.actors.policy.tiers import T0, T2, T3, T4, TIER_NAMES, TierIndex, tier_of
 
 (R_CHAT, R_FG, R_T2, R_DEADLINE, R_FAIR, R_T2_SWAP, R_T2_OVER, R_FAIR_SWAP,
@@ -112,10 +109,8 @@ class UniunPolicy(PolicyBase):
         self._last_chat_model: str | None = None
         self._power_holding = False  # the last survey held background work back
         self._share = ChatShare(self.config)
-        # The client whose chats hold the runner, and the tokens they got since it took
-        # the runner from another client (the quantum against thrashing).
-        # A turn won by pausing another client's chat is protected for the quantum; a
-        # client that found the runner free of other chats is not (nothing to thrash).
+        # The client whose chats hold the runner, and its tokens since it took the runner
+        # by pausing another client's chat (protected for the quantum, against thrashing).
         self._chat_holder: str | None = None
         self._held_tokens = 0
         self._switching = False  # a chat is being paused for another client's
@@ -191,8 +186,7 @@ class UniunPolicy(PolicyBase):
             if kind == fg and (kind != extract or bkey.hint):
                 survey.offer(R_FG, (front.key,), front)
                 continue
-            if governed and not power.may_start(
-                    now, has_deadline=front.deadline_at is not None):
+            if governed and not power.may_start(now, has_deadline=front.deadline_at is not None):
                 survey.throttled += 1
                 continue
             same = bkey.model == loaded
@@ -228,40 +222,23 @@ class UniunPolicy(PolicyBase):
         promotion = self._index.next_promotion(now)
         if promotion is not None:
             survey.wakes.append(promotion)
-        holding = survey.throttled > 0
-        if holding != self._power_holding:
+        if (holding := survey.throttled > 0) != self._power_holding:
             self._power_holding = holding
-            self.power_notes.append((None, f"hold background: {power.reason}" if holding
-                                     else f"release background: {power.reason}"))
+            what = "hold" if holding else "release"
+            self.power_notes.append((None, f"{what} background: {power.reason}"))
         return survey
 
     def _governed(self, job: PolicyJob) -> bool:
-        """Is ``job`` background work the power governor may throttle (not chat, not the
-        foreground kind's T1 work)?"""
-        cfg = self.config
-        if job.kind == cfg.chat_kind:
-            return False
-        fg = self.foreground
-        return not (job.kind == fg and (fg != cfg.extract_kind
-                                        or bool(job.spec.foreground_hint)))
+        return governed(job, self.config, self.foreground)
 
     def _chat_rival(self, run: PolicyJob) -> PolicyJob | None:
-        """The chat the running chat gives the runner to: the first chat of the other
-        client that goes before the running client (chatshare.py's order), once the
-        running client has had its quantum. (Not the survey's pick, which may be the
-        running client's own next chat.)"""
+        """Another client's chat the running chat yields to, after its quantum."""
         if self._held_tokens < self.config.chat_quantum_tokens:
             return None
-        chat, best = self.config.chat_kind, None
-        limit = self._share.order(run.client)
-        for bkey, bucket in self._index.buckets.items():
-            if bkey.kind != chat or bkey.client == run.client:
-                continue
-            front = bucket.front()
-            order = (*self._share.order(bkey.client), front.key)
-            if order[:2] < limit and (best is None or order < best[0]):
-                best = (order, front)
-        return None if best is None else best[1]
+        chat = self.config.chat_kind
+        return self._share.rival(run.client, ((key.client, bucket.front())
+                                              for key, bucket in self._index.buckets.items()
+                                              if key.kind == chat))
 
     def _within_first_slice(self, run: PolicyJob, pick_tier: int, tier: int,
                             now: float) -> bool:
@@ -435,8 +412,7 @@ class UniunPolicy(PolicyBase):
             "held": list(self._held),
             "vruntime": dict(self._pool.vruntime),
             "min_vruntime": self._pool.min_vruntime,
-            # how many clients have chats live (their names stay out: they are addresses)
-            "chat_clients": self._share.active(),
+            "chat_clients": self._share.active(),  # not their names: they are addresses
             "t2_share": self._budget.share(now, run_s, run_t2),
             "t2_blocked": blocked,
             "swaps": self.swaps,
