@@ -181,12 +181,15 @@ def _tensors(shape: BenchShape, fmt: str) -> list[_Tensor]:
     return out
 
 
-def _tokenizer_fields(tokenizer_gguf: Path, vocab: int) -> list[tuple[str, Any, Any, Any]]:
-    """(key, value, type, sub-type) of the source's tokenizer, padded to ``vocab`` ids."""
+def _tokenizer_fields(tokenizer_gguf: Path, vocab: int
+                      ) -> tuple[list[tuple[str, Any, Any, Any]], int]:
+    """(key, value, type, sub-type) of the source's tokenizer, padded to ``vocab`` ids, and
+    how many tokens it had (the first filler id)."""
     import gguf
 
     reader = gguf.GGUFReader(str(tokenizer_gguf))
     fields = []
+    n_tokens = 0
     for key, f in reader.fields.items():
         if not key.startswith("tokenizer."):
             continue
@@ -197,15 +200,16 @@ def _tokenizer_fields(tokenizer_gguf: Path, vocab: int) -> list[tuple[str, Any, 
             if len(value) > vocab:
                 raise ValueError(f"{tokenizer_gguf} has {len(value)} tokens, more than the "
                                  f"{vocab} the shape has room for")
+            n_tokens = len(value)
             value = list(value) + [f"{FILLER_PREFIX}{i}>" for i in range(len(value), vocab)]
         elif key == "tokenizer.ggml.token_type":
             value = list(value) + [int(gguf.TokenType.NORMAL)] * (vocab - len(value))
         elif key == "tokenizer.ggml.scores":
             value = list(value) + [0.0] * (vocab - len(value))
         fields.append((key, value, vtype, sub))
-    if not any(k == "tokenizer.ggml.tokens" for k, *_ in fields):
+    if not n_tokens:
         raise ValueError(f"{tokenizer_gguf} has no tokenizer")
-    return fields
+    return fields, n_tokens
 
 
 def _metadata(writer: Any, shape: BenchShape, fmt: str, seed: int, title: str) -> None:
@@ -271,8 +275,7 @@ def write_bench_gguf(path: Path, shape: BenchShape, fmt: str, *, seed: int = DEF
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not written directly (choose {', '.join(FORMATS)};"
                          " other formats are requantized from Q8_0 by llama.cpp)")
-    tok_fields = _tokenizer_fields(tokenizer_gguf, shape.vocab)
-    n_tokens = sum(1 for _ in next(v for k, v, *_ in tok_fields if k == "tokenizer.ggml.tokens"))
+    tok_fields, n_tokens = _tokenizer_fields(tokenizer_gguf, shape.vocab)
     tensors = [t if t.name != "token_embd.weight" else
                _Tensor(t.name, t.rows, t.cols, t.kind, t.std, filler_from=n_tokens)
                for t in _tensors(shape, fmt)]

@@ -119,6 +119,14 @@ def test_the_file_says_what_the_shape_says(tmp_path: Path, tokenizer_gguf: Path)
     assert factors[0] == 1.0 and factors[-1] == 32.0  # high frequencies kept, low scaled
     assert list(factors) == sorted(factors)
 
+    from gguf.quants import dequantize
+
+    embd = next(t for t in gguf.GGUFReader(str(a)).tensors if t.name == "token_embd.weight")
+    rows = dequantize(embd.data, embd.tensor_type).reshape(SMALL_B.vocab, SMALL_B.hidden)
+    real, filler = rows[:SMOLLM2_TOKENS].std(), rows[SMOLLM2_TOKENS:].std()
+    assert abs(real * SMALL_B.hidden ** 0.5 - 1) < 0.05  # unit-size logits after RMSNorm
+    assert abs(filler / real - 0.5) < 0.05  # filler ids: half the spread, rarely picked
+
 
 def test_make_bench_writes_once_imports_once_and_remakes_a_damaged_file(
         store: ModelStore, capsys: pytest.CaptureFixture[str]) -> None:
