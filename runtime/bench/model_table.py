@@ -168,6 +168,19 @@ def _summary(rounds: list[dict[str, Any]]) -> dict[str, Any]:
     return out
 
 
+def _peer_info(python: str | None) -> str | None:
+    """llama.cpp's own line about the instruction sets it was built with (the peer's
+    arithmetic: an AVX2 build and an AVX-512 one are different engines)."""
+    if python is None:
+        return None
+    import subprocess
+
+    probe = subprocess.run([python, "-c", "import llama_cpp; print(llama_cpp."
+                            "llama_print_system_info().decode())"], capture_output=True,
+                           text=True, timeout=120)
+    return probe.stdout.strip() or None
+
+
 def default_out(models: list[str], with_peer: bool) -> Path:
     """``bench/results/models-vs-llamacpp-A_B_C.json`` (``models-table-...`` without)."""
     kind = "models-vs-llamacpp" if with_peer else "models-table"
@@ -183,8 +196,12 @@ def run(models: list[str], *, python: str | None, threads: int = 2, rounds: int 
     measured, so a typo fails in a second, not after an hour. ``on_model(result so
     far)`` after each model: a long run that is stopped keeps what it measured.
     """
+    from uniun.models.qmatmul import path_name
+
     files = [model_files(m, need_gguf=python is not None) for m in models]
     result: dict[str, Any] = {"peer": "llama.cpp" if python else None, "threads": threads,
+                              "ours_isa": os.environ.get("UNIUN_ISA") or path_name(),
+                              "peer_system_info": _peer_info(python),
                               "rounds": rounds, "n_ctx_peer": n_ctx, "cpus": os.cpu_count(),
                               "when": time.strftime("%Y-%m-%d %H:%M:%S"), "models": []}
     for f in files:

@@ -92,5 +92,6 @@ def markdown_table(result: dict[str, Any]) -> str:
     lines.append(f"{result['threads']} threads, {rounds} round{'s' if rounds > 1 else ''} per "
                  "model; engine figures are the best of the rounds, ratios the median of "
                  "each round's (range)." + (" llama.cpp on the same GGUF, in lockstep."
-                                             if peer else ""))
+                                             if peer else "")
+                 + f" Our kernels: {result.get('ours_isa') or 'none'}.")
     return "\n".join(lines)
