@@ -19,6 +19,7 @@ import pytest
 from uniun.models.convert import bench_model
 from uniun.models.convert.bench_model import BenchShape, write_bench_gguf
 from uniun.models.store import ModelStore
+from uniun.runtime.bench.model_table import model_files
 from uniun.runtime.cli import main
 
 SMOLLM2_TOKENS = 49_152
@@ -137,6 +138,7 @@ def test_make_bench_writes_once_imports_once_and_remakes_a_damaged_file(
     manifest = store.manifest("bench-llama-1b-q4_1")
     assert manifest["source"]["from"] == str(gguf) and manifest["architecture"] == "llama"
     made = (gguf.stat().st_mtime_ns, manifest["created"])
+    assert model_files("bench-llama-1b-q4_1", need_gguf=True).gguf == gguf  # for llama.cpp
 
     assert main(["models", "make-bench", "1b"]) == 0  # again: nothing to do
     assert "already imported" in capsys.readouterr().out
