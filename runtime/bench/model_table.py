@@ -104,11 +104,16 @@ def _round(files: ModelFiles, spec_path: Path, engines: tuple[str, ...],
         got: dict[str, dict[str, Any]] = {}
         for e in started:
             runs_ms = [d["ms"] for d in decodes[e.engine]]
+            memory = e.ask("finish")
             got[e.engine] = {"load_s": e.load_s, "threads": threads,
                              "prefill_tokens_per_s": context / min(
                                  p["s"] for p in prefills[e.engine]),
                              "decode_ms_per_token": min(runs_ms), "decode_runs_ms": runs_ms,
-                             **e.ask("finish")}
+                             "ru_maxrss_mb": memory["peak_rss_mb"],
+                             # VmHWM, not ru_maxrss: Linux carries a parent's peak into
+                             # ru_maxrss across fork and exec, and this parent may have
+                             # just converted a model (ensure_model).
+                             "peak_rss_mb": memory.get("vm_hwm_mb") or memory["peak_rss_mb"]}
         return got
     finally:
         for e in started:
