@@ -184,6 +184,7 @@ def measure_policy(rt: BenchRuntime, *, reps: int, bg_tokens: int, log: Log) -> 
         _chat_once(client)  # warm-up: sessions, caches, first allocations
         idle = [_chat_once(client) for _ in range(reps)]
         log(f"  idle chat TTFT p50 {median([c for c, _ in idle]):.3f} s")
+        runner_model = client.status(timeout=WAIT_S).get("loaded_model")  # what it measured
         loaded: list[tuple[float, float | None]] = []
         paused: list[float] = []
         complete: list[bool] = []
@@ -204,6 +205,7 @@ def measure_policy(rt: BenchRuntime, *, reps: int, bg_tokens: int, log: Log) -> 
         log(f"  loaded chat TTFT p50 {median([c for c, _ in loaded]):.3f} s; "
             f"background complete {sum(complete)}/{len(complete)}")
     return {
+        "runner_model": runner_model,
         "ttft_idle_s": median([c for c, _ in idle]),
         "server_ttft_idle_s": median([s for _, s in idle if s is not None]),
         "ttft_loaded_s": median([c for c, _ in loaded]),

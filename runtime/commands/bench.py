@@ -41,7 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "constrained decoding cost, plus the model and policy benchmarks. "
                     f"Medians over --reps. Writes JSON (default {DEFAULT_OUT}).")
     parser.add_argument("--model", default=DEFAULT_CHAT_MODEL,
-                        help=f"model id (default {DEFAULT_CHAT_MODEL})")
+                        help="the model every mode measures: the chat model of the runtimes "
+                             "it starts, the model it loads in process, the model beside "
+                             f"llama.cpp (default {DEFAULT_CHAT_MODEL})")
     parser.add_argument("--reps", type=int, default=5, help="repetitions (default 5)")
     parser.add_argument("--bg-tokens", type=int, default=200,
                         help="tokens of each background job (default 200)")
@@ -111,7 +113,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     peer.add_argument("--rounds", type=int, default=3, help="interleaved rounds (default 3)")
     peer.add_argument("--threads", type=int, default=2, help="threads of both (default 2)")
     peer.add_argument("--gguf", type=Path, default=None,
-                      help="the GGUF (default: the file --model was converted from)")
+                      help="the GGUF (default: the file --model was pulled or imported "
+                           "from)")
     peer.add_argument("--peer-python", default=None,
                       help="interpreter that has llama_cpp (default: this one)")
     peer.add_argument("--peer-no-extra-buffers", action="store_true",
@@ -156,7 +159,26 @@ def register(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
+def unknown_model(model: str) -> str | None:
+    """Why ``--model`` cannot be benched, or None: every mode runs or loads it, and a bad
+    id should fail here, not after a runtime has started and given up on it."""
+    from uniun.models.convert.recipes import can_run_jobs
+    from uniun.models.store import ModelStore
+    from uniun.runtime.paths import models_dir
+
+    store = ModelStore(models_dir())
+    if can_run_jobs(model, store):
+        return None
+    return (f"unknown model {model!r}: not a decoder in {store.root} and not one the store "
+            "can make (`uniun-runtime models list` shows what is there; `models import "
+            "FILE.gguf` or `models make-bench 1b` adds one)")
+
+
 def run(args: argparse.Namespace) -> int:
+    problem = unknown_model(args.model)
+    if problem is not None:
+        print(f"uniun-runtime: bench: {problem}", file=sys.stderr)
+        return 2
     if args.device:
         from uniun.runtime.bench.device import DEFAULT_OUT as DEVICE_OUT, main as run_device
 

@@ -42,7 +42,7 @@ def run_dialect(args: argparse.Namespace) -> int:
         from uniun.models.session import DecoderSession
         from uniun.runtime.commands.bench_peer import _model_and_gguf
 
-        model_dir, gguf = _model_and_gguf(args)
+        model_dir, gguf = _model_and_gguf(args, need_gguf=False)  # only penalties needs it
         session = DecoderSession.load(model_dir, threads=args.threads, model_id=args.model)
         results: dict[str, Any] = {}
         for measure in wanted:
@@ -54,6 +54,9 @@ def run_dialect(args: argparse.Namespace) -> int:
                     python = peer_python(args.peer_python)
                 except PeerUnavailable as err:
                     log(f"  skipped: {err}")
+                    continue
+                if gguf is None:
+                    log(f"  skipped: {args.model!r} has no GGUF for llama.cpp (give --gguf)")
                     continue
                 result = dialect.penalties_vs_llamacpp(session, gguf, python,
                                                        threads=args.threads, log=log)
@@ -70,7 +73,7 @@ def run_dialect(args: argparse.Namespace) -> int:
                 from uniun.runtime.bench.dialect_http import tool_calls
 
                 result = tool_calls(args.model, requests=args.tool_requests, log=log)
-            result["model"] = args.model
+            result["model"], result["model_dir"] = args.model, str(model_dir)
             path = out_dir / f"dialect-{measure}.json"
             path.write_text(json.dumps(result, indent=2, ensure_ascii=False) + "\n")
             results[measure] = path

@@ -19,25 +19,18 @@ from rich.table import Table
 __all__ = ["run_peer", "goals_table"]
 
 
-def _model_and_gguf(args: argparse.Namespace) -> tuple[Path, Path]:
-    from uniun.models.convert.pull import PULLABLE, source_file
-    from uniun.models.convert.recipes import ensure_model
-    from uniun.models.store import ModelStore
-    from uniun.runtime.paths import models_dir
+def _model_and_gguf(args: argparse.Namespace, *, need_gguf: bool = True
+                    ) -> tuple[Path, Path | None]:
+    """The store folder of ``--model`` (rebuilt first if an older converter made it: what
+    the runner would load) and its GGUF: ``--gguf``, else the file it was pulled or
+    imported from (``model_table.model_files``)."""
+    from uniun.runtime.bench.model_table import model_files
 
-    store = ModelStore(models_dir())
-    if not store.has(args.model):
-        raise RuntimeError(f"model {args.model!r} is not in {store.root}: "
-                           f"uniun-runtime models pull {args.model}")
-    gguf = args.gguf
-    if gguf is None:
-        if args.model not in PULLABLE:
-            raise RuntimeError(f"give --gguf: {args.model!r} was not pulled from a GGUF")
-        gguf = source_file(args.model, store)
-    if not Path(gguf).is_file():
+    files = model_files(args.model, need_gguf=need_gguf and args.gguf is None)
+    gguf = Path(args.gguf) if args.gguf is not None else files.gguf
+    if gguf is not None and not gguf.is_file():
         raise RuntimeError(f"GGUF not found: {gguf}")
-    # what the runner would load: rebuilt first if an older converter made it
-    return ensure_model(args.model, store), Path(gguf)
+    return files.folder, gguf
 
 
 def run_peer(args: argparse.Namespace) -> int:
@@ -51,6 +44,7 @@ def run_peer(args: argparse.Namespace) -> int:
     try:
         python = peer_python(args.peer_python)  # first: the cheapest thing to be missing
         model_dir, gguf = _model_and_gguf(args)
+        assert gguf is not None
         out.parent.mkdir(parents=True, exist_ok=True)
         result = run(model_dir, gguf, threads=args.threads, rounds=args.rounds,
                      peer=python, peer_extra_buffers=not args.peer_no_extra_buffers,

@@ -61,6 +61,13 @@ def run(args: argparse.Namespace) -> int:
         print("uniun-runtime: bench-swaps needs --policies from uniun,fcfs, --window > 0 "
               "and --token-scale > 0", file=sys.stderr)
         return 2
+    from uniun.runtime.commands.bench import unknown_model
+
+    for model in (args.model, *mapping.values()):
+        problem = unknown_model(model)
+        if problem is not None:
+            print(f"uniun-runtime: bench-swaps: {problem}", file=sys.stderr)
+            return 2
     home = args.home or Path(tempfile.mkdtemp(prefix="uniun-bench-swaps-", dir="/tmp"))
     try:
         result = run_swaps(chat_model=args.model, policies=policies, trace=args.trace,

@@ -34,19 +34,38 @@ def register_models(sub: argparse._SubParsersAction) -> None:
     run.add_argument("--threads", type=int, default=2)
     run.set_defaults(func=_run)
 
-    bench = sub.add_parser("bench", help="measure load, prefill, decode and KV pause/resume",
-                           description="Benchmark the decoder session on MODEL_ID; results "
-                                       "are printed and written to a JSON file.")
-    bench.add_argument("model_id")
-    bench.add_argument("--json", action="store_true", help="print one JSON object")
+    bench = sub.add_parser(
+        "bench", help="measure models: one in depth, or several side by side in one table",
+        description="With one MODEL_ID: benchmark its decoder session in process (load, "
+                    "prefill, decode, KV pause/resume); results are printed and written to "
+                    "bench/results/models-bench-<id>.json. With several, or with "
+                    "--peer-python: one table of format, size on disk (store vs GGUF), "
+                    "decode ms/token, prefill tokens/s and peak RSS per model, each engine "
+                    "in processes of its own; with --peer-python llama.cpp runs the same "
+                    "GGUFs in lockstep and the table gives ours / llama.cpp. Written to "
+                    "bench/results/models-vs-llamacpp-<ids>.json (models-table-<ids>.json "
+                    "without the peer) and printed as markdown.")
+    bench.add_argument("model_ids", nargs="+", metavar="MODEL_ID")
+    bench.add_argument("--json", action="store_true", help="print one JSON object (one model)")
     bench.add_argument("--out", type=Path, default=None,
-                       help="result file (default bench/results/models-bench-<id>.json)")
+                       help="result file (default: bench/results/, named as above)")
     bench.add_argument("--threads", type=int, default=2)
-    bench.add_argument("--reps", type=int, default=3, help="repetitions per figure (best kept)")
+    bench.add_argument("--reps", type=int, default=3,
+                       help="one model: repetitions per figure (best kept)")
     bench.add_argument("--replay", choices=("auto", "exact", "batched"), default="auto",
-                       help="how resumes re-feed generated tokens (see docs/kv-cache.md)")
+                       help="one model: how resumes re-feed generated tokens "
+                            "(see docs/kv-cache.md)")
     bench.add_argument("--spinning", choices=("on", "off"), default=None,
-                       help="onnxruntime worker threads spin between ops (default: session's)")
+                       help="one model: onnxruntime worker threads spin between ops "
+                            "(default: session's)")
+    table = bench.add_argument_group("several models in one table")
+    table.add_argument("--peer-python", default=None, metavar="PY",
+                       help="interpreter with llama_cpp: llama.cpp runs every model's GGUF "
+                            "beside ours")
+    table.add_argument("--rounds", type=int, default=3,
+                       help="rounds per model, fresh engine processes each (default 3)")
+    table.add_argument("--table", action="store_true",
+                       help="the table even for one model without the peer")
     bench.set_defaults(func=_bench)
 
 
@@ -126,6 +145,11 @@ def _bench(args: argparse.Namespace) -> int:
     from uniun.models.bench import run_bench
 
     _quiet_logs()
+    if len(args.model_ids) > 1 or args.peer_python or args.table:
+        from uniun.runtime.commands.bench_models_table import run_table
+
+        return run_table(args)
+    args.model_id = args.model_ids[0]
     model_dir = _model_dir(args.model_id)
     if model_dir is None:
         return EXIT_ERROR

@@ -183,9 +183,9 @@ def test_commands_against_a_running_runtime(tmp_path: Path) -> None:
 
 
 @pytest.mark.integration
-def test_bench_writes_its_results(tmp_path: Path) -> None:
+def test_bench_writes_its_results(tmp_path: Path, tiny_model_b: str) -> None:
     out = tmp_path / "bench.json"
-    result = cli("bench", "--model", "tiny-1", "--reps", "1", "--bg-tokens", "24",
+    result = cli("bench", "--model", tiny_model_b, "--reps", "1", "--bg-tokens", "24",
                  "--policies", "uniun", "--restart-reps", "1", "--no-model-bench",
                  "--no-producers", "--burst", "300", "--overhead-reps", "0",
                  "--home", str(tmp_path / "b"), "--out", str(out), home=tmp_path,
@@ -193,6 +193,7 @@ def test_bench_writes_its_results(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stderr
     data = json.loads(out.read_text())
     uniun = data["policies"]["uniun"]
+    assert uniun["runner_model"] == tiny_model_b  # --model is what the runtime ran
     assert uniun["bg_every_token"] is True
     assert uniun["ttft_idle_s"] > 0 and uniun["ttft_loaded_s"] > 0
     assert data["runner_restart"]["serving_s"] > 0
