@@ -16,6 +16,7 @@ from typing import Any
 from rich.console import Console
 from rich.table import Table
 
+from uniun.runtime.commands.common import unknown_model
 from uniun.runtime.config import DEFAULT_CHAT_MODEL
 
 DEFAULT_OUT = Path("bench/results") / "e2e.json"
@@ -157,21 +158,6 @@ def register(sub: argparse._SubParsersAction) -> None:
     device.add_argument("--device-seconds", type=float, default=60.0, metavar="S",
                         help="with --device: seconds per power state (default 60)")
     parser.set_defaults(func=run)
-
-
-def unknown_model(model: str) -> str | None:
-    """Why ``--model`` cannot be benched, or None: every mode runs or loads it, and a bad
-    id should fail here, not after a runtime has started and given up on it."""
-    from uniun.models.convert.recipes import can_run_jobs
-    from uniun.models.store import ModelStore
-    from uniun.runtime.paths import models_dir
-
-    store = ModelStore(models_dir())
-    if can_run_jobs(model, store):
-        return None
-    return (f"unknown model {model!r}: not a decoder in {store.root} and not one the store "
-            "can make (`uniun-runtime models list` shows what is there; `models import "
-            "FILE.gguf` or `models make-bench 1b` adds one)")
 
 
 def run(args: argparse.Namespace) -> int:

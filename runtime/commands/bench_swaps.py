@@ -61,7 +61,7 @@ def run(args: argparse.Namespace) -> int:
         print("uniun-runtime: bench-swaps needs --policies from uniun,fcfs, --window > 0 "
               "and --token-scale > 0", file=sys.stderr)
         return 2
-    from uniun.runtime.commands.bench import unknown_model
+    from uniun.runtime.commands.common import unknown_model
 
     for model in (args.model, *mapping.values()):
         problem = unknown_model(model)

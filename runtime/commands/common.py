@@ -111,3 +111,18 @@ def describe_done(done: dict[str, Any], *, client_ttft_s: float | None = None) -
     if done.get("preemptions"):
         parts.append(f"paused {done['preemptions']}x")
     return " · ".join(parts)
+
+
+def unknown_model(model: str) -> str | None:
+    """Why ``--model`` cannot be benched, or None: every mode runs or loads it, and a bad
+    id should fail here, not after a runtime has started and given up on it."""
+    from uniun.models.convert.recipes import can_run_jobs
+    from uniun.models.store import ModelStore
+    from uniun.runtime.paths import models_dir
+
+    store = ModelStore(models_dir())
+    if can_run_jobs(model, store):
+        return None
+    return (f"unknown model {model!r}: not a decoder in {store.root} and not one the store "
+            "can make (`uniun-runtime models list` shows what is there; `models import "
+            "FILE.gguf` or `models make-bench 1b` adds one)")
