@@ -22,7 +22,7 @@ from .harness import Runtime, assert_gap_free, chat_job, tokens_of
 pytestmark = pytest.mark.integration
 
 PASS_PACE_S = 0.02
-PROMPT_WORDS = 600  # >= 600 prompt positions: a prefill of at least 12 s at the pace
+PROMPT_WORDS = 250  # >= 250 prompt positions: a prefill of at least 5 s at the pace
 
 
 def test_a_chat_gets_its_first_token_before_a_background_prefill_completes(
